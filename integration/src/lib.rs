@@ -1,0 +1,344 @@
+//! The harness for end-to-end tests: every test gets its own "node" network
+//! namespace (playing the host) and pod namespaces, runs the built plugin
+//! binaries inside the node namespace the way a runtime does, and removes all
+//! of it when the test ends, passes or panics. The machine's own root
+//! namespace is never touched.
+//!
+//! Tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and fail loudly without it.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Where `ip netns` keeps its namespace files.
+const NETNS_DIR: &str = "/run/netns";
+/// Every namespace the harness makes starts with this, then the owning pid.
+const PREFIX: &str = "cnit";
+
+static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+static SWEEP: Once = Once::new();
+
+/// The directory holding the binaries under test: `CNI_SUITE_BIN_DIR`, else
+/// the static release build `make build` produces.
+pub fn bin_dir() -> PathBuf {
+    let dir = std::env::var_os("CNI_SUITE_BIN_DIR").map_or_else(
+        || {
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            workspace.join("target").join(host_triple()).join("release")
+        },
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("cnictl").is_file(),
+        "no built binaries in {}: run `make build` first, or set CNI_SUITE_BIN_DIR",
+        dir.display()
+    );
+    dir
+}
+
+fn host_triple() -> String {
+    let out = Command::new("rustc").arg("-vV").output().expect("rustc -vV runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(str::to_owned)
+        .expect("rustc -vV prints the host triple")
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// Fails the test, with the reason, unless it runs as root.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "integration tests create network namespaces, veths and firewall rules and must run as root \
+         (e.g. `sudo make test`); they are never skipped"
+    );
+}
+
+/// The outcome of one executed command.
+pub struct Run {
+    pub what: String,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl fmt::Debug for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` exited {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.what, self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Run {
+    fn from_output(what: String, output: Output) -> Self {
+        Run {
+            what,
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Panics with everything the command printed unless it succeeded.
+    pub fn success(self) -> Self {
+        assert!(self.ok(), "expected success: {self:?}");
+        self
+    }
+
+    /// Panics with everything the command printed unless it failed.
+    pub fn failure(self) -> Self {
+        assert!(!self.ok() && self.code.is_some(), "expected a failure: {self:?}");
+        self
+    }
+
+    /// stdout as exactly one JSON document (nothing before or after it).
+    pub fn json(&self) -> Value {
+        let mut docs = serde_json::Deserializer::from_str(&self.stdout).into_iter::<Value>();
+        let first = docs
+            .next()
+            .unwrap_or_else(|| panic!("no JSON on stdout: {self:?}"))
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"));
+        assert!(
+            docs.next().is_none(),
+            "more than one document on stdout: {self:?}"
+        );
+        first
+    }
+}
+
+/// Runs `program args` inside the namespace at `netns` (via nsenter, which
+/// only switches the network namespace) with `env` added, feeding `stdin`.
+pub fn run_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Run {
+    let what = format!("{} {}", program.display(), args.join(" "));
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    if let Some(mut pipe) = child.stdin.take() {
+        use std::io::Write;
+        pipe.write_all(stdin.as_bytes()).ok();
+    }
+    let output = child.wait_with_output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    Run::from_output(what, output)
+}
+
+/// Runs a command on the machine (outside any test namespace).
+pub fn run(program: impl AsRef<OsStr>, args: &[&str]) -> Run {
+    let program = program.as_ref();
+    let what = format!("{} {}", program.to_string_lossy(), args.join(" "));
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    Run::from_output(what, output)
+}
+
+/// Removes namespaces left by harness processes that no longer run (a test
+/// binary killed before its destructors ran), never those of live ones.
+fn sweep_stale_namespaces() {
+    let Ok(entries) = fs::read_dir(NETNS_DIR) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owner = name
+            .strip_prefix(&format!("{PREFIX}-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = owner
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            run("ip", &["netns", "del", &name]);
+        }
+    }
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+    path: PathBuf,
+}
+
+impl Netns {
+    pub fn new(role: &str) -> Self {
+        require_root();
+        SWEEP.call_once(sweep_stale_namespaces);
+        let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{PREFIX}-{}-{seq}-{role}", std::process::id());
+        run("ip", &["netns", "add", &name]).success();
+        let path = Path::new(NETNS_DIR).join(&name);
+        Netns { name, path }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn path_str(&self) -> &str {
+        self.path.to_str().expect("netns paths are UTF-8")
+    }
+
+    /// `ip -n <ns> args...`.
+    pub fn ip(&self, args: &[&str]) -> Run {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Whether `link` is administratively up in this namespace.
+    pub fn link_is_up(&self, link: &str) -> bool {
+        let shown = self.ip(&["-o", "link", "show", link]).success();
+        let flags = shown
+            .stdout
+            .split('<')
+            .nth(1)
+            .and_then(|s| s.split('>').next())
+            .unwrap_or("");
+        flags.split(',').any(|f| f == "UP")
+    }
+
+    /// Deletes the namespace now (to test what happens once a pod is gone).
+    pub fn delete(self) {}
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let deleted = Command::new("ip").args(["netns", "del", &self.name]).output();
+        if !deleted.is_ok_and(|o| o.status.success()) && self.path.exists() {
+            eprintln!("harness: could not delete netns {}", self.name);
+        }
+    }
+}
+
+/// A node: its namespace plays the host; it has its own CNI configuration
+/// directory, result cache and data directories under a temporary directory.
+#[derive(Debug)]
+pub struct Node {
+    pub netns: Netns,
+    dir: TempDir,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node::new()
+    }
+}
+
+impl Node {
+    pub fn new() -> Self {
+        let netns = Netns::new("node");
+        let dir = tempfile::Builder::new()
+            .prefix("cnit-node-")
+            .tempdir()
+            .expect("tempdir");
+        for sub in ["net.d", "cache"] {
+            fs::create_dir(dir.path().join(sub)).expect("mkdir");
+        }
+        Node { netns, dir }
+    }
+
+    /// A new pod namespace.
+    pub fn pod(&self, role: &str) -> Netns {
+        Netns::new(role)
+    }
+
+    pub fn conf_dir(&self) -> PathBuf {
+        self.dir.path().join("net.d")
+    }
+
+    pub fn cache_dir(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// A scratch path under the node's directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn write_conf(&self, file_name: &str, doc: &Value) {
+        fs::write(self.conf_dir().join(file_name), doc.to_string()).expect("write conf");
+    }
+
+    /// Runs `cnictl args...` inside the node namespace with this node's
+    /// configuration directory, result cache and the suite's binaries.
+    pub fn cnictl(&self, args: &[&str]) -> Run {
+        self.cnictl_env(args, &[])
+    }
+
+    pub fn cnictl_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let cache = self.cache_dir();
+        let mut full = vec!["--cache-dir", cache.to_str().expect("UTF-8 path")];
+        full.extend_from_slice(args);
+        let conf = self.conf_dir();
+        let bins = bin_dir();
+        let mut all_env = vec![
+            ("NETCONFPATH", conf.to_str().expect("UTF-8 path")),
+            ("CNI_PATH", bins.to_str().expect("UTF-8 path")),
+        ];
+        all_env.extend_from_slice(env);
+        run_in(self.netns.path(), &bin("cnictl"), &full, &all_env, "")
+    }
+
+    /// Executes a plugin binary directly, as libcni does, inside the node
+    /// namespace: `env` are the CNI_* variables, `stdin` the configuration.
+    pub fn exec_plugin(&self, plugin: &str, env: &BTreeMap<&str, &str>, stdin: &str) -> Run {
+        let vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, *v)).collect();
+        run_in(self.netns.path(), &bin(plugin), &[], &vars, stdin)
+    }
+
+    /// The cached result file of an attachment, if any.
+    pub fn cache_entry(&self, network: &str, container_id: &str, ifname: &str) -> Option<Value> {
+        let path = self
+            .cache_dir()
+            .join("results")
+            .join(format!("{network}-{container_id}-{ifname}"));
+        let bytes = fs::read(path).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+/// cnitool's container ID for a netns path (see `cnictl`), computed with
+/// coreutils so the test does not share the code under test.
+pub fn cnitool_container_id(netns: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("printf %s \"$1\" | sha512sum | cut -c1-20")
+        .arg("sh")
+        .arg(netns)
+        .output()
+        .expect("sha512sum runs");
+    format!("cnitool-{}", String::from_utf8_lossy(&out.stdout).trim())
+}

@@ -1,0 +1,13 @@
+//! The shipped binaries run on any node image: statically linked.
+
+use integration::{bin_dir, run};
+
+#[test]
+fn every_binary_is_statically_linked() {
+    for name in ["loopback", "cnictl"] {
+        let path = bin_dir().join(name);
+        let ldd = run("ldd", &[path.to_str().expect("UTF-8 path")]);
+        let said = format!("{}{}", ldd.stdout, ldd.stderr);
+        assert!(said.contains("not a dynamic executable"), "{name}: {ldd:?}");
+    }
+}

@@ -1,0 +1,284 @@
+//! The plugin skeleton: read the environment and stdin once, turn every
+//! input problem into the right CNI error, dispatch one verb, print exactly
+//! one JSON document on stdout.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::conf::{NetConf, config_version, parse_document};
+use crate::env::{Command, EnvSource, Environment, ProcessEnv};
+use crate::error::{Code, Error, Result};
+use crate::result::CniResult;
+use crate::version::Version;
+
+/// The suite's release, printed in every plugin's about text.
+pub const SUITE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One plugin's verbs. The skeleton has already checked the environment,
+/// the version and the shared configuration keys when these are called.
+pub trait Plugin {
+    /// The binary's name, for the about text and logs.
+    const NAME: &'static str;
+    /// The plugin's own keys, read from the same stdin document.
+    type Config: DeserializeOwned;
+
+    fn add(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<CniResult>;
+    fn check(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<()>;
+    fn del(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<()>;
+
+    fn gc(&self, _req: &Request<Self::Config>) -> Result<()> {
+        Ok(())
+    }
+
+    fn status(&self, _req: &Request<Self::Config>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The configuration type of a plugin that has no keys of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoConfig;
+
+impl<'de> serde::Deserialize<'de> for NoConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| NoConfig)
+    }
+}
+
+/// Everything one invocation received.
+#[derive(Debug)]
+pub struct Request<C> {
+    pub env: Environment,
+    pub conf: NetConf,
+    pub config: C,
+    /// stdin as received, for delegation to an IPAM plugin.
+    pub stdin: Vec<u8>,
+}
+
+/// The (container, interface) an ADD, CHECK or DEL is about. The netns is
+/// optional only for DEL, where runtimes may send it empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: Option<PathBuf>,
+}
+
+/// What an invocation prints.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// No CNI_COMMAND: the about text, on stderr.
+    About(String),
+    /// A result or VERSION document.
+    Document(Value),
+    /// A verb that prints nothing on success.
+    Done,
+    Failed(Error, Version),
+}
+
+/// The plugin's `main`: runs one invocation against the process environment
+/// and stdio. Returning (rather than exiting) lets destructors run, which
+/// storage that flushes on drop relies on.
+pub fn run<P: Plugin>(plugin: &P) -> ExitCode {
+    crate::log::init(P::NAME);
+    let reply = dispatch(plugin, &ProcessEnv, || {
+        let mut buf = Vec::new();
+        io::stdin().read_to_end(&mut buf).map(|_| buf)
+    });
+    let code = emit(&reply);
+    log::logger().flush();
+    code
+}
+
+fn emit(reply: &Reply) -> ExitCode {
+    match reply {
+        Reply::About(text) => {
+            let _ = io::stderr().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Reply::Document(doc) => {
+            print_document(doc);
+            ExitCode::SUCCESS
+        }
+        Reply::Done => ExitCode::SUCCESS,
+        Reply::Failed(err, version) => {
+            log::error!("{err}");
+            print_document(&err.to_json(*version));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes one JSON document to stdout, indented as Go's `PrintResult` does.
+pub fn print_document(doc: &Value) {
+    let mut out = io::stdout().lock();
+    // Nothing useful can be done if the runtime closed our stdout.
+    let _ = out
+        .write_all(to_pretty_json(doc).as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+}
+
+/// Go's `json.MarshalIndent(v, "", "    ")` layout.
+pub fn to_pretty_json(doc: &Value) -> String {
+    let mut buf = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, formatter);
+    serde::Serialize::serialize(doc, &mut ser).ok();
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+pub fn about_text(name: &str) -> String {
+    format!(
+        "CNI {name} plugin v{SUITE_VERSION}\nCNI protocol versions supported: {}\n",
+        Version::all_joined()
+    )
+}
+
+/// The VERSION document: echoes the version the caller spoke if it is one
+/// we support, else the newest.
+fn version_document(stdin: &[u8]) -> Value {
+    let spoken = serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|doc| doc.get("cniVersion")?.as_str()?.parse::<Version>().ok())
+        .unwrap_or(Version::LATEST);
+    serde_json::json!({
+        "cniVersion": spoken.as_str(),
+        "supportedVersions": Version::ALL.map(Version::as_str),
+    })
+}
+
+/// Runs one invocation: every input error becomes one CNI error with the
+/// code the spec gives it, and the verb's outcome becomes one reply.
+pub fn dispatch<P: Plugin>(
+    plugin: &P,
+    source: &impl EnvSource,
+    read_stdin: impl FnOnce() -> io::Result<Vec<u8>>,
+) -> Reply {
+    let env = match Environment::load(source) {
+        Ok(Some(env)) => env,
+        Ok(None) => return Reply::About(about_text(P::NAME)),
+        Err(e) => return Reply::Failed(e, Version::LATEST),
+    };
+    let stdin = match read_stdin() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return Reply::Failed(
+                Error::io(format!("error reading from stdin: {e}")),
+                Version::LATEST,
+            );
+        }
+    };
+    if env.command == Command::Version {
+        return Reply::Document(version_document(&stdin));
+    }
+    let doc = match parse_document(&stdin).and_then(|doc| Ok((config_version(&doc)?, doc))) {
+        Ok(parsed) => parsed,
+        Err(e) => return Reply::Failed(e, Version::LATEST),
+    };
+    let (version, doc) = doc;
+    match invoke(plugin, env, doc, version, stdin) {
+        Ok(Some(doc)) => Reply::Document(doc),
+        Ok(None) => Reply::Done,
+        Err(e) => Reply::Failed(e, version),
+    }
+}
+
+fn invoke<P: Plugin>(
+    plugin: &P,
+    env: Environment,
+    doc: Value,
+    version: Version,
+    stdin: Vec<u8>,
+) -> Result<Option<Value>> {
+    let command = env.command;
+    let allowed = match command {
+        Command::Check => version.has_check(),
+        Command::Gc | Command::Status => version.has_gc_and_status(),
+        _ => true,
+    };
+    if !allowed {
+        return Err(Error::incompatible_version(format!(
+            "config version does not allow {}",
+            command.as_str()
+        )));
+    }
+    let conf = NetConf::from_document(doc, version)?;
+    crate::log::configure(conf.log_file.as_deref(), conf.log_level.as_deref())?;
+    let config = conf.plugin_config::<P::Config>()?;
+    let attachment = command
+        .acts_on_attachment()
+        .then(|| attachment_of(&env))
+        .transpose()?;
+    let req = Request {
+        env,
+        conf,
+        config,
+        stdin,
+    };
+    log::debug!(
+        "{} container={} ifname={} netns={}",
+        command.as_str(),
+        req.env.container_id.as_deref().unwrap_or("-"),
+        req.env.ifname.as_deref().unwrap_or("-"),
+        req.env
+            .netns
+            .as_deref()
+            .map(Path::display)
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| "-".into()),
+    );
+    match (command, attachment) {
+        (Command::Add, Some(att)) => {
+            let result = plugin.add(&req, &att)?;
+            result.to_value(version).map(Some)
+        }
+        (Command::Check, Some(att)) => plugin.check(&req, &att).map(|()| None),
+        (Command::Del, Some(att)) => plugin.del(&req, &att).map(|()| None),
+        (Command::Gc, _) => plugin.gc(&req).map(|()| None),
+        (Command::Status, _) => plugin.status(&req).map(|()| None),
+        _ => Err(Error::internal(format!("no handler for {}", command.as_str()))),
+    }
+}
+
+fn attachment_of(env: &Environment) -> Result<Attachment> {
+    let (Some(container_id), Some(ifname)) = (env.container_id.clone(), env.ifname.clone()) else {
+        return Err(Error::invalid_env("CNI_CONTAINERID and CNI_IFNAME are required"));
+    };
+    if let Some(netns) = &env.netns
+        && !env.netns_override
+        && is_own_netns(netns)
+    {
+        return Err(Error::new(
+            Code::InvalidNetns,
+            "plugin's netns and netns from CNI_NETNS should not be the same",
+        )
+        .with_details(netns.display().to_string()));
+    }
+    Ok(Attachment {
+        container_id,
+        ifname,
+        netns: env.netns.clone(),
+    })
+}
+
+/// Whether `path` is the namespace this thread runs in, so that a stale
+/// `/proc/<pid>/ns/net` resolving to the host never gets the host's
+/// interfaces changed (plugins#714). Checked before acting, unlike Go.
+fn is_own_netns(path: &Path) -> bool {
+    let (Ok(target), Ok(own)) = (
+        std::fs::metadata(path),
+        std::fs::metadata("/proc/thread-self/ns/net"),
+    ) else {
+        return false;
+    };
+    target.dev() == own.dev() && target.ino() == own.ino()
+}
+
+#[cfg(test)]
+mod tests;

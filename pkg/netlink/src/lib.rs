@@ -1,0 +1,207 @@
+//! Typed rtnetlink operations against one network namespace.
+//!
+//! rtnetlink is async; plugins are short-lived and single-purpose, so each
+//! [`Netlink`] owns a current-thread tokio runtime (no worker threads) and
+//! exposes blocking calls. The socket is created while the thread is inside
+//! the target namespace and stays bound to it afterwards, so no call needs
+//! to switch namespaces again.
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use netns::NetNs;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::{Handle, LinkUnspec};
+use tokio::runtime::Runtime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to open a netlink socket: {0}")]
+    Socket(#[source] std::io::Error),
+    #[error(transparent)]
+    Netns(#[from] netns::Error),
+    #[error("{op}: {source}")]
+    Netlink {
+        op: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
+    #[error("link {0:?} not found")]
+    LinkNotFound(String),
+}
+
+impl Error {
+    /// The kernel's errno for a failed request, if that is what failed.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Netlink {
+                source: rtnetlink::Error::NetlinkError(msg),
+                ..
+            } => msg.code.map(|c| -c.get()),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A link as the plugins need to see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub up: bool,
+    pub mtu: u32,
+    /// `aa:bb:cc:dd:ee:ff`, or empty for links without a hardware address.
+    pub mac: String,
+}
+
+/// A netlink connection bound to one namespace.
+#[derive(Debug)]
+pub struct Netlink {
+    runtime: Runtime,
+    handle: Handle,
+}
+
+const ENODEV: i32 = 19;
+
+fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
+    let op = op.into();
+    move |source| Error::Netlink { op, source }
+}
+
+impl Netlink {
+    /// Connects to the namespace the calling thread is in.
+    pub fn connect() -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .map_err(Error::Socket)?;
+        let handle = {
+            let _context = runtime.enter();
+            let (connection, handle, _) = rtnetlink::new_connection().map_err(Error::Socket)?;
+            runtime.spawn(connection);
+            handle
+        };
+        Ok(Netlink { runtime, handle })
+    }
+
+    /// Connects to `ns`: the socket is opened inside it, then the thread
+    /// returns to its own namespace.
+    pub fn connect_in(ns: &NetNs) -> Result<Self> {
+        let _inside = ns.enter()?;
+        Netlink::connect()
+    }
+
+    /// The link called `name`, or `None` if there is none.
+    pub fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        let mut request = std::pin::pin!(self.handle.link().get().match_name(name).execute());
+        match self.runtime.block_on(request.try_next()) {
+            Ok(message) => Ok(message.map(|m| link_from(&m))),
+            Err(e) => {
+                let err = netlink_err(format!("get link {name:?}"))(e);
+                if err.errno() == Some(ENODEV) {
+                    Ok(None)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Like [`Netlink::link_by_name`], but a missing link is an error.
+    pub fn require_link(&self, name: &str) -> Result<Link> {
+        self.link_by_name(name)?
+            .ok_or_else(|| Error::LinkNotFound(name.to_owned()))
+    }
+
+    pub fn set_up(&self, link: &Link) -> Result<()> {
+        let message = LinkUnspec::new_with_index(link.index).up().build();
+        self.runtime
+            .block_on(self.handle.link().set(message).execute())
+            .map_err(netlink_err(format!("set link {:?} up", link.name)))
+    }
+
+    pub fn set_down(&self, link: &Link) -> Result<()> {
+        let message = LinkUnspec::new_with_index(link.index).down().build();
+        self.runtime
+            .block_on(self.handle.link().set(message).execute())
+            .map_err(netlink_err(format!("set link {:?} down", link.name)))
+    }
+
+    /// Every address on `link`, with its prefix length.
+    pub fn addresses(&self, link: &Link) -> Result<Vec<IpNetwork>> {
+        let request = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(link.index)
+            .execute();
+        let messages: Vec<AddressMessage> = self
+            .runtime
+            .block_on(request.try_collect())
+            .map_err(netlink_err(format!("list addresses of {:?}", link.name)))?;
+        Ok(messages
+            .iter()
+            // The dump filter is advisory without strict checking.
+            .filter(|m| m.header.index == link.index)
+            .filter_map(address_from)
+            .collect())
+    }
+}
+
+fn link_from(message: &LinkMessage) -> Link {
+    let mut link = Link {
+        index: message.header.index,
+        name: String::new(),
+        up: message.header.flags.contains(LinkFlags::Up),
+        mtu: 0,
+        mac: String::new(),
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::IfName(name) => link.name.clone_from(name),
+            LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+            LinkAttribute::Address(bytes) => link.mac = format_mac(bytes),
+            _ => {}
+        }
+    }
+    link
+}
+
+/// Lower-case colon-separated hex, as Go's `net.HardwareAddr` prints it.
+pub fn format_mac(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn address_from(message: &AddressMessage) -> Option<IpNetwork> {
+    // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on
+    // point-to-point links and the same as IFA_LOCAL elsewhere.
+    let pick = |want_local: bool| {
+        message.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) if want_local => Some(*ip),
+            AddressAttribute::Address(ip) if !want_local => Some(*ip),
+            _ => None,
+        })
+    };
+    let ip: IpAddr = pick(true).or_else(|| pick(false))?;
+    IpNetwork::new(ip, message.header.prefix_len).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_print_like_go() {
+        assert_eq!(format_mac(&[0x0a, 0x58, 0, 0xff, 1, 2]), "0a:58:00:ff:01:02");
+        assert_eq!(format_mac(&[0; 6]), "00:00:00:00:00:00");
+        assert_eq!(format_mac(&[]), "");
+    }
+}

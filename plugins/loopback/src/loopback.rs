@@ -1,0 +1,154 @@
+//! The loopback plugin's verbs. It always acts on `lo`, whatever CNI_IFNAME
+//! says, as the reference plugin does.
+
+use std::path::Path;
+
+use cni::error::plugin_codes;
+use cni::result::{Interface, IpConfig};
+use cni::skel::NoConfig;
+use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
+use ipnetwork::IpNetwork;
+use netlink::{Link, Netlink};
+use netns::NetNs;
+
+const LOOPBACK: &str = "lo";
+
+pub struct Loopback;
+
+impl Plugin for Loopback {
+    const NAME: &'static str = "loopback";
+    type Config = NoConfig;
+
+    fn add(&self, req: &Request<NoConfig>, attachment: &Attachment) -> Result<CniResult> {
+        let netns_path = required_netns(attachment)?;
+        // A prevResult that cannot be read must fail before anything changes.
+        let prev_result = req.conf.prev_result()?;
+        let (netlink, lo) = open_loopback(&open_netns(netns_path)?)?;
+        netlink.set_up(&lo).map_err(netlink_error)?;
+        let addresses = netlink.addresses(&lo).map_err(netlink_error)?;
+        if let Some(foreign) = addresses.iter().find(|a| !a.ip().is_loopback()) {
+            return Err(Error::plugin(
+                plugin_codes::INTERFACE_STATE,
+                format!(
+                    "loopback interface found with non-loopback address {:?}",
+                    foreign.ip().to_string()
+                ),
+            ));
+        }
+        // In a chain, the result so far is what the runtime must get back.
+        if let Some(prev) = prev_result {
+            return Ok(prev);
+        }
+        Ok(loopback_result(&lo, &addresses, netns_path))
+    }
+
+    fn check(&self, _req: &Request<NoConfig>, attachment: &Attachment) -> Result<()> {
+        let (_, lo) = open_loopback(&open_netns(required_netns(attachment)?)?)?;
+        if lo.up {
+            Ok(())
+        } else {
+            Err(Error::plugin(
+                plugin_codes::CHECK_FAILED,
+                "loopback interface is down",
+            ))
+        }
+    }
+
+    fn del(&self, _req: &Request<NoConfig>, attachment: &Attachment) -> Result<()> {
+        // Runtimes send DEL with an empty netns, or after the pod's netns is
+        // gone; there is nothing left to undo then.
+        let Some(path) = attachment.netns.as_deref() else {
+            return Ok(());
+        };
+        let ns = match NetNs::open(path) {
+            Ok(ns) => ns,
+            Err(e) if e.is_gone() => return Ok(()),
+            Err(e) => return Err(Error::io(e.to_string())),
+        };
+        let netlink = Netlink::connect_in(&ns).map_err(netlink_error)?;
+        match netlink.link_by_name(LOOPBACK).map_err(netlink_error)? {
+            Some(lo) => netlink.set_down(&lo).map_err(netlink_error),
+            None => Ok(()),
+        }
+    }
+}
+
+fn required_netns(attachment: &Attachment) -> Result<&Path> {
+    attachment
+        .netns
+        .as_deref()
+        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))
+}
+
+fn open_netns(path: &Path) -> Result<NetNs> {
+    NetNs::open(path).map_err(|e| {
+        if e.is_gone() {
+            Error::invalid_env(e.to_string())
+        } else {
+            Error::io(e.to_string())
+        }
+    })
+}
+
+fn open_loopback(ns: &NetNs) -> Result<(Netlink, Link)> {
+    let netlink = Netlink::connect_in(ns).map_err(netlink_error)?;
+    let lo = netlink.require_link(LOOPBACK).map_err(netlink_error)?;
+    Ok((netlink, lo))
+}
+
+fn netlink_error(e: netlink::Error) -> Error {
+    Error::plugin(plugin_codes::NETLINK, e.to_string())
+}
+
+/// `lo` with its first IPv4 and first IPv6 address, as the reference
+/// reports it.
+fn loopback_result(lo: &Link, addresses: &[IpNetwork], netns: &Path) -> CniResult {
+    let first = |v4: bool| addresses.iter().find(|a| a.is_ipv4() == v4);
+    CniResult {
+        interfaces: vec![Interface {
+            name: lo.name.clone(),
+            mac: lo.mac.clone(),
+            sandbox: netns.display().to_string(),
+            ..Interface::default()
+        }],
+        ips: [first(true), first(false)]
+            .into_iter()
+            .flatten()
+            .map(|address| IpConfig {
+                address: *address,
+                gateway: None,
+                interface: Some(0),
+            })
+            .collect(),
+        ..CniResult::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_lists_lo_with_one_address_per_family() {
+        let lo = Link {
+            index: 1,
+            name: "lo".into(),
+            up: true,
+            mtu: 65536,
+            mac: "00:00:00:00:00:00".into(),
+        };
+        let addrs: Vec<IpNetwork> = ["127.0.0.1/8", "127.0.0.2/8", "::1/128"]
+            .iter()
+            .map(|s| s.parse().expect("cidr"))
+            .collect();
+        let r = loopback_result(&lo, &addrs, Path::new("/run/netns/p"));
+        assert_eq!(r.interfaces[0].sandbox, "/run/netns/p");
+        let shown: Vec<String> = r.ips.iter().map(|i| i.address.to_string()).collect();
+        assert_eq!(shown, ["127.0.0.1/8", "::1/128"]);
+        assert!(
+            r.ips
+                .iter()
+                .all(|i| i.interface == Some(0) && i.gateway.is_none())
+        );
+    }
+}
