@@ -81,12 +81,17 @@ impl CniArgs {
 
     /// The variable's text for a child process.
     pub fn to_env_string(&self) -> String {
-        self.pairs
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(";")
+        format_pairs(&self.pairs)
     }
+}
+
+/// `K=V;K=V`, the form CNI_ARGS takes in a child's environment.
+pub fn format_pairs(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 fn invalid_pair(segment: &str) -> Error {

@@ -37,14 +37,6 @@ impl RuntimeConf {
         validate_interface_name(&self.ifname).map_err(Error::Invalid)
     }
 
-    fn cni_args(&self) -> String {
-        self.args
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(";")
-    }
-
     fn from_cache(entry: &CachedAttachment) -> Self {
         RuntimeConf {
             container_id: entry.container_id.clone(),
@@ -237,7 +229,7 @@ impl CniConfig {
                 rt.container_id.clone(),
                 rt.netns.clone(),
                 rt.ifname.clone(),
-                rt.cni_args(),
+                cni::args::format_pairs(&rt.args),
             ),
             None => Default::default(),
         };
