@@ -131,7 +131,11 @@ impl CniConfig {
     pub fn del_network_list(&self, list: &NetworkConfigList, rt: &RuntimeConf) -> Result<()> {
         rt.validate()?;
         let cached = if version_at_least(&list.cni_version, Version::V0_4_0) {
-            self.cached_result(list, rt)?
+            // A damaged cache entry must not make the attachment undeletable.
+            self.cached_result(list, rt).unwrap_or_else(|e| {
+                eprintln!("warning: {e}; deleting without prevResult");
+                None
+            })
         } else {
             None
         };
@@ -376,6 +380,29 @@ mod tests {
             ..RuntimeConf::default()
         };
         assert!(matches!(cfg.del_network_list(&l, &rt), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn a_damaged_cache_entry_does_not_block_del() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bins = tempfile::tempdir().expect("tempdir");
+        let plugin = bins.path().join("noop");
+        std::fs::write(&plugin, "#!/bin/sh\nexit 0\n").expect("write");
+        std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let cfg = CniConfig::new(vec![bins.path().to_path_buf()], dir.path());
+        let l = list(json!({"cniVersion":"1.0.0","name":"net","plugins":[{"type":"noop"}]}));
+        let rt = RuntimeConf {
+            container_id: "c".into(),
+            ifname: "eth0".into(),
+            ..RuntimeConf::default()
+        };
+        let entry = cfg.cache.path_of("net", "c", "eth0");
+        std::fs::create_dir_all(entry.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&entry, "{damaged").expect("write");
+        cfg.del_network_list(&l, &rt)
+            .expect("DEL goes on without prevResult");
+        assert!(!entry.exists(), "and removes the damaged entry");
     }
 
     #[test]

@@ -198,6 +198,76 @@ fn address_from(message: &AddressMessage) -> Option<IpNetwork> {
 mod tests {
     use super::*;
 
+    /// Runs `f` on a new thread inside a new, private network namespace
+    /// (needs root); the namespace disappears with the thread.
+    fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root; run the tests as root");
+                f()
+            })
+            .join()
+            .expect("test thread")
+        })
+    }
+
+    #[test]
+    fn links_go_up_and_down_and_show_their_addresses() {
+        in_private_netns(|| {
+            let nl = Netlink::connect().expect("netlink");
+            assert_eq!(nl.link_by_name("cnit-absent0").expect("lookup"), None);
+            assert!(matches!(
+                nl.require_link("cnit-absent0"),
+                Err(Error::LinkNotFound(_))
+            ));
+            let lo = nl.require_link("lo").expect("lo exists in every namespace");
+            assert!(!lo.up, "lo starts down in a new namespace");
+            assert_eq!(lo.mac, "00:00:00:00:00:00");
+            nl.set_up(&lo).expect("up");
+            let lo = nl.require_link("lo").expect("lo");
+            assert!(lo.up);
+            let addrs: Vec<String> = nl
+                .addresses(&lo)
+                .expect("addresses")
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert!(addrs.contains(&"127.0.0.1/8".to_owned()), "{addrs:?}");
+            nl.set_down(&lo).expect("down");
+            assert!(!nl.require_link("lo").expect("lo").up);
+        });
+    }
+
+    #[test]
+    fn a_connection_stays_in_the_namespace_it_was_opened_in() {
+        in_private_netns(|| {
+            let pod = NetNs::current().expect("this thread's netns");
+            let host_side = std::thread::scope(|s| {
+                s.spawn(|| {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
+                    let here = NetNs::current().expect("netns");
+                    let nl = Netlink::connect_in(&pod).expect("connect into the pod");
+                    assert!(
+                        NetNs::current().expect("netns").same_as(&here),
+                        "the thread came back"
+                    );
+                    let lo = nl.require_link("lo").expect("lo");
+                    nl.set_up(&lo).expect("up");
+                    here
+                })
+                .join()
+                .expect("thread")
+            });
+            let nl = Netlink::connect().expect("netlink");
+            assert!(
+                nl.require_link("lo").expect("lo").up,
+                "the change landed in the pod namespace"
+            );
+            assert!(!host_side.same_as(&pod));
+        });
+    }
+
     #[test]
     fn macs_print_like_go() {
         assert_eq!(format_mac(&[0x0a, 0x58, 0, 0xff, 1, 2]), "0a:58:00:ff:01:02");

@@ -158,6 +158,41 @@ mod tests {
         assert!(err.is_gone());
     }
 
+    fn new_private_netns() -> NetNs {
+        nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET) needs root");
+        NetNs::current().expect("the new namespace")
+    }
+
+    #[test]
+    fn the_guard_returns_the_thread_to_its_namespace() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let pod = new_private_netns();
+                let home = new_private_netns();
+                assert!(!pod.same_as(&home));
+                {
+                    let _inside = pod.enter().expect("enter");
+                    assert!(NetNs::current().expect("netns").same_as(&pod));
+                }
+                assert!(NetNs::current().expect("netns").same_as(&home));
+                let seen = pod.run(|| NetNs::current().expect("netns")).expect("run");
+                assert!(seen.same_as(&pod));
+                assert!(NetNs::current().expect("netns").same_as(&home));
+                let failed: Result<(), Error> = (|| {
+                    let _inside = pod.enter()?;
+                    Err(Error::NotNetns {
+                        path: "early return".into(),
+                    })
+                })();
+                assert!(failed.is_err());
+                assert!(
+                    NetNs::current().expect("netns").same_as(&home),
+                    "an early return still comes back"
+                );
+            });
+        });
+    }
+
     #[test]
     fn opens_the_current_namespace() {
         let a = NetNs::current().expect("own netns");
