@@ -8,7 +8,7 @@ PREFIX ?= /opt/cni/bin
 BINDIR ?= /usr/local/bin
 DESTDIR ?=
 
-PLUGINS := loopback
+PLUGINS := loopback host-local
 TOOLS := cnictl
 
 # Static binaries run on any node image (kind, minikube, containerd hosts).
@@ -19,9 +19,10 @@ TARGET = $(shell rustc -vV | sed -n 's/^host: //p')
 RELEASE_DIR = target/$(TARGET)/release
 
 # Debian packages the build, the tests and the demo use.
-APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl
+APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
+	python3 containernetworking-plugins
 
-.PHONY: all deps toolchain build install uninstall test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin install install-service uninstall test unit integration lint demo clean
 
 all: build
 
@@ -44,10 +45,22 @@ toolchain:
 build: deps
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS))
 
+# host-local with pause points for the crash tests; a debug build in its own
+# target directory, never installed.
+FAULT_DIR := target/fault
+fault-bin: deps
+	cargo build --locked -p host-local --features fault-injection --target-dir $(FAULT_DIR)
+
 install: build
 	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR)
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(PLUGINS)) $(DESTDIR)$(PREFIX)/
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(TOOLS)) $(DESTDIR)$(BINDIR)/
+
+# The lease service as systemd units (socket-activated).
+SYSTEMD_DIR ?= /etc/systemd/system
+install-service: install
+	install -d $(DESTDIR)$(SYSTEMD_DIR)
+	install -m 0644 conf-examples/systemd/host-local.socket conf-examples/systemd/host-local.service $(DESTDIR)$(SYSTEMD_DIR)/
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(PLUGINS)) $(addprefix $(DESTDIR)$(BINDIR)/,$(TOOLS))
@@ -60,8 +73,9 @@ unit: deps
 	cargo test --workspace --locked --exclude integration
 
 # End-to-end tests run the static release binaries, as they ship.
-integration: build
-	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) cargo test --locked -p integration
+integration: build fault-bin
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local \
+		cargo test --locked -p integration
 
 test: lint unit integration
 

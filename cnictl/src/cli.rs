@@ -49,6 +49,52 @@ pub enum Verb {
     },
     /// Delete stale attachments of a network, then GC every plugin with the valid ones.
     Gc(Gc),
+    /// Inspect or repair host-local's leases (through its lease service when one runs).
+    Ipam(Ipam),
+}
+
+#[derive(Debug, Args)]
+pub struct Ipam {
+    /// host-local's dataDir.
+    #[arg(long, global = true, default_value = ipam::config::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// The lease service's socket; "" to always open the database directly.
+    #[arg(long, global = true, env = "HOST_LOCAL_SOCKET", default_value = ipam::config::DEFAULT_SOCKET)]
+    pub socket: String,
+    #[command(subcommand)]
+    pub command: IpamCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IpamCommand {
+    /// List the leases: address, container ID, interface, when allocated.
+    Ls { network: String },
+    /// Release one address, or what a container (interface) holds.
+    #[command(group(ArgGroup::new("what").required(true).args(["ip", "container_id"])))]
+    Release {
+        network: String,
+        #[arg(long)]
+        ip: Option<std::net::IpAddr>,
+        #[arg(long)]
+        container_id: Option<String>,
+        #[arg(long, requires = "container_id")]
+        ifname: Option<String>,
+    },
+    /// Release every lease whose attachment is not listed.
+    Gc {
+        network: String,
+        /// Attachments still in use, as CONTAINER_ID/IFNAME.
+        #[arg(long, required = true, num_args = 1.., value_name = "ID/IFNAME")]
+        valid: Vec<String>,
+    },
+    /// Print every lease and the round-robin positions as JSON (a backup).
+    Export { network: String },
+    /// Import leases written by the reference host-local (files named by address).
+    Import {
+        network: String,
+        #[arg(long, value_name = "DIR")]
+        from_reference_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

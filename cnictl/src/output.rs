@@ -6,7 +6,7 @@ use std::io::Write;
 use cni::{CniResult, Code};
 use serde_json::{Value, json};
 
-use crate::runner::{Failure, Report};
+use crate::runner::{Failure, IpamKind, Report};
 
 fn out(text: &str) {
     let mut stdout = std::io::stdout().lock();
@@ -17,6 +17,7 @@ pub fn print_report(report: &Report, as_json: bool) {
     if as_json {
         let doc = match report {
             Report::Added { result, .. } => result.clone(),
+            Report::Ipam { doc, .. } => doc.clone(),
             Report::Checked {
                 network,
                 attachment,
@@ -50,6 +51,7 @@ pub fn print_report(report: &Report, as_json: bool) {
 
 fn summary(report: &Report) -> String {
     match report {
+        Report::Ipam { command, doc } => ipam_summary(*command, doc),
         Report::Added {
             network,
             attachment,
@@ -116,6 +118,68 @@ fn summary(report: &Report) -> String {
             ));
             text
         }
+    }
+}
+
+fn lease_line(lease: &Value) -> String {
+    let field = |k: &str| lease[k].as_str().unwrap_or_default().to_owned();
+    let ifname = if field("ifname").is_empty() {
+        "-".to_owned()
+    } else {
+        field("ifname")
+    };
+    format!(
+        "{:<39} {:<64} {:<15} {} {}\n",
+        field("ip"),
+        field("containerID"),
+        ifname,
+        field("allocated"),
+        field("source")
+    )
+}
+
+fn ipam_summary(command: IpamKind, doc: &Value) -> String {
+    let listed = |key: &str| doc[key].as_array().cloned().unwrap_or_default();
+    match command {
+        IpamKind::List => {
+            let leases = doc.as_array().cloned().unwrap_or_default();
+            let mut text = format!(
+                "{:<39} {:<64} {:<15} {} {}\n",
+                "IP", "CONTAINER ID", "IFNAME", "ALLOCATED", "SOURCE"
+            );
+            text.extend(leases.iter().map(lease_line));
+            text.push_str(&format!("{} lease(s)\n", leases.len()));
+            text
+        }
+        IpamKind::Release | IpamKind::Gc => {
+            let released = listed("released");
+            let mut text: String = released
+                .iter()
+                .map(|l| format!("released {}", lease_line(l)))
+                .collect();
+            text.push_str(&format!("{} lease(s) released\n", released.len()));
+            for error in listed("errors") {
+                text.push_str(&format!("not released: {}\n", error.as_str().unwrap_or_default()));
+            }
+            text
+        }
+        IpamKind::Import => {
+            let imported = listed("imported");
+            let mut text: String = imported
+                .iter()
+                .map(|l| format!("imported {}", lease_line(l)))
+                .collect();
+            text.push_str(&format!("{} lease(s) imported\n", imported.len()));
+            for conflict in listed("conflicts") {
+                text.push_str(&format!(
+                    "kept the database's owner for {}\n",
+                    conflict.as_str().unwrap_or_default()
+                ));
+            }
+            text
+        }
+        // A backup is only useful as JSON.
+        IpamKind::Export => format!("{}\n", cni::skel::to_pretty_json(doc)),
     }
 }
 

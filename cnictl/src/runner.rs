@@ -7,7 +7,7 @@ use libcni::{CniConfig, NetworkConfigList, RuntimeConf};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha512};
 
-use crate::cli::{Attach, Cli, Gc, Verb};
+use crate::cli::{Attach, Cli, Gc, Ipam, IpamCommand, Verb};
 
 /// What a successful command reports.
 #[derive(Debug)]
@@ -37,6 +37,17 @@ pub enum Report {
         valid: Vec<GcAttachment>,
         deleted: Vec<GcAttachment>,
     },
+    /// A `cnictl ipam` command and what it returned.
+    Ipam { command: IpamKind, doc: Value },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpamKind {
+    List,
+    Release,
+    Gc,
+    Export,
+    Import,
 }
 
 /// Why a command failed, with the CNI version to print a JSON error in.
@@ -60,11 +71,15 @@ fn usage(msg: impl Into<String>) -> Failure {
 }
 
 pub fn run(cli: &Cli) -> Result<Report, Failure> {
+    if let Verb::Ipam(ipam) = &cli.command {
+        return run_ipam(ipam);
+    }
     let config = CniConfig::new(cni::env::split_path(&cli.global.cni_path), &cli.global.cache_dir);
     let network = match &cli.command {
         Verb::Add(a) | Verb::Check(a) | Verb::Del(a) => &a.network,
         Verb::Status { network } => network,
         Verb::Gc(g) => &g.network,
+        Verb::Ipam(_) => unreachable!("handled above"),
     };
     let list = NetworkConfigList::load(&cli.global.conf_dir, network).map_err(|e| Failure::new(e, None))?;
     let fail = |e| Failure::new(e, Some(&list));
@@ -115,6 +130,7 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
                 asked,
             })
         }
+        Verb::Ipam(_) => unreachable!("handled above"),
         Verb::Gc(gc) => {
             let valid = valid_attachments(gc, &config, &list).map_err(fail)?;
             let outcome = config.gc_network_list(&list, &valid).map_err(fail)?;
@@ -134,6 +150,69 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
             })
         }
     }
+}
+
+/// `cnictl ipam`: through the lease service when it answers (it holds the
+/// databases open), else directly under the network's lock.
+fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
+    use ipam::admin::AdminOp;
+    use ipam::service::{self, CallError, Request};
+
+    let fail = |e: cni::Error| Failure::new(libcni::Error::Invalid(e), None);
+    let (kind, network, op) = match &args.command {
+        IpamCommand::Ls { network } => (IpamKind::List, network, AdminOp::List),
+        IpamCommand::Release {
+            network,
+            ip: Some(ip),
+            ..
+        } => (IpamKind::Release, network, AdminOp::ReleaseIp { ip: *ip }),
+        IpamCommand::Release {
+            network,
+            container_id,
+            ifname,
+            ..
+        } => (
+            IpamKind::Release,
+            network,
+            AdminOp::ReleaseContainer {
+                container_id: container_id.clone().unwrap_or_default(),
+                ifname: ifname.clone(),
+            },
+        ),
+        IpamCommand::Gc { network, valid } => {
+            let valid = parse_valid(valid).map_err(|e| Failure::new(e, None))?;
+            (IpamKind::Gc, network, AdminOp::Gc { valid })
+        }
+        IpamCommand::Export { network } => (IpamKind::Export, network, AdminOp::Export),
+        IpamCommand::Import {
+            network,
+            from_reference_dir,
+        } => {
+            let dir =
+                std::path::absolute(from_reference_dir).map_err(|e| fail(cni::Error::io(e.to_string())))?;
+            (IpamKind::Import, network, AdminOp::ImportReference { dir })
+        }
+    };
+    let via_service = (!args.socket.is_empty()).then(|| {
+        let request = Request::Admin {
+            data_dir: args.data_dir.clone(),
+            network: network.clone(),
+            op: op.clone(),
+        };
+        service::call(Path::new(&args.socket), &request)
+    });
+    let doc = match via_service {
+        Some(Ok(response)) => match (response.error, response.document) {
+            (Some(e), _) => return Err(fail(e)),
+            (None, doc) => doc.unwrap_or(Value::Null),
+        },
+        Some(Err(CallError::Unreachable { .. })) | None => {
+            ipam::admin::run(&ipam::store::Stores::direct(), &args.data_dir, network, &op)
+                .map_err(|e| fail(e.into()))?
+        }
+        Some(Err(e)) => return Err(fail(cni::Error::try_again_later(e.to_string()))),
+    };
+    Ok(Report::Ipam { command: kind, doc })
 }
 
 fn attachment_of(rt: &RuntimeConf) -> GcAttachment {
@@ -220,7 +299,12 @@ fn valid_attachments(
             })
             .collect());
     }
-    gc.valid
+    parse_valid(&gc.valid)
+}
+
+/// `CONTAINER_ID/IFNAME` arguments, each checked like the runtime's inputs.
+fn parse_valid(texts: &[String]) -> libcni::Result<Vec<GcAttachment>> {
+    texts
         .iter()
         .map(|text| {
             let (id, ifname) = text.split_once('/').ok_or_else(|| {

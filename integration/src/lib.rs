@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -148,6 +148,108 @@ pub fn run_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)],
     }
     let output = child.wait_with_output().unwrap_or_else(|e| panic!("{what}: {e}"));
     Run::from_output(what, output)
+}
+
+/// Starts `program` inside the namespace at `netns` without waiting for it;
+/// its stdout and stderr are piped.
+pub fn spawn_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Child {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+    if let Some(mut pipe) = child.stdin.take() {
+        use std::io::Write;
+        pipe.write_all(stdin.as_bytes()).ok();
+    }
+    child
+}
+
+/// Waits for a started command and collects what it printed.
+pub fn finish(what: &str, child: Child) -> Run {
+    let output = child.wait_with_output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    Run::from_output(what.to_owned(), output)
+}
+
+/// Waits until `ready()` holds, failing the test after `limit`.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// host-local built with the `fault-injection` feature (never a release
+/// build): `CNI_SUITE_FAULT_BIN`, else where `make fault-bin` puts it.
+pub fn fault_bin() -> PathBuf {
+    let path = std::env::var_os("CNI_SUITE_FAULT_BIN").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fault/debug/host-local"),
+        PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "no fault-injection host-local at {}: run `make fault-bin`, or set CNI_SUITE_FAULT_BIN",
+        path.display()
+    );
+    path
+}
+
+/// A running `host-local serve`, stopped (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct LeaseService {
+    child: Option<Child>,
+    pub socket: PathBuf,
+}
+
+impl LeaseService {
+    /// Starts `binary serve --socket <socket>` with `env` added and waits
+    /// until it answers.
+    pub fn start(binary: &Path, socket: PathBuf, env: &[(&str, &str)]) -> Self {
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} serve: {e}", binary.display()));
+        let service = LeaseService {
+            child: Some(child),
+            socket,
+        };
+        wait_for(
+            "the lease service to listen",
+            std::time::Duration::from_secs(10),
+            || std::os::unix::net::UnixStream::connect(&service.socket).is_ok(),
+        );
+        service
+    }
+
+    /// Kills the service now, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LeaseService {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// Runs a command on the machine (outside any test namespace).

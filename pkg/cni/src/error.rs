@@ -40,6 +40,9 @@ pub mod plugin_codes {
     pub const NETLINK: u32 = 101;
     /// The namespace or interface is not in the state the plugin needs.
     pub const INTERFACE_STATE: u32 = 102;
+    /// IPAM cannot hand out an address as asked (pool exhausted, requested
+    /// address taken or outside the ranges).
+    pub const ADDRESS_UNAVAILABLE: u32 = 103;
 }
 
 /// A CNI error as the protocol carries it. `code` is a plain number because

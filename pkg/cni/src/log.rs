@@ -101,7 +101,7 @@ impl Log for Logger {
 }
 
 /// `2026-11-22T04:01:43.123Z`, without a date crate.
-fn utc_timestamp(now: SystemTime) -> String {
+pub fn utc_timestamp(now: SystemTime) -> String {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);

@@ -95,7 +95,8 @@ pub fn run<P: Plugin>(plugin: &P) -> ExitCode {
     code
 }
 
-fn emit(reply: &Reply) -> ExitCode {
+/// Prints a reply the way a plugin must and gives the exit status.
+pub fn emit(reply: &Reply) -> ExitCode {
     match reply {
         Reply::About(text) => {
             let _ = io::stderr().write_all(text.as_bytes());

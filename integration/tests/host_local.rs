@@ -1,0 +1,742 @@
+//! host-local end to end: the built binary executed as a runtime (or the
+//! bridge) executes it, with and without its lease service, against real
+//! sled databases, next to Debian's reference host-local.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use integration::{LeaseService, Node, Run, bin, fault_bin, finish, spawn_in, wait_for};
+use serde_json::{Value, json};
+
+const NETWORK: &str = "hl-net";
+
+/// A node with a data directory and, optionally, a lease service.
+struct Ipam {
+    node: Node,
+    data_dir: PathBuf,
+    socket: String,
+}
+
+impl Ipam {
+    /// Plugin processes open the database themselves ("socket": "").
+    fn direct() -> Self {
+        let node = Node::new();
+        let data_dir = node.path("data");
+        Ipam {
+            node,
+            data_dir,
+            socket: String::new(),
+        }
+    }
+
+    fn with_service(service: &LeaseService, node: Node) -> Self {
+        Ipam::with_socket(node, &service.socket)
+    }
+
+    fn with_socket(node: Node, socket: &Path) -> Self {
+        let data_dir = node.path("data");
+        Ipam {
+            node,
+            data_dir,
+            socket: socket.to_str().expect("UTF-8 path").to_owned(),
+        }
+    }
+
+    fn data_dir(&self) -> &str {
+        self.data_dir.to_str().expect("UTF-8 path")
+    }
+
+    /// A configuration as a bridge would pass it, host-local in `ipam`.
+    fn conf(&self, version: &str, ipam: Value) -> String {
+        let mut section = json!({"type": "host-local", "dataDir": self.data_dir(), "socket": self.socket});
+        if let (Some(target), Value::Object(extra)) = (section.as_object_mut(), ipam) {
+            target.extend(extra);
+        }
+        json!({"cniVersion": version, "name": NETWORK, "type": "bridge", "ipam": section}).to_string()
+    }
+
+    fn run(&self, command: &str, id: &str, conf: &str, extra_env: &[(&'static str, &'static str)]) -> Run {
+        let mut env = BTreeMap::from([
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", id),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/var/run/netns/unused"),
+            ("CNI_PATH", "/nonexistent"),
+        ]);
+        env.extend(extra_env.iter().copied());
+        if matches!(command, "GC" | "STATUS") {
+            env.retain(|k, _| !matches!(*k, "CNI_CONTAINERID" | "CNI_IFNAME" | "CNI_NETNS"));
+        }
+        self.node.exec_plugin("host-local", &env, conf)
+    }
+
+    fn add(&self, id: &str, conf: &str) -> Value {
+        self.run("ADD", id, conf, &[]).success().json()
+    }
+
+    /// `cnictl ipam ls --json`, through the service when there is one.
+    fn leases(&self) -> Vec<Value> {
+        let listed = self
+            .node
+            .cnictl(&[
+                "--json",
+                "ipam",
+                "--data-dir",
+                self.data_dir(),
+                "--socket",
+                &self.socket,
+                "ls",
+                NETWORK,
+            ])
+            .success()
+            .json();
+        listed.as_array().cloned().unwrap_or_default()
+    }
+
+    fn leased_ips(&self) -> BTreeSet<String> {
+        self.leases()
+            .iter()
+            .map(|l| l["ip"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+}
+
+fn v4_conf(ipam: &Ipam, version: &str, subnet: &str) -> String {
+    ipam.conf(version, json!({"subnet": subnet}))
+}
+
+fn address(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn results_in_every_version_with_routes_dns_and_dual_stack() {
+    let ipam = Ipam::direct();
+    let resolv = ipam.node.path("resolv.conf");
+    fs::write(
+        &resolv,
+        "nameserver 10.96.0.10\nsearch svc.cluster.local\noptions ndots:5\n",
+    )
+    .expect("write");
+    for (i, version) in ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        .into_iter()
+        .enumerate()
+    {
+        let conf = ipam.conf(
+            version,
+            json!({"ranges": [[{"subnet": "10.20.0.0/24"}], [{"subnet": "fd20::/64"}]],
+                   "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0", "gw": "fd20::1"}],
+                   "resolvConf": resolv}),
+        );
+        let doc = ipam.add(&format!("c{i}"), &conf);
+        assert_eq!(doc["cniVersion"], version);
+        assert_eq!(
+            doc["dns"],
+            json!({"nameservers": ["10.96.0.10"], "search": ["svc.cluster.local"], "options": ["ndots:5"]})
+        );
+        let (v4, v6) = (format!("10.20.0.{}/24", i + 2), format!("fd20::{}/64", i + 2));
+        match version {
+            "0.1.0" | "0.2.0" => {
+                assert_eq!(
+                    doc["ip4"],
+                    json!({"ip": v4, "gateway": "10.20.0.1", "routes": [{"dst": "0.0.0.0/0"}]}),
+                    "{doc}"
+                );
+                assert_eq!(
+                    doc["ip6"],
+                    json!({"ip": v6, "gateway": "fd20::1", "routes": [{"dst": "::/0", "gw": "fd20::1"}]})
+                );
+            }
+            "0.3.0" | "0.3.1" | "0.4.0" => {
+                assert_eq!(
+                    doc["ips"],
+                    json!([
+                    {"version": "4", "address": v4, "gateway": "10.20.0.1"},
+                    {"version": "6", "address": v6, "gateway": "fd20::1"}]),
+                    "{doc}"
+                );
+                assert!(doc.get("interfaces").is_none(), "IPAM results have no interfaces");
+            }
+            _ => assert_eq!(
+                doc["ips"],
+                json!([
+                {"address": v4, "gateway": "10.20.0.1"}, {"address": v6, "gateway": "fd20::1"}]),
+                "{doc}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn configuration_errors_carry_the_reference_messages() {
+    let ipam = Ipam::direct();
+    let cases = [
+        (
+            json!({"cniVersion": "1.0.0", "name": NETWORK}).to_string(),
+            "IPAM config missing 'ipam' key",
+        ),
+        (ipam.conf("1.0.0", json!({})), "no IP ranges specified"),
+        (
+            ipam.conf("1.0.0", json!({"subnet": "10.0.0.0/31"})),
+            "invalid range set 0: Network 10.0.0.0/31 too small to allocate from",
+        ),
+        (
+            ipam.conf("1.0.0", json!({"subnet": "10.0.0.9/24"})),
+            "invalid range set 0: Network has host bits set. For a subnet mask of length 24 the network address is 10.0.0.0",
+        ),
+        (
+            ipam.conf(
+                "1.0.0",
+                json!({"ranges": [[{"subnet": "10.0.0.0/16"}], [{"subnet": "10.0.1.0/24"}]]}),
+            ),
+            "range set 0 overlaps with 1",
+        ),
+        (
+            ipam.conf(
+                "0.2.0",
+                json!({"ranges": [[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/24"}]]}),
+            ),
+            "CNI version 0.2.0 does not support more than 1 address per family",
+        ),
+        (
+            ipam.conf("1.0.0", json!({"subnet": "10.0.0.0/24", "gateway": "10.9.0.1"})),
+            "invalid range set 0: gateway 10.9.0.1 not in network 10.0.0.0/24",
+        ),
+    ];
+    for (conf, msg) in cases {
+        let failed = ipam.run("ADD", "c1", &conf, &[]).failure();
+        let err = failed.json();
+        assert_eq!(
+            (err["code"].as_u64(), err["msg"].as_str()),
+            (Some(7), Some(msg)),
+            "{failed:?}"
+        );
+    }
+    assert!(
+        !ipam.data_dir.join(".sled").exists(),
+        "no configuration error opened a database"
+    );
+}
+
+#[test]
+fn requested_addresses_follow_conventions_precedence() {
+    let ipam = Ipam::direct();
+    let conf_with = |runtime: Value, args: Value| {
+        let mut doc: Value = serde_json::from_str(&v4_conf(&ipam, "1.0.0", "10.30.0.0/24")).expect("json");
+        doc["runtimeConfig"] = runtime;
+        doc["args"] = json!({"cni": args});
+        doc.to_string()
+    };
+    let all = conf_with(json!({"ips": ["10.30.0.9/24"]}), json!({"ips": ["10.30.0.8"]}));
+    let run = ipam
+        .run(
+            "ADD",
+            "a",
+            &all,
+            &[("CNI_ARGS", "IgnoreUnknown=1;IP=10.30.0.7;K8S_POD_NAME=p")],
+        )
+        .success();
+    assert_eq!(address(&run.json()), "10.30.0.9/24", "runtimeConfig.ips wins");
+    let args = conf_with(json!({}), json!({"ips": ["10.30.0.8"]}));
+    let run = ipam
+        .run("ADD", "b", &args, &[("CNI_ARGS", "IP=10.30.0.7")])
+        .success();
+    assert_eq!(address(&run.json()), "10.30.0.8/24", "args.cni.ips over CNI_ARGS");
+    let plain = conf_with(json!({}), json!({}));
+    let run = ipam
+        .run("ADD", "c", &plain, &[("CNI_ARGS", "IP=10.30.0.7")])
+        .success();
+    assert_eq!(address(&run.json()), "10.30.0.7/24");
+    let strict = ipam
+        .run("ADD", "d", &plain, &[("CNI_ARGS", "IP=10.30.0.6;K8S_POD_NAME=p")])
+        .failure();
+    let err = strict.json();
+    assert_eq!(err["code"], 4, "{strict:?}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("ARGS: unknown args")),
+        "{err}"
+    );
+    let taken = ipam
+        .run("ADD", "e", &plain, &[("CNI_ARGS", "IP=10.30.0.7")])
+        .failure();
+    assert_eq!(
+        taken.json()["msg"],
+        "failed to allocate for range 0: requested IP address 10.30.0.7 is not available in range set 10.30.0.1-10.30.0.254"
+    );
+}
+
+#[test]
+fn exhaustion_status_and_release() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.1.0", "10.40.0.0/29");
+    for id in ["a", "b", "c", "d", "e"] {
+        ipam.add(id, &conf);
+    }
+    let full = ipam.run("ADD", "f", &conf, &[]).failure().json();
+    assert_eq!(full["code"], 103);
+    assert_eq!(
+        full["msg"],
+        "failed to allocate for range 0: no IP addresses available in range set: 10.40.0.1-10.40.0.6"
+    );
+    let status = ipam.run("STATUS", "", &conf, &[]).failure().json();
+    assert_eq!(
+        (status["code"].as_u64(), status["msg"].as_str()),
+        (
+            Some(50),
+            Some("no IP addresses available in range set: 10.40.0.1-10.40.0.6")
+        )
+    );
+    ipam.run("DEL", "c", &conf, &[]).success();
+    ipam.run("STATUS", "", &conf, &[]).success();
+    assert_eq!(address(&ipam.add("f", &conf)), "10.40.0.4/29");
+}
+
+#[test]
+fn del_needs_no_netns_and_tolerates_unknown_containers() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "0.4.0", "10.50.0.0/24");
+    ipam.add("a", &conf);
+    let mut env = BTreeMap::from([
+        ("CNI_COMMAND", "DEL"),
+        ("CNI_CONTAINERID", "a"),
+        ("CNI_IFNAME", "eth0"),
+    ]);
+    ipam.node.exec_plugin("host-local", &env, &conf).success();
+    assert!(ipam.leases().is_empty());
+    env.insert("CNI_CONTAINERID", "never-seen");
+    ipam.node.exec_plugin("host-local", &env, &conf).success();
+    let broken = ipam.conf("0.4.0", json!({"subnet": "10.50.0.0/33"}));
+    assert_eq!(
+        ipam.node
+            .exec_plugin("host-local", &env, &broken)
+            .failure()
+            .json()["code"],
+        7
+    );
+    let repeated = ipam.add("b", &conf);
+    assert_eq!(
+        ipam.add("b", &conf),
+        repeated,
+        "a repeated ADD answers with the same lease"
+    );
+}
+
+#[test]
+fn check_compares_the_lease_with_prev_result() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.0.0", "10.60.0.0/24");
+    let result = ipam.add("a", &conf);
+    let with_prev = |prev: &Value| {
+        let mut doc: Value = serde_json::from_str(&conf).expect("json");
+        doc["prevResult"] = prev.clone();
+        doc.to_string()
+    };
+    ipam.run("CHECK", "a", &with_prev(&result), &[]).success();
+    let mut wrong = result.clone();
+    wrong["ips"][0]["address"] = json!("10.60.0.99/24");
+    let failed = ipam.run("CHECK", "a", &with_prev(&wrong), &[]).failure().json();
+    assert_eq!(failed["code"], 100);
+    let unknown = ipam.run("CHECK", "zz", &with_prev(&result), &[]).failure().json();
+    assert_eq!(
+        unknown["msg"],
+        "host-local: Failed to find address added by container zz"
+    );
+}
+
+#[test]
+fn gc_with_and_without_valid_attachments() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.1.0", "10.70.0.0/24");
+    for id in ["a", "b", "c"] {
+        ipam.add(id, &conf);
+    }
+    let mut doc: Value = serde_json::from_str(&conf).expect("json");
+    doc["cni.dev/valid-attachments"] = json!([{"containerID": "b", "ifname": "eth0"}]);
+    ipam.run("GC", "", &doc.to_string(), &[]).success();
+    let owners: Vec<Value> = ipam.leases().iter().map(|l| l["containerID"].clone()).collect();
+    assert_eq!(owners, [json!("b")]);
+    doc.as_object_mut().map(|d| d.remove("cni.dev/valid-attachments"));
+    doc["cni.dev/attachments"] = json!([{"containerID": "b", "ifname": "eth0"}]);
+    ipam.run("GC", "", &doc.to_string(), &[]).success();
+    assert_eq!(ipam.leases().len(), 1, "the legacy key is honoured too");
+    ipam.run("GC", "", &conf, &[]).success();
+    assert!(ipam.leases().is_empty(), "no list: nothing is valid");
+}
+
+/// Starts `count` ADDs (then DELs) at the same moment.
+fn burst(ipam: &Ipam, command: &str, count: usize, conf: &str) -> Vec<Run> {
+    let barrier = Barrier::new(count);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..count)
+            .map(|i| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let id = format!("burst-{i}");
+                    barrier.wait();
+                    ipam.run(command, &id, conf, &[])
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    })
+}
+
+fn hundred_parallel(ipam: &Ipam) {
+    let conf = v4_conf(ipam, "1.0.0", "10.80.0.0/24");
+    let added = burst(ipam, "ADD", 100, &conf);
+    let addresses: BTreeSet<String> = added.into_iter().map(|r| address(&r.success().json())).collect();
+    assert_eq!(addresses.len(), 100, "100 distinct addresses");
+    assert_eq!(ipam.leased_ips().len(), 100);
+    for run in burst(ipam, "DEL", 100, &conf) {
+        run.success();
+    }
+    assert!(ipam.leases().is_empty(), "100 parallel DELs leave no lease");
+}
+
+#[test]
+fn a_hundred_processes_at_once_without_the_service() {
+    hundred_parallel(&Ipam::direct());
+}
+
+#[test]
+fn a_hundred_processes_at_once_through_the_service() {
+    let node = Node::new();
+    let service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
+    hundred_parallel(&Ipam::with_service(&service, node));
+}
+
+/// Runs the fault-injection build's ADD until it pauses at `point`, kills
+/// it, and returns the ID it used.
+fn kill_inside(ipam: &Ipam, point: &str, conf: &str) -> String {
+    let ready = ipam.node.path(&format!("ready-{point}"));
+    let id = format!("killed-{point}");
+    let env = [
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", id.as_str()),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("IPAM_FAULT_PAUSE", point),
+        ("IPAM_FAULT_READY", ready.to_str().expect("UTF-8")),
+    ];
+    let mut child = spawn_in(ipam.node.netns.path(), &fault_bin(), &[], &env, conf);
+    wait_for(
+        "the ADD to pause inside the lock",
+        Duration::from_secs(20),
+        || ready.exists(),
+    );
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    id
+}
+
+fn assert_no_duplicates(ipam: &Ipam) {
+    let leases = ipam.leases();
+    let distinct: BTreeSet<&str> = leases.iter().filter_map(|l| l["ip"].as_str()).collect();
+    assert_eq!(
+        distinct.len(),
+        leases.len(),
+        "an address is leased twice: {leases:?}"
+    );
+}
+
+#[test]
+fn a_process_killed_inside_the_lock_loses_nothing() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.0.0", "10.90.0.0/24");
+    let first = address(&ipam.add("before", &conf));
+    for point in ["locked", "committed"] {
+        let killed = kill_inside(&ipam, point, &conf);
+        let after = address(&ipam.add(&format!("after-{point}"), &conf));
+        assert_ne!(after, first);
+        let leases = ipam.leases();
+        assert!(
+            leases
+                .iter()
+                .any(|l| l["containerID"] == "before" && l["ip"] == first.trim_end_matches("/24"))
+        );
+        if point == "locked" {
+            assert!(
+                !leases.iter().any(|l| l["containerID"] == killed.as_str()),
+                "nothing was written before the kill"
+            );
+        }
+        assert_no_duplicates(&ipam);
+        // The runtime retries the killed ADD: it gets one lease, never two.
+        ipam.add(&killed, &conf);
+        assert_eq!(
+            ipam.leases()
+                .iter()
+                .filter(|l| l["containerID"] == killed.as_str())
+                .count(),
+            1
+        );
+        assert_no_duplicates(&ipam);
+    }
+}
+
+#[test]
+fn a_service_killed_mid_request_hands_over_to_direct_use() {
+    let node = Node::new();
+    let ready = node.path("service-paused");
+    let mut service = LeaseService::start(
+        &fault_bin(),
+        node.path("hl.sock"),
+        &[
+            ("IPAM_FAULT_PAUSE", "committed"),
+            ("IPAM_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ],
+    );
+    let ipam = Ipam::with_service(&service, node);
+    let conf = v4_conf(&ipam, "1.0.0", "10.91.0.0/24");
+    let env = [
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "pod-a"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/x"),
+    ];
+    let client = spawn_in(ipam.node.netns.path(), &bin("host-local"), &[], &env, &conf);
+    wait_for(
+        "the service to pause inside the lock",
+        Duration::from_secs(20),
+        || ready.exists(),
+    );
+    service.kill();
+    let run = finish("host-local ADD", client).success();
+    assert_eq!(
+        address(&run.json()),
+        "10.91.0.2/24",
+        "the client finished the ADD itself"
+    );
+    assert_eq!(ipam.leases().len(), 1);
+    assert_no_duplicates(&ipam);
+}
+
+/// Leases written by Debian's Go host-local.
+fn reference_add(ipam: &Ipam, id: &str, conf: &str) -> Value {
+    let env = BTreeMap::from([
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", id),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_PATH", "/usr/lib/cni"),
+    ]);
+    integration::run_in(
+        ipam.node.netns.path(),
+        Path::new("/usr/lib/cni/host-local"),
+        &[],
+        &env.into_iter().collect::<Vec<_>>(),
+        conf,
+    )
+    .success()
+    .json()
+}
+
+#[test]
+fn a_node_migrated_from_the_reference_plugin_keeps_its_leases() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.0.0", "10.100.0.0/28");
+    let held: Vec<String> = ["ref-a", "ref-b", "ref-c"]
+        .iter()
+        .map(|id| address(&reference_add(&ipam, id, &conf)))
+        .collect();
+    assert_eq!(held, ["10.100.0.2/28", "10.100.0.3/28", "10.100.0.4/28"]);
+    let ref_dir = ipam.data_dir.join(NETWORK);
+    // A lease in the pre-0.8.0 format (container ID only).
+    fs::write(ref_dir.join("10.100.0.9"), "ref-legacy").expect("write");
+
+    let listed = ipam.leases();
+    let owners: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|l| {
+            (
+                l["ip"].as_str().unwrap_or(""),
+                l["containerID"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("10.100.0.2", "ref-a"),
+            ("10.100.0.3", "ref-b"),
+            ("10.100.0.4", "ref-c"),
+            ("10.100.0.9", "ref-legacy")
+        ]
+    );
+    assert!(listed.iter().all(|l| l["source"] == "reference"));
+
+    assert_eq!(
+        address(&ipam.add("new-1", &conf)),
+        "10.100.0.5/28",
+        "continues after the reference's last reservation"
+    );
+    assert_eq!(
+        address(&ipam.add("ref-b", &conf)),
+        "10.100.0.3/28",
+        "a migrated pod's repeated ADD gets its address"
+    );
+    ipam.run("DEL", "ref-a", &conf, &[]).success();
+    assert!(
+        !ref_dir.join("10.100.0.2").exists(),
+        "the released lease's file is gone"
+    );
+    ipam.run("DEL", "ref-legacy", &conf, &[]).success();
+    let remaining: BTreeSet<String> = ipam.leased_ips();
+    assert_eq!(
+        remaining,
+        BTreeSet::from([
+            "10.100.0.3".to_owned(),
+            "10.100.0.4".to_owned(),
+            "10.100.0.5".to_owned()
+        ])
+    );
+    for id in ["n2", "n3", "n4", "n5", "n6", "n7", "n8"] {
+        let got = address(&ipam.add(id, &conf));
+        assert!(
+            !["10.100.0.3/28", "10.100.0.4/28", "10.100.0.5/28"].contains(&got.as_str()),
+            "{id} got a held address {got}"
+        );
+    }
+    assert_no_duplicates(&ipam);
+    assert!(ref_dir.join("lock").exists(), "both plugins lock the same file");
+}
+
+#[test]
+fn cnictl_ipam_inspects_and_repairs() {
+    let node = Node::new();
+    let service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
+    let ipam = Ipam::with_service(&service, node);
+    let conf = v4_conf(&ipam, "1.0.0", "10.110.0.0/24");
+    for id in ["a", "b", "c", "d"] {
+        ipam.add(id, &conf);
+    }
+    let cnictl = |args: &[&str]| {
+        let mut full = vec![
+            "ipam",
+            "--data-dir",
+            ipam.data_dir(),
+            "--socket",
+            ipam.socket.as_str(),
+        ];
+        full.extend_from_slice(args);
+        ipam.node.cnictl(&full)
+    };
+    let table = cnictl(&["ls", NETWORK]).success();
+    assert!(table.stdout.starts_with("IP"), "{table:?}");
+    assert!(
+        table.stdout.contains("10.110.0.2") && table.stdout.contains("4 lease(s)"),
+        "{table:?}"
+    );
+    let listed = ipam.leases();
+    let keys: Vec<&String> = listed[0]
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
+    for key in ["ip", "containerID", "ifname", "allocated"] {
+        assert!(keys.iter().any(|k| k.as_str() == key), "{key} in {keys:?}");
+    }
+    assert!(
+        listed[0]["allocated"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z') && t.contains('T'))
+    );
+
+    cnictl(&["release", NETWORK, "--ip", "10.110.0.2"]).success();
+    cnictl(&["release", NETWORK, "--container-id", "b", "--ifname", "eth0"]).success();
+    assert_eq!(
+        ipam.leased_ips(),
+        BTreeSet::from(["10.110.0.4".to_owned(), "10.110.0.5".to_owned()])
+    );
+    cnictl(&["gc", NETWORK]).failure();
+    cnictl(&["gc", NETWORK, "--valid", "d/eth0"]).success();
+    assert_eq!(ipam.leased_ips(), BTreeSet::from(["10.110.0.5".to_owned()]));
+
+    let export = cnictl(&["export", NETWORK]).success().json();
+    assert_eq!(export["network"], NETWORK);
+    assert_eq!(export["leases"][0]["containerID"], "d");
+    assert_eq!(export["lastReserved"]["0"], "10.110.0.5");
+
+    let backup = ipam.node.path("reference-copy");
+    fs::create_dir(&backup).expect("mkdir");
+    fs::write(backup.join("10.110.0.77"), "restored\r\neth1").expect("write");
+    let imported = cnictl(&[
+        "--json",
+        "import",
+        NETWORK,
+        "--from-reference-dir",
+        backup.to_str().expect("UTF-8"),
+    ])
+    .success()
+    .json();
+    assert_eq!(imported["imported"][0]["ip"], "10.110.0.77");
+    assert!(ipam.leased_ips().contains("10.110.0.77"));
+    drop(service);
+    // Without the service, the same commands open the database directly.
+    let direct = Ipam {
+        node: ipam.node,
+        data_dir: ipam.data_dir.clone(),
+        socket: String::new(),
+    };
+    assert_eq!(direct.leased_ips().len(), 2);
+}
+
+/// systemd's socket activation, as `systemd-socket-activate` performs it:
+/// the socket bound by someone else, passed as fd 3 with LISTEN_FDS and
+/// LISTEN_PID naming the service process.
+const SOCKET_ACTIVATE: &str = r#"
+import os, socket, sys
+path, binary = sys.argv[1], sys.argv[2]
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(path)
+os.chmod(path, 0o600)
+listener.listen(64)
+os.dup2(listener.fileno(), 3)
+os.set_inheritable(3, True)
+env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+os.execve(binary, [binary, "serve"], env)
+"#;
+
+#[test]
+fn the_service_accepts_a_socket_from_the_service_manager() {
+    let node = Node::new();
+    let socket = node.path("activated.sock");
+    let binary = bin("host-local");
+    let mut activated = std::process::Command::new("python3")
+        .args([
+            "-c",
+            SOCKET_ACTIVATE,
+            socket.to_str().expect("UTF-8"),
+            binary.to_str().expect("UTF-8"),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    wait_for("the activated service", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    let ipam = Ipam::with_socket(node, &socket);
+    let conf = v4_conf(&ipam, "1.0.0", "10.120.0.0/24");
+    assert_eq!(address(&ipam.add("a", &conf)), "10.120.0.2/24");
+    activated.kill().expect("kill");
+    let stderr = {
+        activated.wait().expect("reaped");
+        let mut text = String::new();
+        if let Some(mut pipe) = activated.stderr.take() {
+            use std::io::Read;
+            pipe.read_to_string(&mut text).ok();
+        }
+        text
+    };
+    assert!(
+        stderr.contains("listening on the socket passed by the service manager"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,188 @@
+//! The IPAM verbs, and the client side: a plugin process hands its
+//! invocation to the lease service when one listens, and otherwise runs it
+//! against the database itself.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
+use cni::result::IpConfig;
+use cni::skel::{NoConfig, Reply, dispatch, emit};
+use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
+use ipam::config::{IpamConfig, parse_resolv_conf};
+use ipam::pool;
+use ipam::service::{self, FORWARDED_ENV};
+use ipam::store::Stores;
+use ipnetwork::IpNetwork;
+
+pub struct HostLocal {
+    stores: Arc<Stores>,
+}
+
+impl HostLocal {
+    pub fn new(stores: Arc<Stores>) -> Self {
+        HostLocal { stores }
+    }
+
+    fn config(req: &Request<NoConfig>) -> Result<IpamConfig> {
+        IpamConfig::load(&req.conf, &req.env.args).map_err(Error::from)
+    }
+
+    fn on_network<T>(
+        &self,
+        cfg: &IpamConfig,
+        op: impl FnOnce(&ipam::store::Network) -> Result<T, ipam::Error>,
+    ) -> Result<T> {
+        self.stores
+            .with_network(&cfg.data_dir, &cfg.network, op)
+            .map_err(Error::from)
+    }
+}
+
+impl Plugin for HostLocal {
+    const NAME: &'static str = "host-local";
+    type Config = NoConfig;
+
+    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
+        let cfg = HostLocal::config(req)?;
+        // Read before anything is leased, so a bad path leaves nothing behind.
+        let dns = match &cfg.resolv_conf {
+            Some(path) => parse_resolv_conf(
+                &std::fs::read_to_string(path)
+                    .map_err(|e| Error::io(format!("failed to read resolvConf {}: {e}", path.display())))?,
+            ),
+            None => Default::default(),
+        };
+        let allocations = self.on_network(&cfg, |net| {
+            pool::allocate(
+                net,
+                &cfg.range_sets,
+                &cfg.requested,
+                &att.container_id,
+                &att.ifname,
+            )
+        })?;
+        let ips = allocations
+            .into_iter()
+            .map(|a| {
+                let address = IpNetwork::new(a.ip, a.prefix).map_err(|e| Error::internal(e.to_string()))?;
+                Ok(IpConfig {
+                    address,
+                    gateway: Some(a.gateway),
+                    interface: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CniResult {
+            ips,
+            routes: cfg.routes,
+            dns,
+            ..CniResult::default()
+        })
+    }
+
+    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+        let cfg = HostLocal::config(req)?;
+        let reported: Option<Vec<IpAddr>> = req
+            .conf
+            .prev_result()?
+            .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect());
+        self.on_network(&cfg, |net| {
+            pool::check(
+                net,
+                &cfg.range_sets,
+                &att.container_id,
+                &att.ifname,
+                reported.as_deref(),
+            )
+        })
+    }
+
+    fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+        let cfg = HostLocal::config(req)?;
+        self.on_network(&cfg, |net| pool::release(net, &att.container_id, &att.ifname))
+            .map(drop)
+    }
+
+    fn gc(&self, req: &Request<NoConfig>) -> Result<()> {
+        let cfg = HostLocal::config(req)?;
+        let valid = req.conf.gc_valid_attachments()?;
+        let report = self.on_network(&cfg, |net| pool::gc(net, &valid))?;
+        log::info!("GC released {} lease(s)", report.released.len());
+        if report.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::io(format!(
+                "GC could not release: {}",
+                report.errors.join("; ")
+            )))
+        }
+    }
+
+    fn status(&self, req: &Request<NoConfig>) -> Result<()> {
+        let cfg = HostLocal::config(req)?;
+        match self.on_network(&cfg, |net| pool::exhausted_set(net, &cfg.range_sets))? {
+            None => Ok(()),
+            Some(index) => Err(Error::new(
+                Code::NotAvailable,
+                format!(
+                    "no IP addresses available in range set: {}",
+                    cfg.range_sets[index]
+                ),
+            )),
+        }
+    }
+}
+
+/// The plugin process. VERSION and the about text need no store; every other
+/// verb goes to the lease service when its socket answers, and is run here
+/// against the database otherwise (or when the service died mid-request: the
+/// verbs are safe to repeat).
+pub fn main() -> ExitCode {
+    cni::log::init(HostLocal::NAME);
+    let command = ProcessEnv.var(CNI_COMMAND).unwrap_or_default();
+    if command.is_empty() || command == "VERSION" {
+        let reply = dispatch(
+            &HostLocal::new(Arc::new(Stores::direct())),
+            &ProcessEnv,
+            read_stdin,
+        );
+        return emit(&reply);
+    }
+    let stdin = match read_stdin() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return emit(&Reply::Failed(
+                Error::io(format!("error reading from stdin: {e}")),
+                cni::Version::LATEST,
+            ));
+        }
+    };
+    if let Some(socket) = ipam::config::socket_in(&stdin) {
+        let env: BTreeMap<String, String> = FORWARDED_ENV
+            .iter()
+            .filter_map(|k| Some(((*k).to_owned(), ProcessEnv.var(k)?)))
+            .collect();
+        let request = service::Request::Plugin {
+            env,
+            stdin: String::from_utf8_lossy(&stdin).into_owned(),
+        };
+        match service::call(&socket, &request) {
+            Ok(response) => return emit(&response.into_reply()),
+            Err(e @ service::CallError::Broken { .. }) => log::warn!("{e}; running the request here"),
+            Err(e) => log::debug!("{e}"),
+        }
+    }
+    let reply = dispatch(&HostLocal::new(Arc::new(Stores::direct())), &ProcessEnv, || {
+        Ok(stdin)
+    });
+    emit(&reply)
+}
+
+fn read_stdin() -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+}

@@ -1,0 +1,98 @@
+//! `host-local serve [--socket PATH]`: the node-local lease service. Run it
+//! once per node (a systemd unit, a DaemonSet, or in the background); plugin
+//! processes and `cnictl ipam` find it at the socket.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use cni::skel::dispatch;
+use ipam::config::DEFAULT_SOCKET;
+use ipam::service;
+use ipam::store::Stores;
+
+use crate::plugin::HostLocal;
+
+const USAGE: &str = "usage: host-local serve [--socket PATH]   (default /run/cni/host-local.sock)";
+
+pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
+    cni::log::init("host-local");
+    let mut socket = PathBuf::from(DEFAULT_SOCKET);
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--socket") => match args.next() {
+                Some(path) => socket = PathBuf::from(path),
+                None => return usage_error(),
+            },
+            Some("-h" | "--help") => {
+                eprintln!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            _ => return usage_error(),
+        }
+    }
+    let stores = Arc::new(Stores::resident());
+    let listener = match socket_activated() {
+        Some(listener) => {
+            eprintln!("host-local serve: listening on the socket passed by the service manager");
+            listener
+        }
+        None => match service::bind(&socket) {
+            Ok(listener) => {
+                eprintln!("host-local serve: listening on {}", socket.display());
+                listener
+            }
+            Err(e) => {
+                eprintln!("host-local serve: cannot listen on {}: {e}", socket.display());
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let plugin = HostLocal::new(Arc::clone(&stores));
+    let handler = move |env: &BTreeMap<String, String>, stdin: Vec<u8>| dispatch(&plugin, env, || Ok(stdin));
+    match service::serve(listener, stores, Arc::new(handler)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("host-local serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// systemd socket activation (`sd_listen_fds`): a `.socket` unit binds the
+/// socket and starts the service on the first connection, passing the
+/// listener as fd 3 with `LISTEN_PID`/`LISTEN_FDS`.
+fn socket_activated() -> Option<UnixListener> {
+    const SD_LISTEN_FDS_START: RawFd = 3;
+    let for_us = std::env::var("LISTEN_PID").ok()?.parse::<u32>().ok()? == std::process::id();
+    let count = std::env::var("LISTEN_FDS").ok()?.parse::<u32>().ok()?;
+    // SAFETY: only this process touches its environment, before any thread starts.
+    unsafe {
+        std::env::remove_var("LISTEN_PID");
+        std::env::remove_var("LISTEN_FDS");
+        std::env::remove_var("LISTEN_FDNAMES");
+    }
+    if !for_us || count != 1 {
+        return None;
+    }
+    // SAFETY: the service manager hands fd 3 to this process alone, as a
+    // listening socket; nothing else in the process owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START) };
+    let listener = UnixListener::from(fd);
+    // Plugin code never execs, but the fd must not leak if it ever does.
+    nix::fcntl::fcntl(
+        &listener,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .ok()?;
+    Some(listener)
+}
+
+fn usage_error() -> ExitCode {
+    eprintln!("{USAGE}");
+    ExitCode::from(2)
+}

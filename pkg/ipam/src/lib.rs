@@ -1,0 +1,55 @@
+//! host-local IPAM: what the plugin, its lease service and `cnictl ipam`
+//! share.
+//!
+//! - [`config`]: the reference plugin's keys, checks and messages.
+//! - [`range`]: ranges, range sets and the round-robin walk.
+//! - [`store`]: the sled database per network and its lock discipline.
+//! - [`pool`]: allocate, release, check, GC and STATUS on one network.
+//! - [`reference`]: importing the reference plugin's lease files.
+//! - [`admin`] and [`service`]: operator commands and the lease service.
+
+pub mod admin;
+pub mod config;
+pub mod fault;
+pub mod pool;
+pub mod range;
+pub mod reference;
+pub mod service;
+pub mod store;
+
+use cni::error::plugin_codes;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid (the reference's messages).
+    #[error("{0}")]
+    Config(String),
+    /// No address can be handed out as asked.
+    #[error("{0}")]
+    Unavailable(String),
+    /// CHECK found the leases differing from what the runtime holds.
+    #[error("{0}")]
+    Check(String),
+    /// The database is held by another process.
+    #[error("{0}")]
+    Busy(String),
+    /// The database or the lock file failed.
+    #[error("{0}")]
+    Store(String),
+    /// A protocol-level problem (CNI_ARGS, a runtime convention).
+    #[error("{}", .0.msg)]
+    Cni(cni::Error),
+}
+
+impl From<Error> for cni::Error {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Config(msg) => cni::Error::invalid_config(msg),
+            Error::Unavailable(msg) => cni::Error::plugin(plugin_codes::ADDRESS_UNAVAILABLE, msg),
+            Error::Check(msg) => cni::Error::plugin(plugin_codes::CHECK_FAILED, msg),
+            Error::Busy(msg) => cni::Error::try_again_later(msg),
+            Error::Store(msg) => cni::Error::io(msg),
+            Error::Cni(e) => e,
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The verbs on one network's leases: allocate, release, check, GC, and the
+//! free-address test STATUS needs. Every lookup goes through an index (by
+//! address, or by attachment); only GC, listing and export read every lease.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use cni::conf::GcAttachment;
+use serde::Serialize;
+
+use crate::range::RangeSet;
+use crate::store::{Change, Lease, Network, now};
+use crate::{Error, reference};
+
+/// An address handed to an attachment, with what the result needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub ip: IpAddr,
+    pub prefix: u8,
+    pub gateway: IpAddr,
+}
+
+fn allocation_in(set: &RangeSet, ip: IpAddr) -> Option<Allocation> {
+    let range = set.range_for(ip)?;
+    Some(Allocation {
+        ip,
+        prefix: range.subnet.prefix(),
+        gateway: range.gateway,
+    })
+}
+
+/// The leases of an attachment, counting the reference's ID-only leases of
+/// that container as its own (as the reference's `GetByID` does).
+fn held_by(net: &Network, container_id: &str, ifname: &str) -> Result<Vec<Lease>, Error> {
+    let mut held = net.leases_of(container_id, ifname)?;
+    if !ifname.is_empty() {
+        held.extend(net.leases_of(container_id, "")?);
+    }
+    Ok(held)
+}
+
+/// One address per range set for (container ID, ifname). Requested
+/// addresses go to the set that contains them. An attachment that already
+/// holds an address in a set gets it again (a repeated ADD is answered, not
+/// refused). All sets are committed together or not at all.
+pub fn allocate(
+    net: &Network,
+    sets: &[RangeSet],
+    requested: &[IpAddr],
+    container_id: &str,
+    ifname: &str,
+) -> Result<Vec<Allocation>, Error> {
+    let held = held_by(net, container_id, ifname)?;
+    let mut left: Vec<IpAddr> = requested.to_vec();
+    let mut change = Change::default();
+    let mut allocations = Vec::with_capacity(sets.len());
+    for (index, set) in sets.iter().enumerate() {
+        let fail = |msg: String| Error::Unavailable(format!("failed to allocate for range {index}: {msg}"));
+        let wanted = left
+            .iter()
+            .position(|ip| set.contains(*ip))
+            .map(|i| left.remove(i));
+        if let Some(lease) = held.iter().find(|l| set.contains(l.ip)) {
+            if let Some(ip) = wanted.filter(|ip| *ip != lease.ip) {
+                return Err(fail(format!(
+                    "{container_id}/{ifname} already holds {} in range set {set}; requested {ip}",
+                    lease.ip
+                )));
+            }
+            allocations.extend(allocation_in(set, lease.ip));
+            continue;
+        }
+        let ip = match wanted {
+            Some(ip) => {
+                let range = set
+                    .range_for(ip)
+                    .ok_or_else(|| fail(format!("{ip} not in range set {set}")))?;
+                if ip == range.gateway {
+                    return Err(fail(format!("requested ip {ip} is subnet's gateway")));
+                }
+                if !range.allocatable(ip) || net.is_taken(ip)? {
+                    return Err(fail(format!(
+                        "requested IP address {ip} is not available in range set {set}"
+                    )));
+                }
+                ip
+            }
+            None => first_free(net, set, index)?
+                .ok_or_else(|| fail(format!("no IP addresses available in range set: {set}")))?,
+        };
+        change.add.push(Lease {
+            ip,
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+            allocated: now(),
+            from_reference: false,
+        });
+        change.last_reserved.push((index, ip));
+        allocations.extend(allocation_in(set, ip));
+    }
+    if !left.is_empty() {
+        let ips: Vec<String> = left.iter().map(ToString::to_string).collect();
+        return Err(Error::Unavailable(format!(
+            "failed to allocate all requested IPs: {}",
+            ips.join(" ")
+        )));
+    }
+    net.apply(&change)?;
+    Ok(allocations)
+}
+
+/// The next free address of a set, round-robin from its last reservation.
+pub fn first_free(net: &Network, set: &RangeSet, index: usize) -> Result<Option<IpAddr>, Error> {
+    for (ip, _) in set.candidates(net.last_reserved(index)?) {
+        if !net.is_taken(ip)? {
+            return Ok(Some(ip));
+        }
+    }
+    Ok(None)
+}
+
+/// Releases what (container ID, ifname) holds, falling back to the
+/// container's ID-only leases only when it holds none by name (as the
+/// reference's `ReleaseByID` does). Unknown attachments release nothing.
+pub fn release(net: &Network, container_id: &str, ifname: &str) -> Result<Vec<Lease>, Error> {
+    let mut leases = net.leases_of(container_id, ifname)?;
+    if leases.is_empty() && !ifname.is_empty() {
+        leases = net.leases_of(container_id, "")?;
+    }
+    net.apply(&Change {
+        remove: leases.clone(),
+        ..Change::default()
+    })?;
+    Ok(leases)
+}
+
+/// Releases one address, whoever holds it.
+pub fn release_ip(net: &Network, ip: IpAddr) -> Result<Option<Lease>, Error> {
+    let lease = net.lease(ip)?;
+    if let Some(lease) = &lease {
+        net.apply(&Change {
+            remove: vec![lease.clone()],
+            ..Change::default()
+        })?;
+    }
+    Ok(lease)
+}
+
+/// Releases every lease of a container, on any interface.
+pub fn release_container(net: &Network, container_id: &str) -> Result<Vec<Lease>, Error> {
+    let leases: Vec<Lease> = net
+        .leases()?
+        .into_iter()
+        .filter(|l| l.container_id == container_id)
+        .collect();
+    net.apply(&Change {
+        remove: leases.clone(),
+        ..Change::default()
+    })?;
+    Ok(leases)
+}
+
+/// CHECK: the attachment holds a lease, and when the runtime passes the
+/// addresses it was given, they agree with the leases: every held address is
+/// among them, and every one of them inside these range sets is held.
+pub fn check(
+    net: &Network,
+    sets: &[RangeSet],
+    container_id: &str,
+    ifname: &str,
+    reported: Option<&[IpAddr]>,
+) -> Result<(), Error> {
+    let held = held_by(net, container_id, ifname)?;
+    if held.is_empty() {
+        return Err(Error::Check(format!(
+            "host-local: Failed to find address added by container {container_id}"
+        )));
+    }
+    let Some(reported) = reported else { return Ok(()) };
+    if let Some(lease) = held.iter().find(|l| !reported.contains(&l.ip)) {
+        return Err(Error::Check(format!(
+            "host-local: address {} leased to {container_id}/{ifname} is missing from prevResult",
+            lease.ip
+        )));
+    }
+    if let Some(ip) = reported
+        .iter()
+        .filter(|ip| sets.iter().any(|s| s.contains(**ip)))
+        .find(|ip| !held.iter().any(|l| l.ip == **ip))
+    {
+        return Err(Error::Check(format!(
+            "host-local: address {ip} in prevResult is not leased to {container_id}/{ifname}"
+        )));
+    }
+    Ok(())
+}
+
+/// What a GC pass released, and what it could not.
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    pub released: Vec<Lease>,
+    pub errors: Vec<String>,
+}
+
+/// Releases every lease whose attachment is not in `valid` (an ID-only
+/// lease stays while its container has any valid attachment). An empty list
+/// releases everything. A lease whose reference file cannot be removed is
+/// kept and reported; the others are released regardless.
+pub fn gc(net: &Network, valid: &[GcAttachment]) -> Result<GcReport, Error> {
+    let attachments: HashSet<(&str, &str)> = valid
+        .iter()
+        .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+        .collect();
+    let containers: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
+    let mut report = GcReport::default();
+    let mut removed_files = false;
+    for lease in net.leases()? {
+        let kept = attachments.contains(&(lease.container_id.as_str(), lease.ifname.as_str()))
+            || (lease.ifname.is_empty() && containers.contains(lease.container_id.as_str()));
+        if kept {
+            continue;
+        }
+        if lease.from_reference {
+            match reference::remove_file_of(net.reference_dir(), &lease) {
+                Ok(removed) => removed_files |= removed,
+                Err(e) => {
+                    report.errors.push(format!("{}: {e}", lease.ip));
+                    continue;
+                }
+            }
+        }
+        report.released.push(lease);
+    }
+    let mtime = if removed_files {
+        reference::dir_mtime(net.reference_dir())
+    } else {
+        None
+    };
+    net.apply_with_mtime(
+        &Change {
+            remove: report.released.clone(),
+            ..Change::default()
+        },
+        mtime,
+    )?;
+    Ok(report)
+}
+
+/// STATUS: the first range set with no free address, if any.
+pub fn exhausted_set(net: &Network, sets: &[RangeSet]) -> Result<Option<usize>, Error> {
+    for (index, set) in sets.iter().enumerate() {
+        if first_free(net, set, index)?.is_none() {
+            return Ok(Some(index));
+        }
+    }
+    Ok(None)
+}

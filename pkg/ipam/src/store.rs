@@ -1,0 +1,464 @@
+//! The lease store: one sled database per network under
+//! `<dataDir>/.sled/<network>/`, used only while holding an exclusive flock
+//! on `<dataDir>/<network>/lock`, the same file the reference plugin locks.
+//!
+//! sled never waits for its own lock, and many plugin processes run at once,
+//! so every use goes: take the flock (blocking), open sled (or reuse the
+//! copy the lease service keeps open), import the reference plugin's files
+//! if their directory changed, run the operation as one transaction,
+//! `flush()`, close (direct use only), release the flock. The reply is
+//! printed only after that, so a lease that was answered is on disk.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sled::Transactional;
+
+use crate::{Error, fault, reference};
+
+/// A lease: one address held by one attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub ip: IpAddr,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// Empty for leases imported from the reference's ID-only files.
+    pub ifname: String,
+    /// Seconds since the epoch.
+    pub allocated: u64,
+    /// Imported from the reference plugin's directory, whose file is removed
+    /// when the lease is released so nothing can bring it back.
+    #[serde(default)]
+    pub from_reference: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseRecord {
+    #[serde(rename = "c")]
+    container_id: String,
+    #[serde(rename = "i")]
+    ifname: String,
+    #[serde(rename = "t")]
+    allocated: u64,
+    #[serde(rename = "r", default)]
+    from_reference: bool,
+}
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn ip_key(ip: IpAddr) -> Vec<u8> {
+    match ip.to_canonical() {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn ip_from_key(key: &[u8]) -> Option<IpAddr> {
+    match key.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(key).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(key).ok()?)),
+        _ => None,
+    }
+}
+
+/// `containerID \0 ifname \0`: the prefix of an attachment's index entries.
+fn owner_prefix(container_id: &str, ifname: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(container_id.len() + ifname.len() + 2);
+    key.extend_from_slice(container_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(ifname.as_bytes());
+    key.push(0);
+    key
+}
+
+fn owner_key(lease: &Lease) -> Vec<u8> {
+    let mut key = owner_prefix(&lease.container_id, &lease.ifname);
+    key.extend_from_slice(&ip_key(lease.ip));
+    key
+}
+
+const LAST_RESERVED: &str = "last_reserved/";
+const REFERENCE_MTIME: &str = "reference_mtime";
+
+fn store_error(what: &str) -> impl Fn(sled::Error) -> Error + '_ {
+    move |e| Error::Store(format!("{what}: {e}"))
+}
+
+/// Where one network's state lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    /// `<dataDir>/<network>`: the reference plugin's directory, holding the
+    /// shared `lock` (and, on a migrated node, its lease files).
+    pub reference_dir: PathBuf,
+    /// `<dataDir>/.sled/<network>`: the database. Network names cannot
+    /// start with a dot, so no network can collide with it.
+    pub db_dir: PathBuf,
+}
+
+impl Paths {
+    pub fn new(data_dir: &Path, network: &str) -> Result<Self, Error> {
+        cni::env::validate_network_name(network).map_err(Error::Cni)?;
+        Ok(Paths {
+            reference_dir: data_dir.join(network),
+            db_dir: data_dir.join(".sled").join(network),
+        })
+    }
+
+    pub fn lock_file(&self) -> PathBuf {
+        self.reference_dir.join("lock")
+    }
+}
+
+fn private_dir(path: &Path) -> Result<(), Error> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| Error::Store(format!("cannot create {}: {e}", path.display())))
+}
+
+/// The flock on a network's `lock` file; released when dropped.
+struct NetworkLock {
+    _file: File,
+}
+
+impl NetworkLock {
+    fn acquire(paths: &Paths) -> Result<Self, Error> {
+        private_dir(&paths.reference_dir)?;
+        let path = paths.lock_file();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
+        file.lock()
+            .map_err(|e| Error::Store(format!("cannot lock {}: {e}", path.display())))?;
+        Ok(NetworkLock { _file: file })
+    }
+}
+
+/// Opens databases for operations: once per operation for a plugin process,
+/// once for good for the lease service.
+#[derive(Debug)]
+pub struct Stores {
+    keep_open: bool,
+    open: Mutex<HashMap<PathBuf, sled::Db>>,
+}
+
+impl Stores {
+    /// For one short-lived process: each operation opens and closes.
+    pub fn direct() -> Self {
+        Stores::new(false)
+    }
+
+    /// For the lease service: databases stay open between operations.
+    pub fn resident() -> Self {
+        Stores::new(true)
+    }
+
+    fn new(keep_open: bool) -> Self {
+        // Everything this process creates (sled's files among them) is the
+        // owner's alone.
+        // SAFETY: umask only sets the process's file-mode creation mask.
+        unsafe { libc::umask(0o077) };
+        Stores {
+            keep_open,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Runs `op` on a network with exclusive access (see the module docs).
+    pub fn with_network<T>(
+        &self,
+        data_dir: &Path,
+        network: &str,
+        op: impl FnOnce(&Network) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let paths = Paths::new(data_dir, network)?;
+        let _lock = NetworkLock::acquire(&paths)?;
+        let db = self.database(&paths)?;
+        let net = Network::new(&db, &paths)?;
+        fault::pause("locked");
+        reference::import_if_changed(&net)?;
+        let outcome = op(&net);
+        if net.dirty.get() {
+            fault::pause("committed");
+            db.flush().map_err(store_error("flush"))?;
+        }
+        if !self.keep_open {
+            drop(net);
+            drop(db);
+            wait_until_closed(&paths.db_dir);
+        }
+        outcome
+    }
+
+    fn database(&self, paths: &Paths) -> Result<sled::Db, Error> {
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| Error::Store("database table poisoned".into()))?;
+        if let Some(db) = open.get(&paths.db_dir) {
+            return Ok(db.clone());
+        }
+        if let Some(parent) = paths.db_dir.parent() {
+            private_dir(parent)?;
+        }
+        let db = sled::Config::new()
+            .path(&paths.db_dir)
+            .flush_every_ms(None)
+            .cache_capacity(64 << 20)
+            .open()
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("could not acquire lock") {
+                    Error::Busy(format!(
+                        "the lease database {} is held by another process (the host-local lease service?)",
+                        paths.db_dir.display()
+                    ))
+                } else {
+                    Error::Store(format!("cannot open {}: {text}", paths.db_dir.display()))
+                }
+            })?;
+        if self.keep_open {
+            open.insert(paths.db_dir.clone(), db.clone());
+        }
+        Ok(db)
+    }
+}
+
+/// sled lets go of its own file lock only when its background threads drop
+/// their last references, a little after the last handle is dropped. The
+/// next process (or the next direct use in this one) must find it free, so
+/// the network lock is released only once sled's lock is: taking and
+/// dropping it ourselves proves that.
+fn wait_until_closed(db_dir: &Path) {
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+    let Ok(file) = File::open(db_dir.join("db")) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return,
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(e) => {
+                log::warn!("sled still holds {} after close: {e:?}", db_dir.display());
+                return;
+            }
+        }
+    }
+}
+
+/// Everything that one operation changes, applied as one transaction.
+#[derive(Debug, Default)]
+pub struct Change {
+    pub add: Vec<Lease>,
+    pub remove: Vec<Lease>,
+    pub last_reserved: Vec<(usize, IpAddr)>,
+}
+
+impl Change {
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty() && self.last_reserved.is_empty()
+    }
+}
+
+/// One network's open state, valid while its lock is held.
+pub struct Network {
+    leases: sled::Tree,
+    owners: sled::Tree,
+    meta: sled::Tree,
+    reference_dir: PathBuf,
+    dirty: Cell<bool>,
+}
+
+impl std::fmt::Debug for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Network")
+            .field("reference_dir", &self.reference_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Network {
+    fn new(db: &sled::Db, paths: &Paths) -> Result<Self, Error> {
+        let tree = |name: &str| db.open_tree(name).map_err(store_error("open tree"));
+        Ok(Network {
+            leases: tree("leases")?,
+            owners: tree("owners")?,
+            meta: tree("meta")?,
+            reference_dir: paths.reference_dir.clone(),
+            dirty: Cell::new(false),
+        })
+    }
+
+    pub fn reference_dir(&self) -> &Path {
+        &self.reference_dir
+    }
+
+    fn decode(ip: IpAddr, bytes: &[u8]) -> Result<Lease, Error> {
+        let record: LeaseRecord = serde_json::from_slice(bytes)
+            .map_err(|e| Error::Store(format!("damaged lease for {ip}: {e}")))?;
+        Ok(Lease {
+            ip,
+            container_id: record.container_id,
+            ifname: record.ifname,
+            allocated: record.allocated,
+            from_reference: record.from_reference,
+        })
+    }
+
+    pub fn lease(&self, ip: IpAddr) -> Result<Option<Lease>, Error> {
+        let ip = ip.to_canonical();
+        match self.leases.get(ip_key(ip)).map_err(store_error("read lease"))? {
+            Some(bytes) => Network::decode(ip, &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub fn is_taken(&self, ip: IpAddr) -> Result<bool, Error> {
+        self.leases
+            .contains_key(ip_key(ip))
+            .map_err(store_error("read lease"))
+    }
+
+    /// The leases of exactly (container ID, ifname), through the index.
+    pub fn leases_of(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, Error> {
+        let prefix = owner_prefix(container_id, ifname);
+        let mut found = Vec::new();
+        for entry in self.owners.scan_prefix(&prefix) {
+            let (key, _) = entry.map_err(store_error("read index"))?;
+            if let Some(lease) = ip_from_key(&key[prefix.len()..])
+                .map(|ip| self.lease(ip))
+                .transpose()?
+                .flatten()
+            {
+                found.push(lease);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every lease, in address order. For GC, listing and export only.
+    pub fn leases(&self) -> Result<Vec<Lease>, Error> {
+        self.leases
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry.map_err(store_error("read leases"))?;
+                let ip = ip_from_key(&key).ok_or_else(|| Error::Store("damaged lease key".into()))?;
+                Network::decode(ip, &value)
+            })
+            .collect()
+    }
+
+    pub fn last_reserved(&self, set: usize) -> Result<Option<IpAddr>, Error> {
+        let value = self
+            .meta
+            .get(format!("{LAST_RESERVED}{set}"))
+            .map_err(store_error("read meta"))?;
+        Ok(value.and_then(|v| ip_from_key(&v)))
+    }
+
+    pub fn last_reserved_all(&self) -> Result<Vec<(usize, IpAddr)>, Error> {
+        self.meta
+            .scan_prefix(LAST_RESERVED)
+            .map(|entry| {
+                let (key, value) = entry.map_err(store_error("read meta"))?;
+                let index = std::str::from_utf8(&key[LAST_RESERVED.len()..])
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| Error::Store("damaged meta key".into()))?;
+                let ip = ip_from_key(&value).ok_or_else(|| Error::Store("damaged meta value".into()))?;
+                Ok((index, ip))
+            })
+            .collect()
+    }
+
+    pub(crate) fn reference_mtime(&self) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self
+            .meta
+            .get(REFERENCE_MTIME)
+            .map_err(store_error("read meta"))?
+            .map(|v| v.to_vec()))
+    }
+
+    /// Applies a change as one transaction. Files of released imported
+    /// leases go first: a crash in between leaves a lease without its file,
+    /// never a file that could bring a released lease back.
+    pub fn apply(&self, change: &Change) -> Result<(), Error> {
+        self.apply_with_mtime(change, None)
+    }
+
+    pub(crate) fn apply_with_mtime(
+        &self,
+        change: &Change,
+        reference_mtime: Option<Vec<u8>>,
+    ) -> Result<(), Error> {
+        if change.is_empty() && reference_mtime.is_none() {
+            return Ok(());
+        }
+        let mut removed_files = false;
+        for lease in change.remove.iter().filter(|l| l.from_reference) {
+            removed_files |= reference::remove_file_of(&self.reference_dir, lease)?;
+        }
+        let mtime = match reference_mtime {
+            Some(m) => Some(m),
+            // Our own removals must not look like the reference plugin's work.
+            None if removed_files => reference::dir_mtime(&self.reference_dir),
+            None => None,
+        };
+        let records: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = change
+            .add
+            .iter()
+            .map(|l| {
+                let record = LeaseRecord {
+                    container_id: l.container_id.clone(),
+                    ifname: l.ifname.clone(),
+                    allocated: l.allocated,
+                    from_reference: l.from_reference,
+                };
+                let value = serde_json::to_vec(&record).map_err(|e| Error::Store(e.to_string()))?;
+                Ok((ip_key(l.ip), owner_key(l), value))
+            })
+            .collect::<Result<_, Error>>()?;
+        (&self.leases, &self.owners, &self.meta)
+            .transaction(|(leases, owners, meta)| {
+                for lease in &change.remove {
+                    leases.remove(ip_key(lease.ip))?;
+                    owners.remove(owner_key(lease))?;
+                }
+                for (ip, owner, value) in &records {
+                    leases.insert(ip.as_slice(), value.as_slice())?;
+                    owners.insert(owner.as_slice(), &[][..])?;
+                }
+                for (set, ip) in &change.last_reserved {
+                    meta.insert(format!("{LAST_RESERVED}{set}").as_bytes(), ip_key(*ip))?;
+                }
+                if let Some(m) = &mtime {
+                    meta.insert(REFERENCE_MTIME, m.as_slice())?;
+                }
+                Ok(())
+            })
+            .map_err(|e: sled::transaction::TransactionError<()>| Error::Store(format!("commit: {e:?}")))?;
+        self.dirty.set(true);
+        Ok(())
+    }
+}

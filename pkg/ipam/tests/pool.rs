@@ -1,0 +1,333 @@
+//! The lease store and the verbs against real sled databases in temporary
+//! directories.
+
+use std::fs;
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use cni::conf::GcAttachment;
+use ipam::pool;
+use ipam::range::{RangeConf, RangeSet};
+use ipam::store::Stores;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn set(subnet: &str) -> RangeSet {
+    RangeSet::from_conf(&[RangeConf {
+        subnet: subnet.into(),
+        ..RangeConf::default()
+    }])
+    .expect("valid set")
+}
+
+struct Net {
+    dir: tempfile::TempDir,
+    stores: Stores,
+    sets: Vec<RangeSet>,
+}
+
+impl Net {
+    fn new(subnets: &[&str]) -> Self {
+        Net {
+            dir: tempfile::tempdir().expect("tempdir"),
+            stores: Stores::direct(),
+            sets: subnets.iter().map(|s| set(s)).collect(),
+        }
+    }
+
+    fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn add(&self, id: &str, requested: &[&str]) -> Result<Vec<IpAddr>, ipam::Error> {
+        let requested: Vec<IpAddr> = requested.iter().map(|s| ip(s)).collect();
+        self.stores
+            .with_network(self.data_dir(), "net", |n| {
+                pool::allocate(n, &self.sets, &requested, id, "eth0")
+            })
+            .map(|a| a.into_iter().map(|a| a.ip).collect())
+    }
+
+    fn del(&self, id: &str) -> usize {
+        self.stores
+            .with_network(self.data_dir(), "net", |n| pool::release(n, id, "eth0"))
+            .expect("release")
+            .len()
+    }
+
+    fn leases(&self) -> Vec<(String, String, String)> {
+        self.stores
+            .with_network(self.data_dir(), "net", |n| n.leases())
+            .expect("list")
+            .into_iter()
+            .map(|l| (l.ip.to_string(), l.container_id, l.ifname))
+            .collect()
+    }
+
+    fn exhausted(&self) -> Option<usize> {
+        self.stores
+            .with_network(self.data_dir(), "net", |n| pool::exhausted_set(n, &self.sets))
+            .expect("status")
+    }
+}
+
+#[test]
+fn round_robin_across_add_and_del() {
+    let net = Net::new(&["10.0.0.0/29"]);
+    assert_eq!(net.add("a", &[]).expect("add"), [ip("10.0.0.2")]);
+    assert_eq!(net.del("a"), 1);
+    assert_eq!(
+        net.add("b", &[]).expect("add"),
+        [ip("10.0.0.3")],
+        "a crash-looping pod does not get .2 back"
+    );
+    assert_eq!(net.add("c", &[]).expect("add"), [ip("10.0.0.4")]);
+}
+
+#[test]
+fn a_repeated_add_returns_the_same_lease() {
+    let net = Net::new(&["10.0.0.0/24", "fd00::/64"]);
+    let first = net.add("a", &[]).expect("add");
+    assert_eq!(first.len(), 2);
+    assert_eq!(net.add("a", &[]).expect("again"), first);
+    assert_eq!(net.leases().len(), 2);
+    let err = net.add("a", &["10.0.0.77"]).expect_err("holds another");
+    assert!(err.to_string().contains("already holds 10.0.0.2"), "{err}");
+}
+
+#[test]
+fn exhaustion_has_the_reference_message_and_status_follows() {
+    let net = Net::new(&["10.0.0.0/29"]);
+    for id in ["a", "b", "c", "d", "e"] {
+        net.add(id, &[]).expect("fits");
+    }
+    assert_eq!(net.exhausted(), Some(0));
+    let err = net.add("f", &[]).expect_err("full");
+    assert_eq!(
+        err.to_string(),
+        "failed to allocate for range 0: no IP addresses available in range set: 10.0.0.1-10.0.0.6"
+    );
+    assert_eq!(net.del("c"), 1);
+    assert_eq!(net.exhausted(), None);
+    assert_eq!(net.add("f", &[]).expect("room again"), [ip("10.0.0.4")]);
+}
+
+#[test]
+fn requested_addresses() {
+    let net = Net::new(&["10.0.0.0/24", "fd00::/64"]);
+    assert_eq!(
+        net.add("a", &["fd00::9", "10.0.0.9"]).expect("both"),
+        [ip("10.0.0.9"), ip("fd00::9")]
+    );
+    let cases = [
+        (
+            vec!["10.0.0.9"],
+            "failed to allocate for range 0: requested IP address 10.0.0.9 is not available in range set 10.0.0.1-10.0.0.254",
+        ),
+        (
+            vec!["10.0.0.1"],
+            "failed to allocate for range 0: requested ip 10.0.0.1 is subnet's gateway",
+        ),
+        (
+            vec!["192.168.1.1"],
+            "failed to allocate all requested IPs: 192.168.1.1",
+        ),
+        (
+            vec!["10.0.0.20", "10.0.0.21"],
+            "failed to allocate all requested IPs: 10.0.0.21",
+        ),
+    ];
+    for (requested, msg) in cases {
+        let err = net.add("b", &requested).expect_err(msg);
+        assert_eq!(err.to_string(), msg);
+        assert!(
+            !net.leases().iter().any(|l| l.1 == "b"),
+            "a failed ADD leaves no lease: {msg}"
+        );
+    }
+}
+
+#[test]
+fn release_falls_back_to_id_only_leases_and_unknown_is_fine() {
+    let net = Net::new(&["10.0.0.0/24"]);
+    let ref_dir = net.data_dir().join("net");
+    fs::create_dir_all(&ref_dir).expect("mkdir");
+    fs::write(ref_dir.join("10.0.0.50"), "old-id").expect("write");
+    assert_eq!(
+        net.leases(),
+        [("10.0.0.50".into(), "old-id".into(), String::new())]
+    );
+    assert_eq!(net.del("unknown"), 0);
+    assert_eq!(net.del("old-id"), 1);
+    assert!(net.leases().is_empty());
+    assert!(
+        !ref_dir.join("10.0.0.50").exists(),
+        "the reference file goes with its lease"
+    );
+}
+
+#[test]
+fn check_compares_leases_with_the_reported_addresses() {
+    let net = Net::new(&["10.0.0.0/24"]);
+    let check = |reported: Option<&[IpAddr]>| {
+        net.stores.with_network(net.data_dir(), "net", |n| {
+            pool::check(n, &net.sets, "a", "eth0", reported)
+        })
+    };
+    let err = check(None).expect_err("nothing leased");
+    assert_eq!(
+        err.to_string(),
+        "host-local: Failed to find address added by container a"
+    );
+    net.add("a", &[]).expect("add");
+    check(None).expect("a lease exists");
+    check(Some(&[ip("10.0.0.2"), ip("192.168.0.9")])).expect("foreign addresses are not ours to judge");
+    let err = check(Some(&[ip("10.0.0.3")])).expect_err("wrong address");
+    assert!(
+        err.to_string()
+            .contains("10.0.0.2 leased to a/eth0 is missing from prevResult"),
+        "{err}"
+    );
+    let err = check(Some(&[ip("10.0.0.2"), ip("10.0.0.3")])).expect_err("extra address");
+    assert!(
+        err.to_string()
+            .contains("10.0.0.3 in prevResult is not leased to a/eth0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gc_keeps_only_valid_attachments() {
+    let net = Net::new(&["10.0.0.0/24"]);
+    for id in ["a", "b", "c"] {
+        net.add(id, &[]).expect("add");
+    }
+    let valid = [GcAttachment {
+        container_id: "b".into(),
+        ifname: "eth0".into(),
+    }];
+    let report = net
+        .stores
+        .with_network(net.data_dir(), "net", |n| pool::gc(n, &valid))
+        .expect("gc");
+    assert_eq!(report.released.len(), 2);
+    assert_eq!(net.leases(), [("10.0.0.3".into(), "b".into(), "eth0".into())]);
+    let report = net
+        .stores
+        .with_network(net.data_dir(), "net", |n| pool::gc(n, &[]))
+        .expect("gc");
+    assert_eq!(report.released.len(), 1, "an empty list releases everything");
+    assert!(net.leases().is_empty());
+}
+
+#[test]
+fn reference_leases_are_imported_once_and_never_resurrected() {
+    let net = Net::new(&["10.0.0.0/29"]);
+    let ref_dir = net.data_dir().join("net");
+    fs::create_dir_all(&ref_dir).expect("mkdir");
+    fs::write(ref_dir.join("10.0.0.2"), "ref-a\r\neth0").expect("write");
+    fs::write(ref_dir.join("10.0.0.3"), "ref-b\r\neth0").expect("write");
+    fs::write(ref_dir.join("last_reserved_ip.0"), "10.0.0.3").expect("write");
+    assert_eq!(
+        net.add("new", &[]).expect("add"),
+        [ip("10.0.0.4")],
+        "after the imported round-robin position"
+    );
+    assert_eq!(
+        net.add("ref-a", &[]).expect("repeat"),
+        [ip("10.0.0.2")],
+        "imported leases answer repeated ADDs"
+    );
+    assert_eq!(net.del("ref-b"), 1);
+    assert!(!ref_dir.join("10.0.0.3").exists());
+    // The reference plugin runs again and writes a new file: imported too,
+    // and the released one does not come back.
+    fs::write(ref_dir.join("10.0.0.6"), "ref-c\r\neth0").expect("write");
+    let owners: Vec<String> = net.leases().into_iter().map(|l| l.1).collect();
+    assert_eq!(owners, ["ref-a", "new", "ref-c"]);
+    for id in ["x", "y"] {
+        let got = net.add(id, &[]).expect("add");
+        assert!(
+            !got.contains(&ip("10.0.0.2")) && !got.contains(&ip("10.0.0.6")),
+            "{got:?}"
+        );
+    }
+}
+
+#[test]
+fn files_are_private() {
+    let net = Net::new(&["10.0.0.0/24"]);
+    net.add("a", &[]).expect("add");
+    let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    let mut dirs = vec![
+        net.data_dir().join("net"),
+        net.data_dir().join(".sled"),
+        net.data_dir().join(".sled/net"),
+    ];
+    let mut files = vec![net.data_dir().join("net/lock")];
+    for entry in walk(&net.data_dir().join(".sled/net")) {
+        if entry.is_dir() {
+            dirs.push(entry)
+        } else {
+            files.push(entry)
+        }
+    }
+    for d in dirs {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+    }
+    for f in files {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+        out.push(path);
+    }
+    out
+}
+
+#[test]
+fn network_names_are_checked_before_they_become_paths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for bad in ["../x", ".sled", "a/b", ""] {
+        let err = Stores::direct()
+            .with_network(dir.path(), bad, |n| n.leases())
+            .expect_err(bad);
+        assert!(matches!(err, ipam::Error::Cni(_)), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn a_resident_store_serialises_threads_on_one_network() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stores = Arc::new(Stores::resident());
+    let sets = Arc::new(vec![set("10.0.0.0/24")]);
+    let got: Vec<IpAddr> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..40)
+            .map(|i| {
+                let (stores, sets, data_dir) = (Arc::clone(&stores), Arc::clone(&sets), dir.path());
+                s.spawn(move || {
+                    stores
+                        .with_network(data_dir, "net", |n| {
+                            pool::allocate(n, &sets, &[], &format!("c{i}"), "eth0")
+                        })
+                        .expect("allocate")[0]
+                        .ip
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    let distinct: std::collections::BTreeSet<_> = got.iter().collect();
+    assert_eq!(distinct.len(), 40);
+}
