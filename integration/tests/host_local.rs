@@ -218,9 +218,15 @@ fn configuration_errors_carry_the_reference_messages() {
             "{failed:?}"
         );
     }
+    let unreadable = ipam.conf(
+        "1.0.0",
+        json!({"subnet": "10.0.0.0/24", "resolvConf": "/nonexistent/resolv.conf"}),
+    );
+    let failed = ipam.run("ADD", "c1", &unreadable, &[]).failure().json();
+    assert_eq!(failed["code"], 5, "{failed}");
     assert!(
         !ipam.data_dir.join(".sled").exists(),
-        "no configuration error opened a database"
+        "no failed ADD opened a database"
     );
 }
 
