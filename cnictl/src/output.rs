@@ -221,11 +221,11 @@ fn gateway(gw: Option<std::net::IpAddr>) -> String {
     gw.map(|g| format!(" gateway {g}")).unwrap_or_default()
 }
 
-/// The CNI error behind a failure: a plugin's own, or one built from the
-/// runtime-side problem with the closest spec code.
+/// The CNI error behind a failure: a plugin's own, as it printed it, or
+/// one built from the runtime-side problem with the closest spec code.
 fn as_cni_error(error: &libcni::Error) -> cni::Error {
     if let Some(e) = error.cni_error() {
-        return e.clone().context(error_context(error));
+        return e.clone();
     }
     let code = match error {
         libcni::Error::Config(_) | libcni::Error::NotFound { .. } => Code::InvalidConfig,
@@ -233,15 +233,6 @@ fn as_cni_error(error: &libcni::Error) -> cni::Error {
         _ => Code::Internal,
     };
     cni::Error::new(code, error.to_string())
-}
-
-fn error_context(error: &libcni::Error) -> String {
-    match error {
-        libcni::Error::Plugin {
-            plugin_type, verb, ..
-        } => format!("plugin type={plugin_type:?} failed ({verb})"),
-        _ => "cnictl".into(),
-    }
 }
 
 pub fn print_failure(failure: &Failure, as_json: bool) {

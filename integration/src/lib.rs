@@ -421,6 +421,11 @@ impl Node {
         run_in(self.netns.path(), &bin(plugin), &[], &vars, stdin)
     }
 
+    /// Runs a command inside the node namespace.
+    pub fn run(&self, program: &str, args: &[&str]) -> Run {
+        run_in(self.netns.path(), Path::new(program), args, &[], "")
+    }
+
     /// The cached result file of an attachment, if any.
     pub fn cache_entry(&self, network: &str, container_id: &str, ifname: &str) -> Option<Value> {
         let path = self

@@ -43,6 +43,8 @@ pub mod plugin_codes {
     /// IPAM cannot hand out an address as asked (pool exhausted, requested
     /// address taken or outside the ranges).
     pub const ADDRESS_UNAVAILABLE: u32 = 103;
+    /// iptables or nft refused a ruleset.
+    pub const FIREWALL: u32 = 104;
 }
 
 /// A CNI error as the protocol carries it. `code` is a plain number because

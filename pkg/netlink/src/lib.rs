@@ -13,6 +13,12 @@ use ipnetwork::IpNetwork;
 use netns::NetNs;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+
+pub mod ops;
+pub mod route;
+pub mod sysctl;
+
+pub use route::RouteInfo;
 use rtnetlink::{Handle, LinkUnspec};
 use tokio::runtime::Runtime;
 
@@ -30,6 +36,8 @@ pub enum Error {
     },
     #[error("link {0:?} not found")]
     LinkNotFound(String),
+    #[error("{0}")]
+    InvalidRoute(String),
 }
 
 impl Error {
@@ -48,7 +56,7 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A link as the plugins need to see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Link {
     pub index: u32,
     pub name: String,
@@ -56,18 +64,30 @@ pub struct Link {
     pub mtu: u32,
     /// `aa:bb:cc:dd:ee:ff`, or empty for links without a hardware address.
     pub mac: String,
+    /// `bridge`, `veth`, ... (empty for links without IFLA_LINKINFO).
+    pub kind: String,
+    /// The bridge (or bond) this link is enslaved to.
+    pub master: Option<u32>,
+    /// For a veth: its peer's index (in the peer's namespace).
+    pub peer_index: Option<u32>,
+    pub promisc: bool,
+    /// The operational state as `ip link` prints it (`UP`, `DOWN`, ...).
+    pub oper_state: String,
 }
 
 /// A netlink connection bound to one namespace.
 #[derive(Debug)]
 pub struct Netlink {
-    runtime: Runtime,
-    handle: Handle,
+    pub(crate) runtime: Runtime,
+    pub(crate) handle: Handle,
 }
 
-const ENODEV: i32 = 19;
+pub const ENODEV: i32 = 19;
+pub const EEXIST: i32 = 17;
+pub const ESRCH: i32 = 3;
+pub const EADDRNOTAVAIL: i32 = 99;
 
-fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
+pub(crate) fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
     let op = op.into();
     move |source| Error::Netlink { op, source }
 }
@@ -152,19 +172,29 @@ impl Netlink {
     }
 }
 
-fn link_from(message: &LinkMessage) -> Link {
+pub(crate) fn link_from(message: &LinkMessage) -> Link {
+    use rtnetlink::packet_route::link::LinkInfo;
     let mut link = Link {
         index: message.header.index,
-        name: String::new(),
         up: message.header.flags.contains(LinkFlags::Up),
-        mtu: 0,
-        mac: String::new(),
+        promisc: message.header.flags.contains(LinkFlags::Promisc),
+        ..Link::default()
     };
     for attribute in &message.attributes {
         match attribute {
             LinkAttribute::IfName(name) => link.name.clone_from(name),
             LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
             LinkAttribute::Address(bytes) => link.mac = format_mac(bytes),
+            LinkAttribute::Controller(index) => link.master = Some(*index),
+            LinkAttribute::Link(index) => link.peer_index = Some(*index),
+            LinkAttribute::OperState(state) => link.oper_state = format!("{state:?}").to_uppercase(),
+            LinkAttribute::LinkInfo(infos) => {
+                for info in infos {
+                    if let LinkInfo::Kind(kind) = info {
+                        link.kind = kind.to_string();
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -180,7 +210,7 @@ pub fn format_mac(bytes: &[u8]) -> String {
         .join(":")
 }
 
-fn address_from(message: &AddressMessage) -> Option<IpNetwork> {
+pub(crate) fn address_from(message: &AddressMessage) -> Option<IpNetwork> {
     // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on
     // point-to-point links and the same as IFA_LOCAL elsewhere.
     let pick = |want_local: bool| {

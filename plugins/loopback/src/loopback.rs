@@ -136,6 +136,7 @@ mod tests {
             up: true,
             mtu: 65536,
             mac: "00:00:00:00:00:00".into(),
+            ..Link::default()
         };
         let addrs: Vec<IpNetwork> = ["127.0.0.1/8", "127.0.0.2/8", "::1/128"]
             .iter()

@@ -1,0 +1,670 @@
+//! bridge + host-local end to end: real namespaces, veths, routes and
+//! firewall rules, the built binaries run through cnictl or directly as
+//! libcni runs them, next to Debian's reference plugins.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Barrier;
+
+use integration::{Netns, Node, Run, bin_dir, cnitool_container_id, run_in};
+use serde_json::{Value, json};
+
+const NETWORK: &str = "br-net";
+
+struct Net {
+    node: Node,
+}
+
+impl Net {
+    fn new() -> Self {
+        Net { node: Node::new() }
+    }
+
+    /// Writes the conflist: a bridge entry (with `bridge` options merged in)
+    /// and host-local IPAM over `ranges`.
+    fn conf(&self, version: &str, bridge: Value, ranges: Value) -> Value {
+        let mut entry = json!({"type": "bridge", "bridge": "cnitest0",
+            "ipam": {"type": "host-local", "ranges": ranges,
+                     "dataDir": self.node.path("ipam").to_str().expect("UTF-8"), "socket": ""}});
+        if let (Some(e), Value::Object(extra)) = (entry.as_object_mut(), bridge) {
+            e.extend(extra);
+        }
+        let list = json!({"cniVersion": version, "name": NETWORK, "plugins": [entry]});
+        self.node.write_conf("10-bridge.conflist", &list);
+        list
+    }
+
+    fn v4(&self, bridge: Value) -> Value {
+        self.conf("1.0.0", bridge, json!([[{"subnet": "10.42.0.0/24"}]]))
+    }
+
+    fn add(&self, pod: &Netns) -> Value {
+        self.node
+            .cnictl(&["--json", "add", NETWORK, pod.path_str()])
+            .success()
+            .json()
+    }
+
+    fn del(&self, pod_path: &str) {
+        self.node.cnictl(&["del", NETWORK, pod_path]).success();
+    }
+
+    fn ping(&self, from: &Netns, to: &str) -> Run {
+        let ping = if to.contains(':') { "ping6" } else { "ping" };
+        run_in(
+            from.path(),
+            std::path::Path::new("busybox"),
+            &[ping, "-c", "1", "-W", "2", to],
+            &[],
+            "",
+        )
+    }
+
+    fn nat_rules(&self) -> String {
+        let v4 = self.node.run("iptables-save", &["-t", "nat"]).success().stdout;
+        let v6 = self.node.run("ip6tables-save", &["-t", "nat"]).success().stdout;
+        format!("{v4}{v6}")
+    }
+
+    fn nft_rules(&self) -> String {
+        self.node.run("nft", &["list", "ruleset"]).success().stdout
+    }
+
+    fn host_veths(&self) -> Vec<String> {
+        let links = self
+            .node
+            .netns
+            .ip(&["-o", "link", "show", "type", "veth"])
+            .success()
+            .stdout;
+        links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_owned())
+            .collect()
+    }
+
+    fn leases(&self) -> usize {
+        let data = self.node.path("ipam");
+        let listed = self
+            .node
+            .cnictl(&[
+                "--json",
+                "ipam",
+                "--data-dir",
+                data.to_str().expect("UTF-8"),
+                "--socket",
+                "",
+                "ls",
+                NETWORK,
+            ])
+            .success()
+            .json();
+        listed.as_array().map_or(0, Vec::len)
+    }
+
+    /// Nothing of any attachment is left: no veth, no CNI chain or nft rule,
+    /// no lease.
+    fn assert_clean(&self) {
+        assert!(
+            self.host_veths().is_empty(),
+            "veths left: {:?}",
+            self.host_veths()
+        );
+        let nat = self.nat_rules();
+        assert!(!nat.contains("CNI-"), "masquerade rules left:\n{nat}");
+        let nft = self.nft_rules();
+        assert!(
+            !nft.contains("masquerade comment"),
+            "nft masquerade rules left:\n{nft}"
+        );
+        assert_eq!(self.leases(), 0, "leases left");
+    }
+}
+
+fn address_of(result: &Value, index: usize) -> String {
+    result["ips"][index]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn two_pods_talk_over_the_bridge_in_every_family() {
+    let net = Net::new();
+    net.conf(
+        "1.1.0",
+        json!({"isGateway": true}),
+        json!([[{"subnet": "10.42.0.0/24"}], [{"subnet": "fd42::/64"}]]),
+    );
+    let (a, b) = (net.node.pod("a"), net.node.pod("b"));
+    let (ra, rb) = (net.add(&a), net.add(&b));
+    for index in [0, 1] {
+        net.ping(&a, &address_of(&rb, index)).success();
+        net.ping(&b, &address_of(&ra, index)).success();
+    }
+    net.ping(&a, "10.42.0.1").success();
+    net.ping(&a, "fd42::1").success();
+    net.del(a.path_str());
+    net.del(b.path_str());
+    net.assert_clean();
+    assert!(
+        net.node.netns.ip(&["link", "show", "cnitest0"]).ok(),
+        "the bridge stays, as with the reference"
+    );
+}
+
+#[test]
+fn results_in_every_version() {
+    for version in ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+        let net = Net::new();
+        net.conf(
+            version,
+            json!({"isGateway": true}),
+            json!([[{"subnet": "10.43.0.0/24"}]]),
+        );
+        let pod = net.node.pod("pod");
+        let doc = net.add(&pod);
+        assert_eq!(doc["cniVersion"], version);
+        match version {
+            "0.1.0" | "0.2.0" => {
+                assert_eq!(
+                    doc["ip4"],
+                    json!({"ip": "10.43.0.2/24", "gateway": "10.43.0.1"}),
+                    "{doc}"
+                );
+                assert!(doc.get("interfaces").is_none());
+            }
+            _ => {
+                let names: Vec<&str> = doc["interfaces"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| i["name"].as_str())
+                    .collect();
+                assert_eq!(names.len(), 3);
+                assert_eq!((names[0], names[2]), ("cnitest0", "eth0"));
+                assert!(names[1].starts_with("veth") && names[1].len() == 12, "{names:?}");
+                assert_eq!(doc["interfaces"][2]["sandbox"], pod.path_str());
+                assert!(doc["interfaces"][0].get("sandbox").is_none());
+                let mac = pod.ip(&["-o", "link", "show", "eth0"]).success().stdout;
+                assert!(
+                    mac.contains(doc["interfaces"][2]["mac"].as_str().unwrap_or("?")),
+                    "{mac}"
+                );
+                assert_eq!(doc["ips"][0]["interface"], 2);
+                assert_eq!(doc["ips"][0]["gateway"], "10.43.0.1");
+                assert_eq!(
+                    doc["ips"][0].get("version").is_some(),
+                    matches!(version, "0.3.0" | "0.3.1" | "0.4.0")
+                );
+            }
+        }
+        net.del(pod.path_str());
+        net.assert_clean();
+    }
+}
+
+#[test]
+fn masquerade_with_iptables_and_nftables_and_nothing_left_after_del() {
+    for backend in ["iptables", "nftables"] {
+        let net = Net::new();
+        net.conf(
+            "1.0.0",
+            json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}),
+            json!([[{"subnet": "10.44.0.0/24"}], [{"subnet": "fd44::/64"}]]),
+        );
+        let (a, b) = (net.node.pod("a"), net.node.pod("b"));
+        let (id_a, id_b) = (
+            cnitool_container_id(a.path_str()),
+            cnitool_container_id(b.path_str()),
+        );
+        net.add(&a);
+        net.add(&b);
+        let chain = firewall_chain(&id_a);
+        match backend {
+            "iptables" => {
+                let nat = net.nat_rules();
+                assert!(nat.contains(&format!("-A POSTROUTING -s 10.44.0.2/32 -m comment --comment \"name: \\\"{NETWORK}\\\" id: \\\"{id_a}\\\"\" -j {chain}")), "{nat}");
+                assert!(nat.contains(&format!("-A {chain} -d 10.44.0.0/24")), "{nat}");
+                assert!(nat.contains(&format!("-A {chain} ! -d 224.0.0.0/4")), "{nat}");
+                assert!(nat.contains("-A POSTROUTING -s fd44::2/128"), "{nat}");
+                assert!(nat.contains("! -d ff00::/8"), "{nat}");
+            }
+            _ => {
+                let nft = net.nft_rules();
+                assert!(nft.contains("table inet cni_plugins_masquerade"), "{nft}");
+                assert!(
+                    nft.contains("ip saddr 10.44.0.2 ip daddr != 10.44.0.0/24 masquerade"),
+                    "{nft}"
+                );
+                assert!(
+                    nft.contains("ip6 saddr fd44::2 ip6 daddr != fd44::/64 masquerade"),
+                    "{nft}"
+                );
+                assert!(!net.nat_rules().contains("CNI-"));
+            }
+        }
+        net.node.cnictl(&["check", NETWORK, a.path_str()]).success();
+        // DEL as `ctr run --rm` sends it: empty netns, after the pod is gone.
+        let b_path = b.path_str().to_owned();
+        drop(b);
+        net.node.cnictl_env(&["del", NETWORK, &b_path], &[]).success();
+        assert!(
+            !net.nat_rules().contains(&id_b) && !net.nft_rules().contains(&format!("id: {id_b}")),
+            "b's rules are gone"
+        );
+        direct_del_with_empty_netns(&net, &id_a);
+        // Then CRI's second DEL for the same pod: no netns, no prevResult.
+        direct_del_with_empty_netns(&net, &id_a);
+        net.node.cnictl(&["del", NETWORK, a.path_str()]).success();
+        net.assert_clean();
+    }
+}
+
+fn firewall_chain(container_id: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("printf %s \"$1\" | sha512sum | cut -c1-24")
+        .arg("sh")
+        .arg(format!("{NETWORK}{container_id}"))
+        .output()
+        .expect("sha512sum");
+    format!("CNI-{}", String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// DEL executed as libcni does it, with `CNI_NETNS=""` and no prevResult.
+fn direct_del_with_empty_netns(net: &Net, container_id: &str) {
+    let list: Value = serde_json::from_str(
+        &std::fs::read_to_string(net.node.conf_dir().join("10-bridge.conflist")).expect("conflist"),
+    )
+    .expect("json");
+    let mut conf = list["plugins"][0].clone();
+    conf["name"] = json!(NETWORK);
+    conf["cniVersion"] = list["cniVersion"].clone();
+    let bins = bin_dir();
+    let env = BTreeMap::from([
+        ("CNI_COMMAND", "DEL"),
+        ("CNI_CONTAINERID", container_id),
+        ("CNI_NETNS", ""),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", bins.to_str().expect("UTF-8")),
+    ]);
+    let run = net.node.exec_plugin("bridge", &env, &conf.to_string()).success();
+    assert_eq!(run.stdout, "");
+    assert!(
+        !net.nat_rules().contains(container_id),
+        "rules of {container_id} left"
+    );
+}
+
+#[test]
+fn fifty_parallel_adds_from_a_cold_bridge_then_fifty_dels() {
+    let net = Net::new();
+    net.v4(json!({"isGateway": true, "ipMasq": true}));
+    let pods: Vec<Netns> = (0..50).map(|i| net.node.pod(&format!("p{i}"))).collect();
+    let barrier = Barrier::new(pods.len());
+    let run_all = |command: &str| -> Vec<Run> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = pods
+                .iter()
+                .map(|pod| {
+                    let (barrier, node) = (&barrier, &net.node);
+                    s.spawn(move || {
+                        barrier.wait();
+                        node.cnictl(&["--json", command, NETWORK, pod.path_str()])
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).collect()
+        })
+    };
+    let added: Vec<Value> = run_all("add").into_iter().map(|r| r.success().json()).collect();
+    let in_results: BTreeSet<String> = added.iter().map(|r| address_of(r, 0)).collect();
+    assert_eq!(in_results.len(), 50, "no duplicate address in the results");
+    let in_pods: BTreeSet<String> = pods
+        .iter()
+        .map(|p| {
+            let shown = p.ip(&["-4", "-o", "addr", "show", "eth0"]).success().stdout;
+            shown
+                .split_whitespace()
+                .skip_while(|w| *w != "inet")
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(in_pods.len(), 50, "no duplicate address in the pods: {in_pods:?}");
+    net.ping(&pods[0], &address_of(&added[49], 0)).success();
+    assert_eq!(net.nat_rules().matches("-A POSTROUTING").count(), 50);
+    for run in run_all("del") {
+        run.success();
+    }
+    net.assert_clean();
+}
+
+#[test]
+fn a_failure_after_ipam_releases_the_lease_and_removes_the_veth() {
+    let net = Net::new();
+    // A route the kernel refuses (its gateway is unreachable) fails ADD
+    // after IPAM handed out an address.
+    net.conf("1.0.0", json!({}), json!([[{"subnet": "10.45.0.0/24"}]]));
+    let mut list: Value = serde_json::from_str(
+        &std::fs::read_to_string(net.node.conf_dir().join("10-bridge.conflist")).expect("read"),
+    )
+    .expect("json");
+    list["plugins"][0]["ipam"]["routes"] = json!([{"dst": "192.168.50.0/24", "gw": "172.31.255.1"}]);
+    net.node.write_conf("10-bridge.conflist", &list);
+    let pod = net.node.pod("pod");
+    let failed = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, pod.path_str()])
+        .failure();
+    assert_eq!(failed.json()["code"], 101, "{failed:?}");
+    assert!(
+        !pod.ip(&["link", "show", "eth0"]).ok(),
+        "the pod has no eth0 left"
+    );
+    net.assert_clean();
+}
+
+#[test]
+fn l2_only_dns_override_mtu_and_mac() {
+    let net = Net::new();
+    let list = json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": [{
+        "type": "bridge", "bridge": "cnitest0", "mtu": 1400, "ipam": {},
+        "dns": {"nameservers": ["10.0.0.53"]}, "capabilities": {"mac": true}}]});
+    net.node.write_conf("10-bridge.conflist", &list);
+    let pod = net.node.pod("pod");
+    let doc = net
+        .node
+        .cnictl_env(
+            &["--json", "add", NETWORK, pod.path_str()],
+            &[("CAP_ARGS", r#"{"mac":"c2:11:22:33:44:55"}"#)],
+        )
+        .success()
+        .json();
+    assert!(doc.get("ips").is_none(), "L2 only: no addresses");
+    assert_eq!(doc["dns"]["nameservers"], json!(["10.0.0.53"]));
+    assert_eq!(doc["interfaces"][2]["mac"], "c2:11:22:33:44:55");
+    let shown = pod.ip(&["-o", "link", "show", "eth0"]).success().stdout;
+    assert!(
+        shown.contains("mtu 1400") && shown.contains("c2:11:22:33:44:55") && shown.contains("UP"),
+        "{shown}"
+    );
+    net.node.cnictl(&["check", NETWORK, pod.path_str()]).success();
+    net.del(pod.path_str());
+    assert!(net.host_veths().is_empty());
+}
+
+#[test]
+fn disabled_container_interface_stays_down() {
+    let net = Net::new();
+    net.node.write_conf(
+        "10-bridge.conflist",
+        &json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [{"type": "bridge", "bridge": "cnitest0", "disableContainerInterface": true}]}),
+    );
+    let pod = net.node.pod("pod");
+    net.add(&pod);
+    assert!(!pod.link_is_up("eth0"));
+    let bad = json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [{"type": "bridge", "disableContainerInterface": true, "ipam": {"type": "host-local", "subnet": "10.9.0.0/24"}}]});
+    net.node.write_conf("10-bridge.conflist", &bad);
+    let err = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, net.node.pod("third").path_str()])
+        .failure()
+        .json();
+    assert_eq!(
+        err["msg"],
+        "cannot use IPAM when DisableContainerInterface flag is set"
+    );
+}
+
+#[test]
+fn hairpin_promisc_isolation_and_their_conflict() {
+    let net = Net::new();
+    net.v4(json!({"hairpinMode": true, "portIsolation": true}));
+    let pod = net.node.pod("pod");
+    let doc = net.add(&pod);
+    let veth = doc["interfaces"][1]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let port = net
+        .node
+        .run("bridge", &["-d", "link", "show", "dev", &veth])
+        .success()
+        .stdout;
+    assert!(port.contains("hairpin on"), "{port}");
+    assert!(port.contains("isolated on"), "{port}");
+    net.del(pod.path_str());
+
+    let net = Net::new();
+    net.v4(json!({"promiscMode": true}));
+    let pod = net.node.pod("pod");
+    net.add(&pod);
+    let bridge = net
+        .node
+        .netns
+        .ip(&["-d", "link", "show", "cnitest0"])
+        .success()
+        .stdout;
+    assert!(
+        bridge.contains("PROMISC") || bridge.contains("promiscuity 1"),
+        "{bridge}"
+    );
+    net.node.cnictl(&["check", NETWORK, pod.path_str()]).success();
+    net.del(pod.path_str());
+
+    net.v4(json!({"promiscMode": true, "hairpinMode": true}));
+    let err = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, net.node.pod("x").path_str()])
+        .failure()
+        .json();
+    assert_eq!(
+        err["msg"],
+        "cannot set hairpin mode and promiscuous mode at the same time"
+    );
+}
+
+#[test]
+fn default_gateway_and_routes_with_priority_and_table() {
+    let net = Net::new();
+    let mut list = net.v4(json!({"isDefaultGateway": true}));
+    list["plugins"][0]["ipam"]["routes"] =
+        json!([{"dst": "192.168.7.0/24", "priority": 77}, {"dst": "192.168.8.0/24", "table": 100}]);
+    net.node.write_conf("10-bridge.conflist", &list);
+    let pod = net.node.pod("pod");
+    let doc = net.add(&pod);
+    let routes = pod.ip(&["route", "show"]).success().stdout;
+    assert!(routes.contains("default via 10.42.0.1 dev eth0"), "{routes}");
+    assert!(
+        routes.contains("192.168.7.0/24 via 10.42.0.1 dev eth0") && routes.contains("metric 77"),
+        "{routes}"
+    );
+    let table = pod.ip(&["route", "show", "table", "100"]).success().stdout;
+    assert!(table.contains("192.168.8.0/24 via 10.42.0.1"), "{table}");
+    assert!(doc["routes"].as_array().is_some_and(|r| {
+        r.iter()
+            .any(|r| r["dst"] == "0.0.0.0/0" && r["gw"] == "10.42.0.1")
+    }));
+    let forward = net
+        .node
+        .run("cat", &["/proc/sys/net/ipv4/ip_forward"])
+        .success()
+        .stdout;
+    assert_eq!(forward.trim(), "1", "isGateway enables forwarding in the node");
+    net.del(pod.path_str());
+}
+
+#[test]
+fn check_detects_a_removed_address_or_route() {
+    let net = Net::new();
+    net.v4(json!({"isDefaultGateway": true, "ipMasq": true}));
+    let pod = net.node.pod("pod");
+    net.add(&pod);
+    net.node.cnictl(&["check", NETWORK, pod.path_str()]).success();
+    pod.ip(&["route", "del", "default"]).success();
+    let err = net
+        .node
+        .cnictl(&["--json", "check", NETWORK, pod.path_str()])
+        .failure()
+        .json();
+    assert!(
+        err["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("Failed to match route 0.0.0.0/0")),
+        "{err}"
+    );
+    pod.ip(&["route", "add", "default", "via", "10.42.0.1"]).success();
+    net.node.cnictl(&["check", NETWORK, pod.path_str()]).success();
+    pod.ip(&["addr", "del", "10.42.0.2/24", "dev", "eth0"]).success();
+    let err = net
+        .node
+        .cnictl(&["--json", "check", NETWORK, pod.path_str()])
+        .failure()
+        .json();
+    assert!(
+        err["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("Failed to match addr 10.42.0.2/24")),
+        "{err}"
+    );
+    pod.ip(&["addr", "add", "10.42.0.2/24", "dev", "eth0"]).success();
+    pod.ip(&["route", "add", "default", "via", "10.42.0.1"]).ok();
+    let chain = firewall_chain(&cnitool_container_id(pod.path_str()));
+    net.node.run("iptables", &["-t", "nat", "-F", &chain]).success();
+    let err = net
+        .node
+        .cnictl(&["--json", "check", NETWORK, pod.path_str()])
+        .failure()
+        .json();
+    assert!(
+        err["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("IP masquerade rules missing")),
+        "{err}"
+    );
+    net.del(pod.path_str());
+    net.assert_clean();
+}
+
+#[test]
+fn an_existing_interface_or_a_non_bridge_is_refused_before_any_change() {
+    let net = Net::new();
+    net.v4(json!({}));
+    let pod = net.node.pod("pod");
+    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "eth0peer"])
+        .success();
+    let err = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, pod.path_str()])
+        .failure()
+        .json();
+    assert_eq!(err["msg"], "container veth name provided (eth0) already exists");
+    assert_eq!(net.leases(), 0);
+    net.node
+        .netns
+        .ip(&[
+            "link",
+            "add",
+            "notabridge",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "notabridgep",
+        ])
+        .success();
+    net.v4(json!({"bridge": "notabridge"}));
+    let err = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, net.node.pod("p2").path_str()])
+        .failure()
+        .json();
+    assert_eq!(err["msg"], "\"notabridge\" already exists but is not a bridge");
+    net.node.netns.ip(&["link", "del", "notabridge"]).success();
+    net.assert_clean();
+}
+
+#[test]
+fn gc_removes_stale_masquerade_and_leases_and_status_forwards() {
+    let net = Net::new();
+    net.conf(
+        "1.1.0",
+        json!({"isGateway": true, "ipMasq": true}),
+        json!([[{"subnet": "10.46.0.0/29"}]]),
+    );
+    let pods: Vec<Netns> = (0..3).map(|i| net.node.pod(&format!("g{i}"))).collect();
+    for pod in &pods {
+        net.add(pod);
+    }
+    let keep = cnitool_container_id(pods[0].path_str());
+    // Lose the cache of the other two, as after a node reboot: only the
+    // plugins' own GC can clean up after them.
+    for pod in &pods[1..] {
+        let id = cnitool_container_id(pod.path_str());
+        std::fs::remove_file(
+            net.node
+                .cache_dir()
+                .join("results")
+                .join(format!("{NETWORK}-{id}-eth0")),
+        )
+        .expect("rm");
+    }
+    net.node
+        .cnictl(&["gc", NETWORK, "--valid", &format!("{keep}/eth0")])
+        .success();
+    assert_eq!(net.leases(), 1);
+    let nat = net.nat_rules();
+    assert_eq!(nat.matches("-A POSTROUTING").count(), 1, "{nat}");
+    assert!(nat.contains(&keep));
+    for _ in 0..4 {
+        net.add(&net.node.pod("fill"));
+    }
+    let status = net.node.cnictl(&["--json", "status", NETWORK]).failure().json();
+    assert_eq!(status["code"], 50, "STATUS is forwarded to host-local: {status}");
+}
+
+#[test]
+fn rules_made_by_the_reference_bridge_are_removed_by_ours() {
+    let net = Net::new();
+    let list = net.v4(json!({"isGateway": true, "ipMasq": true}));
+    let pod = net.node.pod("pod");
+    let mut conf = list["plugins"][0].clone();
+    conf["name"] = json!(NETWORK);
+    conf["cniVersion"] = json!("1.0.0");
+    let env = BTreeMap::from([
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "ref-ctr"),
+        ("CNI_NETNS", pod.path_str()),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/usr/lib/cni"),
+    ]);
+    let vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, *v)).collect();
+    run_in(
+        net.node.netns.path(),
+        std::path::Path::new("/usr/lib/cni/bridge"),
+        &[],
+        &vars,
+        &conf.to_string(),
+    )
+    .success();
+    assert!(net.nat_rules().contains("ref-ctr"));
+    // Ours deletes it, with the reference's lease files imported by host-local.
+    let mut del = env.clone();
+    del.insert("CNI_COMMAND", "DEL");
+    del.insert("CNI_NETNS", "");
+    let bins = bin_dir();
+    del.insert("CNI_PATH", bins.to_str().expect("UTF-8"));
+    net.node.exec_plugin("bridge", &del, &conf.to_string()).success();
+    assert!(!net.nat_rules().contains("CNI-"), "{}", net.nat_rules());
+    assert_eq!(
+        net.leases(),
+        0,
+        "the reference's lease was released through the import"
+    );
+}

@@ -1,0 +1,158 @@
+//! Routes: listing and adding, with the fields CNI results carry.
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnetwork::IpNetwork;
+use rtnetlink::RouteMessageBuilder;
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope, RouteType};
+
+use crate::{Link, Netlink, Result, netlink_err};
+
+/// The main routing table's ID.
+pub const MAIN_TABLE: u32 = 254;
+
+/// A route as the plugins add and check it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Always a network address (host bits cleared).
+    pub dst: IpNetwork,
+    pub gw: Option<IpAddr>,
+    pub oif: Option<u32>,
+    pub table: u32,
+    pub priority: Option<u32>,
+    pub scope: u8,
+}
+
+impl RouteInfo {
+    pub fn new(dst: IpNetwork, gw: Option<IpAddr>, oif: u32) -> Self {
+        RouteInfo {
+            dst: network_of(dst),
+            gw,
+            oif: Some(oif),
+            table: MAIN_TABLE,
+            priority: None,
+            scope: 0,
+        }
+    }
+}
+
+/// `10.0.0.5/24` → `10.0.0.0/24`: the kernel takes routes to networks.
+pub fn network_of(net: IpNetwork) -> IpNetwork {
+    IpNetwork::new(net.network(), net.prefix()).unwrap_or(net)
+}
+
+fn address(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn route_from(message: &RouteMessage) -> Option<RouteInfo> {
+    if message.header.kind != RouteType::Unicast {
+        return None;
+    }
+    let v4 = message.header.address_family == rtnetlink::packet_route::AddressFamily::Inet;
+    let mut dst = None;
+    let mut info = RouteInfo {
+        dst: IpNetwork::new(
+            if v4 {
+                IpAddr::from([0u8; 4])
+            } else {
+                IpAddr::from([0u8; 16])
+            },
+            0,
+        )
+        .ok()?,
+        gw: None,
+        oif: None,
+        table: u32::from(message.header.table),
+        priority: None,
+        scope: u8::from(message.header.scope),
+    };
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Destination(a) => dst = address(a),
+            RouteAttribute::Gateway(a) => info.gw = address(a),
+            RouteAttribute::Oif(index) => info.oif = Some(*index),
+            RouteAttribute::Table(table) => info.table = *table,
+            RouteAttribute::Priority(p) => info.priority = Some(*p),
+            _ => {}
+        }
+    }
+    if let Some(dst) = dst {
+        info.dst = IpNetwork::new(dst, message.header.destination_prefix_length).ok()?;
+    }
+    Some(info)
+}
+
+impl Netlink {
+    /// Every unicast route of a family, in every table.
+    pub fn routes(&self, v4: bool) -> Result<Vec<RouteInfo>> {
+        let query = if v4 {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .table_id(0)
+                .build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .table_id(0)
+                .build()
+        };
+        let messages: Vec<RouteMessage> = self
+            .runtime
+            .block_on(self.handle.route().get(query).execute().try_collect())
+            .map_err(netlink_err("list routes"))?;
+        Ok(messages.iter().filter_map(route_from).collect())
+    }
+
+    /// Routes whose output interface is `link`.
+    pub fn routes_of(&self, link: &Link, v4: bool) -> Result<Vec<RouteInfo>> {
+        Ok(self
+            .routes(v4)?
+            .into_iter()
+            .filter(|r| r.oif == Some(link.index))
+            .collect())
+    }
+
+    /// Adds a route; the same route already present is not an error.
+    pub fn add_route(&self, route: &RouteInfo) -> Result<()> {
+        let op = format!("add route {} via {:?}", route.dst, route.gw);
+        let mut builder = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(route.dst.network(), route.dst.prefix())
+            .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?;
+        if let Some(gw) = route.gw {
+            builder = builder
+                .gateway(gw)
+                .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?;
+        }
+        if let Some(oif) = route.oif {
+            builder = builder.output_interface(oif);
+        }
+        if let Some(priority) = route.priority {
+            builder = builder.priority(priority);
+        }
+        if route.scope != 0 {
+            builder = builder.scope(RouteScope::from(route.scope));
+        }
+        builder = builder.table_id(route.table);
+        let request = self.handle.route().add(builder.build()).execute();
+        match self.runtime.block_on(request).map_err(netlink_err(op)) {
+            Err(e) if e.errno() == Some(crate::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_destinations_are_networks() {
+        let r = RouteInfo::new("10.0.0.5/24".parse().expect("cidr"), None, 3);
+        assert_eq!(r.dst.to_string(), "10.0.0.0/24");
+        assert_eq!(r.table, MAIN_TABLE);
+    }
+}

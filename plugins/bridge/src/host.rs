@@ -1,0 +1,175 @@
+//! The host side: the bridge, the host end of the veth, the gateway
+//! addresses and forwarding. Runs in the namespace the plugin was started in
+//! (the node's).
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, Instant};
+
+use cni::error::plugin_codes;
+use cni::{Error, Result};
+use ipnetwork::IpNetwork;
+use netlink::{Link, Netlink, sysctl};
+use netns::NetNs;
+
+use crate::config::BridgeConfig;
+
+/// Host veth names are `veth` + 8 hex digits; a clash is retried this often.
+const NAME_ATTEMPTS: usize = 10;
+/// How long to wait for the host port to come up once both ends are up.
+const PORT_UP_PATIENCE: Duration = Duration::from_secs(2);
+
+pub fn netlink_error(e: netlink::Error) -> Error {
+    Error::plugin(plugin_codes::NETLINK, e.to_string())
+}
+
+fn state_error(msg: impl Into<String>) -> Error {
+    Error::plugin(plugin_codes::INTERFACE_STATE, msg)
+}
+
+/// The bridge, created if missing (a concurrent creator winning the race is
+/// fine), checked to be a bridge, with `accept_ra=0`, promisc as configured,
+/// and up.
+pub fn ensure_bridge(nl: &Netlink, cfg: &BridgeConfig) -> Result<Link> {
+    let name = &cfg.bridge;
+    let existing = nl.link_by_name(name).map_err(netlink_error)?;
+    let bridge = match existing {
+        Some(link) => link,
+        None => {
+            match nl.create_bridge(name, cfg.mtu, cfg.uses_vlans()) {
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(netlink::EEXIST) => {}
+                Err(e) => return Err(netlink_error(e).context(format!("could not add {name:?}"))),
+            }
+            nl.require_link(name).map_err(netlink_error)?
+        }
+    };
+    if bridge.kind != "bridge" {
+        return Err(state_error(format!(
+            "{name:?} already exists but is not a bridge"
+        )));
+    }
+    if cfg.promisc && !bridge.promisc {
+        nl.set_promisc(&bridge, true).map_err(netlink_error)?;
+    }
+    if sysctl::has_ipv6() {
+        // Router advertisements must not give the node addresses on the
+        // pods' bridge; and the gateway address is ours by configuration,
+        // so it must answer at once instead of after DAD.
+        let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+        let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_dad"), "0");
+    }
+    if !bridge.up {
+        nl.set_up(&bridge).map_err(netlink_error)?;
+    }
+    nl.require_link(name).map_err(netlink_error)
+}
+
+fn random_veth_name() -> String {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("veth{:08x}", random as u32)
+}
+
+/// Creates the veth pair: `ifname` directly in the pod namespace, the host
+/// end under a fresh random name. Returns the host end.
+pub fn create_veth(nl: &Netlink, pod: &NetNs, ifname: &str, cfg: &BridgeConfig) -> Result<Link> {
+    for _ in 0..NAME_ATTEMPTS {
+        let host_name = random_veth_name();
+        match nl.create_veth(&host_name, ifname, pod, cfg.mtu, cfg.mac) {
+            Ok(()) => return nl.require_link(&host_name).map_err(netlink_error),
+            // The pod name was checked to be free, so EEXIST is the host name.
+            Err(e) if e.errno() == Some(netlink::EEXIST) => continue,
+            Err(e) => return Err(netlink_error(e).context("failed to create veth")),
+        }
+    }
+    Err(state_error(format!(
+        "failed to find a free veth name after {NAME_ATTEMPTS} attempts"
+    )))
+}
+
+/// The host end: enslaved, port flags, VLANs, `accept_ra=0`, up.
+pub fn attach_port(nl: &Netlink, port: &Link, bridge: &Link, cfg: &BridgeConfig) -> Result<()> {
+    if sysctl::has_ipv6() {
+        let _ = sysctl::write(&format!("net/ipv6/conf/{}/accept_ra", port.name), "0");
+    }
+    nl.set_master(port, bridge).map_err(netlink_error)?;
+    if cfg.hairpin || cfg.port_isolation {
+        nl.set_port_flags(port, cfg.hairpin, cfg.port_isolation)
+            .map_err(netlink_error)?;
+    }
+    let plan = cfg.vlan_plan();
+    if plan.remove_default {
+        nl.del_port_vlan(port, 1, true).map_err(netlink_error)?;
+    }
+    for (vid, pvid) in plan.add {
+        nl.add_port_vlan(port, vid, pvid).map_err(netlink_error)?;
+    }
+    nl.set_up(port).map_err(netlink_error)
+}
+
+/// Waits, briefly and without fixed sleeps, for the host port to be up
+/// (both ends up).
+pub fn wait_port_up(nl: &Netlink, port: &Link) -> Result<Link> {
+    let started = Instant::now();
+    loop {
+        let current = nl.require_link(&port.name).map_err(netlink_error)?;
+        if current.oper_state == "UP" {
+            return Ok(current);
+        }
+        if started.elapsed() > PORT_UP_PATIENCE {
+            return Err(state_error(format!(
+                "bridge port in error state: {}",
+                current.oper_state.to_lowercase()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Puts a gateway address on the bridge (the reference's `ensureAddr`):
+/// another IPv4 address, or an overlapping IPv6 one, is an error unless
+/// `forceAddress` replaces it. Pins the bridge's MAC so it no longer
+/// follows the lowest port's.
+pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, force: bool) -> Result<()> {
+    let present = nl.addresses(bridge).map_err(netlink_error)?;
+    let same_family = present.iter().filter(|a| a.is_ipv4() == gateway.is_ipv4());
+    let mut already = false;
+    for address in same_family {
+        if *address == gateway {
+            already = true;
+            continue;
+        }
+        let conflicts = gateway.is_ipv4() || address.contains(gateway.ip()) || gateway.contains(address.ip());
+        if conflicts {
+            if force {
+                nl.del_address(bridge, *address).map_err(netlink_error)?;
+            } else {
+                return Err(state_error(format!(
+                    "{:?} already has an IP address different from {gateway}",
+                    bridge.name
+                )));
+            }
+        }
+    }
+    if !already {
+        nl.add_address(bridge, gateway).map_err(|e| {
+            netlink_error(e).context(format!("could not add IP address to {:?}", bridge.name))
+        })?;
+    }
+    if let Some(mac) = netlink::ops::parse_mac(&bridge.mac) {
+        nl.set_mac(bridge, mac)
+            .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
+    }
+    Ok(())
+}
+
+/// Forwarding for a family, in the node's namespace.
+pub fn enable_forwarding(v4: bool) -> Result<()> {
+    let key = if v4 {
+        "net/ipv4/ip_forward"
+    } else {
+        "net/ipv6/conf/all/forwarding"
+    };
+    sysctl::write(key, "1").map_err(|e| Error::io(format!("could not enable forwarding: {e}")))
+}

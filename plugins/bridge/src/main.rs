@@ -1,0 +1,15 @@
+//! `bridge`: the node bridge, a veth pair into the pod, addresses, routes
+//! and masquerade; addressing is delegated to an IPAM plugin.
+
+mod config;
+mod host;
+mod masq;
+mod plugin;
+mod pod;
+mod undo;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cni::skel::run(&plugin::Bridge)
+}

@@ -1,0 +1,511 @@
+//! The bridge plugin's verbs.
+
+use std::net::IpAddr;
+
+use cni::conf::NetConf;
+use cni::error::plugin_codes;
+use cni::exec::{delegate, delegate_add};
+use cni::result::{Interface, IpConfig, Route};
+use cni::skel::NoConfig;
+use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
+use ipnetwork::IpNetwork;
+use netlink::{Link, Netlink};
+use netns::NetNs;
+
+use crate::config::BridgeConfig;
+use crate::host::{self, netlink_error};
+use crate::masq;
+use crate::pod::{self, Gateways};
+use crate::undo::Undo;
+
+/// Index of the container interface in the result (bridge, host veth,
+/// container), as the reference numbers them.
+const CONTAINER_INTERFACE: usize = 2;
+
+pub struct Bridge;
+
+fn state_error(msg: impl Into<String>) -> Error {
+    Error::plugin(plugin_codes::INTERFACE_STATE, msg)
+}
+
+fn check_failed(msg: impl Into<String>) -> Error {
+    Error::plugin(plugin_codes::CHECK_FAILED, msg)
+}
+
+fn open_netns(att: &Attachment) -> Result<(NetNs, String)> {
+    let path = att
+        .netns
+        .as_deref()
+        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))?;
+    let ns = NetNs::open(path).map_err(|e| {
+        if e.is_gone() {
+            Error::invalid_env(e.to_string())
+        } else {
+            Error::io(e.to_string())
+        }
+    })?;
+    Ok((ns, path.display().to_string()))
+}
+
+/// What the L3 part of ADD programs, computed from the IPAM result before
+/// anything is changed (the reference's `calcGateways`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct L3Plan {
+    /// The result's IPs: on the container interface, with gateways.
+    pub ips: Vec<IpConfig>,
+    /// The result's routes: IPAM's, plus default routes for
+    /// `isDefaultGateway`.
+    pub routes: Vec<Route>,
+    /// Per family, the gateway routes without one go through.
+    pub gateways: Gateways,
+    /// Addresses for the bridge when it is the gateway.
+    pub bridge_addresses: Vec<IpNetwork>,
+}
+
+fn first_address(net: IpNetwork) -> IpAddr {
+    match net.network() {
+        IpAddr::V4(a) => IpAddr::V4((u32::from(a) + 1).into()),
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a) + 1).into()),
+    }
+}
+
+pub fn plan_l3(cfg: &BridgeConfig, ipam: &CniResult) -> L3Plan {
+    let mut plan = L3Plan {
+        ips: Vec::with_capacity(ipam.ips.len()),
+        routes: ipam.routes.clone(),
+        gateways: Gateways::default(),
+        bridge_addresses: Vec::new(),
+    };
+    for ip in &ipam.ips {
+        let v4 = ip.address.is_ipv4();
+        let gateway = ip
+            .gateway
+            .or_else(|| cfg.is_gateway.then(|| first_address(ip.address)));
+        if cfg.is_default_gateway {
+            let default_dst: IpNetwork = if v4 { "0.0.0.0/0" } else { "::/0" }
+                .parse()
+                .unwrap_or(ip.address);
+            let has_default = plan.routes.iter().any(|r| r.dst == default_dst && r.gw.is_some());
+            if !has_default && gateway.is_some() {
+                plan.routes.push(Route::new(default_dst, gateway));
+            }
+        }
+        if let Some(gw) = gateway {
+            let slot = if v4 {
+                &mut plan.gateways.v4
+            } else {
+                &mut plan.gateways.v6
+            };
+            slot.get_or_insert(gw);
+            if cfg.is_gateway
+                && let Ok(on_bridge) = IpNetwork::new(gw, ip.address.prefix())
+            {
+                plan.bridge_addresses.push(on_bridge);
+            }
+        }
+        plan.ips.push(IpConfig {
+            address: ip.address,
+            gateway,
+            interface: Some(CONTAINER_INTERFACE),
+        });
+    }
+    plan
+}
+
+fn interface(link: &Link, sandbox: Option<&str>) -> Interface {
+    Interface {
+        name: link.name.clone(),
+        mac: link.mac.clone(),
+        sandbox: sandbox.unwrap_or_default().to_owned(),
+        ..Interface::default()
+    }
+}
+
+/// The `dns` key, when set, replaces what IPAM returned.
+fn configured_dns(conf: &NetConf) -> Option<cni::result::Dns> {
+    conf.dns.clone().filter(|dns| !dns.is_empty())
+}
+
+impl Plugin for Bridge {
+    const NAME: &'static str = "bridge";
+    type Config = NoConfig;
+
+    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        let (pod_ns, sandbox) = open_netns(att)?;
+        let host_nl = Netlink::connect().map_err(netlink_error)?;
+        let pod_nl = Netlink::connect_in(&pod_ns).map_err(netlink_error)?;
+        if pod_nl.link_by_name(&att.ifname).map_err(netlink_error)?.is_some() {
+            return Err(state_error(format!(
+                "container veth name provided ({}) already exists",
+                att.ifname
+            )));
+        }
+
+        // The bridge is shared by every pod of the node and is never undone.
+        let bridge = host::ensure_bridge(&host_nl, &cfg)?;
+        let mut undo = Undo::default();
+        let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &cfg)?;
+        {
+            let (nl, veth) = (&host_nl, host_veth.clone());
+            undo.push("the veth pair", move || {
+                nl.delete_link(&veth).map_err(|e| e.to_string())
+            });
+        }
+        host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
+        let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
+
+        let mut result = CniResult::default();
+        if let Some(ipam) = &cfg.ipam_type {
+            let leased = delegate_add(ipam, &req.stdin, &req.env.path)?;
+            undo.push("the IPAM lease", || {
+                delegate(ipam, Command::Del, &req.stdin, &req.env.path)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+            if leased.ips.is_empty() {
+                return Err(Error::plugin(
+                    plugin_codes::ADDRESS_UNAVAILABLE,
+                    "IPAM plugin returned missing IP config",
+                ));
+            }
+            let plan = plan_l3(&cfg, &leased);
+            let addresses: Vec<IpNetwork> = plan.ips.iter().map(|ip| ip.address).collect();
+            pod::configure(
+                &pod_ns,
+                &pod_nl,
+                &container,
+                &addresses,
+                &plan.routes,
+                plan.gateways,
+                cfg.enable_dad,
+            )?;
+            if cfg.is_gateway {
+                for gateway in &plan.bridge_addresses {
+                    host::ensure_gateway_address(&host_nl, &bridge, *gateway, cfg.force_address)?;
+                }
+                for v4 in [true, false] {
+                    if plan.bridge_addresses.iter().any(|g| g.is_ipv4() == v4) {
+                        host::enable_forwarding(v4)?;
+                    }
+                }
+            }
+            if cfg.ip_masq {
+                masq::setup(&cfg, &req.conf.name, att, &addresses)?;
+                let network = req.conf.name.as_str();
+                undo.push("the masquerade rules", move || {
+                    masq::teardown(network, att).map_err(|e| e.to_string())
+                });
+            }
+            result.ips = plan.ips;
+            result.routes = plan.routes;
+            result.dns = leased.dns;
+        } else if !cfg.disable_container_interface {
+            pod_nl.set_up(&container).map_err(netlink_error)?;
+        }
+
+        let host_veth = if cfg.disable_container_interface {
+            host_nl.require_link(&host_veth.name).map_err(netlink_error)?
+        } else {
+            host::wait_port_up(&host_nl, &host_veth)?
+        };
+        let bridge = host_nl.require_link(&cfg.bridge).map_err(netlink_error)?;
+        let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
+        result.interfaces = vec![
+            interface(&bridge, None),
+            interface(&host_veth, None),
+            interface(&container, Some(&sandbox)),
+        ];
+        if let Some(dns) = configured_dns(&req.conf) {
+            result.dns = dns;
+        }
+        undo.commit();
+        Ok(result)
+    }
+
+    fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        // Teardown goes on past failures and reports all of them.
+        let mut failures: Vec<Error> = Vec::new();
+        if let Some(path) = &att.netns {
+            match NetNs::open(path) {
+                Ok(ns) => {
+                    if let Err(e) = remove_container_link(&ns, &att.ifname) {
+                        failures.push(e);
+                    }
+                }
+                Err(e) if e.is_gone() => {}
+                Err(e) => failures.push(Error::io(e.to_string())),
+            }
+        }
+        if let Some(ipam) = &cfg.ipam_type
+            && let Err(e) = delegate(ipam, Command::Del, &req.stdin, &req.env.path)
+        {
+            failures.push(e);
+        }
+        if cfg.ip_masq
+            && let Err(e) = masq::teardown(&req.conf.name, att)
+        {
+            failures.push(e);
+        }
+        combine(failures)
+    }
+
+    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        let (pod_ns, sandbox) = open_netns(att)?;
+        if let Some(ipam) = &cfg.ipam_type {
+            delegate(ipam, Command::Check, &req.stdin, &req.env.path)?;
+        }
+        let prev = req
+            .conf
+            .prev_result()?
+            .ok_or_else(|| Error::invalid_config("Required prevResult missing"))?;
+        let host_nl = Netlink::connect().map_err(netlink_error)?;
+        let pod_nl = Netlink::connect_in(&pod_ns).map_err(netlink_error)?;
+
+        let bridge = check_bridge(&host_nl, &cfg, &prev)?;
+        let (index, container) = check_container(&pod_nl, &prev, &att.ifname, &sandbox)?;
+        let host_veth = container
+            .peer_index
+            .and_then(|peer| host_nl.link_by_index(peer).ok().flatten())
+            .filter(|veth| veth.kind == "veth" && veth.master == Some(bridge.index))
+            .filter(|veth| {
+                prev.interfaces
+                    .iter()
+                    .any(|i| i.name == veth.name && i.sandbox.is_empty())
+            });
+        if host_veth.is_none() {
+            return Err(check_failed(format!(
+                "CNI veth created for bridge {} was not found",
+                cfg.bridge
+            )));
+        }
+
+        let present = pod_nl.addresses(&container).map_err(netlink_error)?;
+        let mine: Vec<IpNetwork> = prev
+            .ips
+            .iter()
+            .filter(|ip| ip.interface == Some(index))
+            .map(|ip| ip.address)
+            .collect();
+        if let Some(gone) = mine.iter().find(|a| !present.contains(a)) {
+            return Err(check_failed(format!(
+                "Failed to match addr {gone} on interface {}",
+                att.ifname
+            )));
+        }
+        for route in &prev.routes {
+            let routes = pod_nl.routes(route.dst.is_ipv4()).map_err(netlink_error)?;
+            let dst = netlink::route::network_of(route.dst);
+            let found = routes.iter().any(|r| {
+                r.dst == dst && r.oif == Some(container.index) && (route.gw.is_none() || r.gw == route.gw)
+            });
+            if !found {
+                return Err(check_failed(format!(
+                    "Failed to match route {} on interface {}",
+                    route.dst, att.ifname
+                )));
+            }
+        }
+        if cfg.ip_masq && !mine.is_empty() {
+            masq::check(&cfg, &req.conf.name, att, &mine)?;
+        }
+        Ok(())
+    }
+
+    fn gc(&self, req: &Request<NoConfig>) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        let valid = req.conf.gc_valid_attachments()?;
+        let mut failures = Vec::new();
+        if let Some(ipam) = &cfg.ipam_type
+            && let Err(e) = delegate(ipam, Command::Gc, &req.stdin, &req.env.path)
+        {
+            failures.push(e);
+        }
+        // Rules may outlive a configuration that stopped masquerading.
+        if let Err(e) = masq::collect_garbage(&req.conf.name, &valid) {
+            failures.push(e);
+        }
+        combine(failures)
+    }
+
+    fn status(&self, req: &Request<NoConfig>) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        match &cfg.ipam_type {
+            Some(ipam) => delegate(ipam, Command::Status, &req.stdin, &req.env.path).map(drop),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Deletes the container end (the host end goes with it); already gone is
+/// fine.
+fn remove_container_link(ns: &NetNs, ifname: &str) -> Result<()> {
+    let nl = Netlink::connect_in(ns).map_err(netlink_error)?;
+    match nl.link_by_name(ifname).map_err(netlink_error)? {
+        Some(link) => nl.delete_link(&link).map_err(netlink_error),
+        None => Ok(()),
+    }
+}
+
+/// One error for several: the first one's code, every message.
+fn combine(failures: Vec<Error>) -> Result<()> {
+    let mut iter = failures.into_iter();
+    let Some(first) = iter.next() else { return Ok(()) };
+    let rest: Vec<String> = iter.map(|e| e.msg).collect();
+    if rest.is_empty() {
+        return Err(first);
+    }
+    let msg = format!("{}; {}", first.msg, rest.join("; "));
+    Err(Error { msg, ..first })
+}
+
+fn check_bridge(nl: &Netlink, cfg: &BridgeConfig, prev: &CniResult) -> Result<Link> {
+    let missing = || {
+        check_failed(format!(
+            "CNI created bridge {} in host namespace was not found",
+            cfg.bridge
+        ))
+    };
+    let listed = prev
+        .interfaces
+        .iter()
+        .find(|i| i.name == cfg.bridge && i.sandbox.is_empty())
+        .ok_or_else(missing)?;
+    let bridge = nl
+        .link_by_name(&cfg.bridge)
+        .map_err(netlink_error)?
+        .ok_or_else(missing)?;
+    if bridge.kind != "bridge" {
+        return Err(check_failed(format!(
+            "Interface {} does not have link type of bridge",
+            cfg.bridge
+        )));
+    }
+    if !listed.mac.is_empty() && !listed.mac.eq_ignore_ascii_case(&bridge.mac) {
+        return Err(check_failed(format!(
+            "Bridge interface {} Mac doesn't match: {}",
+            cfg.bridge, listed.mac
+        )));
+    }
+    if cfg.promisc && !bridge.promisc {
+        return Err(check_failed(format!(
+            "Bridge interface {} is not in promiscuous mode",
+            cfg.bridge
+        )));
+    }
+    Ok(bridge)
+}
+
+/// The container interface of the result and its link; returns its index in
+/// the result.
+fn check_container(nl: &Netlink, prev: &CniResult, ifname: &str, sandbox: &str) -> Result<(usize, Link)> {
+    let missing = || check_failed(format!("CNI created interface in container {ifname} not found"));
+    let (index, listed) = prev
+        .interfaces
+        .iter()
+        .enumerate()
+        .find(|(_, i)| i.name == ifname && i.sandbox == sandbox)
+        .ok_or_else(missing)?;
+    let link = nl
+        .link_by_name(ifname)
+        .map_err(netlink_error)?
+        .ok_or_else(missing)?;
+    if link.kind != "veth" {
+        return Err(check_failed(format!(
+            "Error: Container interface {ifname} not of type veth"
+        )));
+    }
+    if !listed.mac.is_empty() && !listed.mac.eq_ignore_ascii_case(&link.mac) {
+        return Err(check_failed(format!(
+            "Interface {ifname} Mac {} doesn't match container Mac: {}",
+            listed.mac, link.mac
+        )));
+    }
+    Ok((index, link))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn cfg(extra: serde_json::Value) -> BridgeConfig {
+        let mut doc =
+            json!({"cniVersion": "1.0.0", "name": "net", "type": "bridge", "ipam": {"type": "host-local"}});
+        if let (Some(d), serde_json::Value::Object(e)) = (doc.as_object_mut(), extra) {
+            d.extend(e);
+        }
+        let conf = NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf");
+        BridgeConfig::load(&conf, &cni::CniArgs::default()).expect("valid")
+    }
+
+    fn leased(json: serde_json::Value) -> CniResult {
+        CniResult::from_value(&json).expect("result")
+    }
+
+    #[test]
+    fn gateway_computed_when_the_bridge_is_the_gateway() {
+        let ipam = leased(json!({"ips": [{"address": "10.1.0.5/16"}]}));
+        let plain = plan_l3(&cfg(json!({})), &ipam);
+        assert_eq!(plain.ips[0].gateway, None);
+        assert!(plain.bridge_addresses.is_empty());
+        let gw = plan_l3(&cfg(json!({"isGateway": true})), &ipam);
+        assert_eq!(gw.ips[0].gateway, Some("10.1.0.1".parse().expect("ip")));
+        assert_eq!(gw.ips[0].interface, Some(2));
+        assert_eq!(
+            gw.bridge_addresses,
+            ["10.1.0.1/16".parse::<IpNetwork>().expect("cidr")]
+        );
+        assert!(gw.routes.is_empty());
+    }
+
+    #[test]
+    fn default_gateway_adds_default_routes_per_family() {
+        let ipam = leased(
+            json!({"ips": [{"address": "10.1.0.5/16", "gateway": "10.1.0.254"}, {"address": "fd00::5/64"}],
+                                  "routes": [{"dst": "192.168.0.0/16"}]}),
+        );
+        let plan = plan_l3(&cfg(json!({"isDefaultGateway": true})), &ipam);
+        let routes: Vec<(String, Option<String>)> = plan
+            .routes
+            .iter()
+            .map(|r| (r.dst.to_string(), r.gw.map(|g| g.to_string())))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("192.168.0.0/16".to_owned(), None),
+                ("0.0.0.0/0".to_owned(), Some("10.1.0.254".to_owned())),
+                ("::/0".to_owned(), Some("fd00::1".to_owned())),
+            ]
+        );
+        assert_eq!(plan.gateways.v4, Some("10.1.0.254".parse().expect("ip")));
+    }
+
+    #[test]
+    fn an_ipam_default_route_with_a_gateway_is_kept_alone() {
+        let ipam = leased(
+            json!({"ips": [{"address": "10.1.0.5/16"}], "routes": [{"dst": "0.0.0.0/0", "gw": "10.1.0.9"}]}),
+        );
+        let plan = plan_l3(&cfg(json!({"isDefaultGateway": true})), &ipam);
+        assert_eq!(plan.routes.len(), 1);
+        let without_gw =
+            leased(json!({"ips": [{"address": "10.1.0.5/16"}], "routes": [{"dst": "0.0.0.0/0"}]}));
+        assert_eq!(
+            plan_l3(&cfg(json!({"isDefaultGateway": true})), &without_gw)
+                .routes
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn several_failures_become_one_error() {
+        assert!(combine(vec![]).is_ok());
+        let err = combine(vec![Error::io("a"), Error::invalid_config("b")]).expect_err("failed");
+        assert_eq!((err.code, err.msg.as_str()), (5, "a; b"));
+    }
+}
