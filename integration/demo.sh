@@ -26,12 +26,13 @@ cat > "$work/net.d/10-demo.conflist" <<JSON
   "cniVersion": "1.1.0",
   "name": "demo",
   "plugins": [
-    { "type": "loopback" },
-    { "type": "host-local",
+    { "type": "bridge", "bridge": "cnidemo0", "isGateway": true, "ipMasq": true,
       "ipam": { "type": "host-local",
                 "ranges": [[{ "subnet": "10.99.0.0/24" }], [{ "subnet": "fd99::/64" }]],
+                "routes": [{ "dst": "0.0.0.0/0" }],
                 "dataDir": "$work/ipam",
-                "socket": "$work/host-local.sock" } }
+                "socket": "$work/host-local.sock" } },
+    { "type": "loopback" }
   ]
 }
 JSON
@@ -59,22 +60,30 @@ cat "$work/net.d/10-demo.conflist"
 for pod in "${pods[@]}"; do
     step "cnictl add demo /run/netns/$pod"
     cnictl add demo "/run/netns/$pod"
-    ip -n "$pod" -o addr show lo
 done
+addr_of() { ip -n "$1" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
+addr6_of() { ip -n "$1" -6 -o addr show eth0 scope global | awk '{print $4}' | cut -d/ -f1; }
+
+step "the pods talk to each other over the bridge (IPv4 and IPv6) and to the gateway"
+in_pod() { nsenter --net="/run/netns/$1" -- "${@:2}"; }
+in_pod "${pods[0]}" busybox ping -c 2 -W 1 "$(addr_of "${pods[1]}")"
+in_pod "${pods[1]}" busybox ping6 -c 2 -W 1 "$(addr6_of "${pods[0]}")"
+in_pod "${pods[0]}" busybox ping -c 1 -W 1 10.99.0.1
 
 step "cnictl ipam ls demo: the leases, served by the lease service"
 ipam ls demo
+
+step "masquerade, one chain per pod in the node's nat table"
+in_node iptables-save -t nat | grep -- '-A POSTROUTING' || true
 
 step "cnictl check and status"
 cnictl check demo "/run/netns/${pods[0]}"
 cnictl status demo
 
-step "traffic inside ${pods[0]} over its loopback"
-nsenter --net="/run/netns/${pods[0]}" -- busybox ping -c 2 -W 1 127.0.0.1
-
-step "cnictl del; lo goes down, the leases and the cache entries go away"
+step "cnictl del: veths, leases, masquerade and cache entries all go"
 for pod in "${pods[@]}"; do cnictl del demo "/run/netns/$pod"; done
-ip -n "${pods[0]}" -o link show lo
+ip -n "$node" -o link show type veth | wc -l | xargs echo "veths left in the node:"
+in_node iptables-save -t nat | grep -c 'CNI-' | xargs echo "masquerade rules left:" || true
 ipam ls demo
-ls -A "$work/cache/results"
+ls -A "$work/cache/results" | wc -l | xargs echo "cache entries left:"
 echo "demo finished; the service and the namespaces are removed on exit"

@@ -8,6 +8,7 @@
 pub mod exec;
 pub mod masquerade;
 pub mod nft;
+pub mod spoofcheck;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -129,8 +129,7 @@ pub fn wait_port_up(nl: &Netlink, port: &Link) -> Result<Link> {
 
 /// Puts a gateway address on the bridge (the reference's `ensureAddr`):
 /// another IPv4 address, or an overlapping IPv6 one, is an error unless
-/// `forceAddress` replaces it. Pins the bridge's MAC so it no longer
-/// follows the lowest port's.
+/// `forceAddress` replaces it.
 pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, force: bool) -> Result<()> {
     let present = nl.addresses(bridge).map_err(netlink_error)?;
     let same_family = present.iter().filter(|a| a.is_ipv4() == gateway.is_ipv4());
@@ -157,11 +156,28 @@ pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, f
             netlink_error(e).context(format!("could not add IP address to {:?}", bridge.name))
         })?;
     }
-    if let Some(mac) = netlink::ops::parse_mac(&bridge.mac) {
-        nl.set_mac(bridge, mac)
-            .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
-    }
     Ok(())
+}
+
+/// Pins the bridge's MAC to the one it has now, so it stops following the
+/// lowest port's as pods come and go (results and CHECK stay right). Read
+/// fresh: it changed when the port was enslaved; and a bridge whose ports
+/// all went away before it was pinned has none (all zeros), which the
+/// kernel refuses (the reference's "could not set bridge's mac",
+/// plugins#620). The reference pins only gateways; every bridge is pinned
+/// here.
+pub fn pin_mac(nl: &Netlink, bridge: &Link) -> Result<()> {
+    let current = nl.link_by_index(bridge.index).map_err(netlink_error)?;
+    let mac = current
+        .as_ref()
+        .and_then(|l| netlink::ops::parse_mac(&l.mac))
+        .filter(|m| m.iter().any(|b| *b != 0));
+    match mac {
+        Some(mac) => nl
+            .set_mac(bridge, mac)
+            .map_err(|e| netlink_error(e).context("could not set bridge's mac")),
+        None => Ok(()),
+    }
 }
 
 /// Forwarding for a family, in the node's namespace.

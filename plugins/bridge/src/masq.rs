@@ -10,7 +10,7 @@ use ipnetwork::IpNetwork;
 
 use crate::config::{BridgeConfig, MasqBackend};
 
-fn firewall_error(e: firewall::Error) -> Error {
+pub fn firewall_error(e: firewall::Error) -> Error {
     Error::plugin(plugin_codes::FIREWALL, e.to_string())
 }
 

@@ -8,13 +8,14 @@ use cni::exec::{delegate, delegate_add};
 use cni::result::{Interface, IpConfig, Route};
 use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
+use firewall::spoofcheck;
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
 use netns::NetNs;
 
 use crate::config::BridgeConfig;
 use crate::host::{self, netlink_error};
-use crate::masq;
+use crate::masq::{self, firewall_error};
 use crate::pod::{self, Gateways};
 use crate::undo::Undo;
 
@@ -153,7 +154,16 @@ impl Plugin for Bridge {
             });
         }
         host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
+        host::pin_mac(&host_nl, &bridge)?;
         let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
+        if cfg.macspoofchk {
+            let id = spoofcheck::reference_id(&att.container_id, &att.ifname);
+            spoofcheck::setup(&host_veth.name, &container.mac, &id)
+                .map_err(|e| firewall_error(e).context("failed to set up MAC spoof checking"))?;
+            undo.push("the MAC spoof check", move || {
+                spoofcheck::teardown(&id).map_err(|e| e.to_string())
+            });
+        }
 
         let mut result = CniResult::default();
         if let Some(ipam) = &cfg.ipam_type {
@@ -248,6 +258,11 @@ impl Plugin for Bridge {
         {
             failures.push(e);
         }
+        if cfg.macspoofchk
+            && let Err(e) = spoofcheck::teardown(&spoofcheck::reference_id(&att.container_id, &att.ifname))
+        {
+            failures.push(firewall_error(e).context("failed to tear down MAC spoof checking"));
+        }
         combine(failures)
     }
 
@@ -310,6 +325,16 @@ impl Plugin for Bridge {
         }
         if cfg.ip_masq && !mine.is_empty() {
             masq::check(&cfg, &req.conf.name, att, &mine)?;
+        }
+        if cfg.macspoofchk {
+            let allowed = spoofcheck::allowed_mac(&spoofcheck::reference_id(&att.container_id, &att.ifname))
+                .map_err(firewall_error)?;
+            if !allowed.is_some_and(|mac| mac.eq_ignore_ascii_case(&container.mac)) {
+                return Err(check_failed(format!(
+                    "MAC spoof check rules for {} are missing",
+                    att.ifname
+                )));
+            }
         }
         Ok(())
     }
