@@ -71,14 +71,14 @@ fn random_veth_name() -> String {
     format!("veth{:08x}", random as u32)
 }
 
-/// Creates the veth pair: `ifname` directly in the pod namespace, the host
-/// end under a fresh random name. Returns the host end.
-pub fn create_veth(nl: &Netlink, pod: &NetNs, ifname: &str, cfg: &BridgeConfig) -> Result<Link> {
+/// Creates the veth pair: `ifname` directly in the `peer` namespace, the
+/// host end under a fresh random name. Returns the host end.
+pub fn create_veth(nl: &Netlink, peer: &NetNs, ifname: &str, cfg: &BridgeConfig) -> Result<Link> {
     for _ in 0..NAME_ATTEMPTS {
         let host_name = random_veth_name();
-        match nl.create_veth(&host_name, ifname, pod, cfg.mtu, cfg.mac) {
+        match nl.create_veth(&host_name, ifname, peer, cfg.mtu, cfg.mac) {
             Ok(()) => return nl.require_link(&host_name).map_err(netlink_error),
-            // The pod name was checked to be free, so EEXIST is the host name.
+            // The peer's name was checked to be free, so EEXIST is the host name.
             Err(e) if e.errno() == Some(netlink::EEXIST) => continue,
             Err(e) => return Err(netlink_error(e).context("failed to create veth")),
         }
@@ -180,6 +180,38 @@ pub fn pin_mac(nl: &Netlink, bridge: &Link) -> Result<()> {
     }
 }
 
+/// The name of the host interface that holds the gateway of an access
+/// VLAN: `<bridge>.<vlan>`.
+pub fn vlan_gateway_name(bridge: &str, vlan: u16) -> String {
+    format!("{bridge}.{vlan}")
+}
+
+/// With an access VLAN the gateway cannot sit on the bridge itself: as the
+/// reference does, it goes on `<bridge>.<vlan>`, one end of a veth pair in
+/// the node's namespace whose other end is a bridge port in that VLAN.
+/// Shared by every pod of the VLAN, created once, never undone.
+pub fn ensure_vlan_gateway(nl: &Netlink, bridge: &Link, cfg: &BridgeConfig) -> Result<Link> {
+    let name = vlan_gateway_name(&bridge.name, cfg.vlan);
+    if let Some(existing) = nl.link_by_name(&name).map_err(netlink_error)? {
+        return Ok(existing);
+    }
+    let node = NetNs::current().map_err(|e| Error::io(e.to_string()))?;
+    let port = create_veth(
+        nl,
+        &node,
+        &name,
+        &BridgeConfig {
+            mac: None,
+            ..cfg.clone()
+        },
+    )
+    .map_err(|e| e.context(format!("failed to create vlan gateway {name:?}")))?;
+    attach_port(nl, &port, bridge, cfg)?;
+    let gateway = nl.require_link(&name).map_err(netlink_error)?;
+    nl.set_up(&gateway).map_err(netlink_error)?;
+    nl.require_link(&name).map_err(netlink_error)
+}
+
 /// Forwarding for a family, in the node's namespace.
 pub fn enable_forwarding(v4: bool) -> Result<()> {
     let key = if v4 {
@@ -188,4 +220,14 @@ pub fn enable_forwarding(v4: bool) -> Result<()> {
         "net/ipv6/conf/all/forwarding"
     };
     sysctl::write(key, "1").map_err(|e| Error::io(format!("could not enable forwarding: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vlan_gateway_interfaces_are_named_like_the_reference() {
+        assert_eq!(vlan_gateway_name("cni0", 100), "cni0.100");
+    }
 }

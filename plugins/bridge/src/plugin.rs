@@ -166,6 +166,7 @@ impl Plugin for Bridge {
         }
 
         let mut result = CniResult::default();
+        let mut vlan_interface = None;
         if let Some(ipam) = &cfg.ipam_type {
             let leased = delegate_add(ipam, &req.stdin, &req.env.path)?;
             undo.push("the IPAM lease", || {
@@ -191,8 +192,15 @@ impl Plugin for Bridge {
                 cfg.enable_dad,
             )?;
             if cfg.is_gateway {
+                let holder = if cfg.vlan != 0 && !plan.bridge_addresses.is_empty() {
+                    let vlan_gateway = host::ensure_vlan_gateway(&host_nl, &bridge, &cfg)?;
+                    vlan_interface = Some(vlan_gateway.name.clone());
+                    vlan_gateway
+                } else {
+                    bridge.clone()
+                };
                 for gateway in &plan.bridge_addresses {
-                    host::ensure_gateway_address(&host_nl, &bridge, *gateway, cfg.force_address)?;
+                    host::ensure_gateway_address(&host_nl, &holder, *gateway, cfg.force_address)?;
                 }
                 for v4 in [true, false] {
                     if plan.bridge_addresses.iter().any(|g| g.is_ipv4() == v4) {
@@ -226,6 +234,13 @@ impl Plugin for Bridge {
             interface(&host_veth, None),
             interface(&container, Some(&sandbox)),
         ];
+        // The reference lists the VLAN gateway interface fourth.
+        if let Some(name) = vlan_interface {
+            result.interfaces.push(interface(
+                &host_nl.require_link(&name).map_err(netlink_error)?,
+                None,
+            ));
+        }
         if let Some(dns) = configured_dns(&req.conf) {
             result.dns = dns;
         }
