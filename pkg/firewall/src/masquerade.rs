@@ -177,20 +177,23 @@ pub fn setup(network: &str, container_id: &str, addresses: &[IpNetwork]) -> Resu
     Ok(())
 }
 
-/// Removes a container's masquerade in both families (DEL may not know
-/// which the pod had): one read and, if anything is there, one batch each.
-pub fn teardown(network: &str, container_id: &str) -> Result<()> {
+/// Removes a container's masquerade in the given families (both when DEL
+/// cannot know which the pod had): one read and, if anything is there, one
+/// batch each. Returns whether anything was removed.
+pub fn teardown(network: &str, container_id: &str, families: &[Family]) -> Result<bool> {
     let chain = chain_name(network, container_id);
-    for family in [Family::V4, Family::V6] {
+    let mut removed = false;
+    for family in families {
         if exec::find(family.save()).is_none() {
             continue;
         }
-        let table = read_nat(family)?;
+        let table = read_nat(*family)?;
         if let Some(input) = render_teardown(&table, std::slice::from_ref(&chain)) {
-            restore(family, &input)?;
+            restore(*family, &input)?;
+            removed = true;
         }
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// Removes the masquerade of every container of `network` not in `keep`.

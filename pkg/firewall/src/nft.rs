@@ -188,15 +188,16 @@ pub fn setup(network: &str, ifname: &str, container_id: &str, addresses: &[IpNet
     apply(&render_setup(&state, network, ifname, container_id, addresses))
 }
 
-/// Removes an instance's rules; a machine without nft has none.
-pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
+/// Removes an instance's rules (a machine without nft has none). Returns
+/// whether anything was removed.
+pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<bool> {
     if exec::find("nft").is_none() {
-        return Ok(());
+        return Ok(false);
     }
     let state = read()?;
     match render_delete(&state, |_| false, &instance_hash(network, ifname, container_id)) {
-        Some(transaction) => apply(&transaction),
-        None => Ok(()),
+        Some(transaction) => apply(&transaction).map(|()| true),
+        None => Ok(false),
     }
 }
 

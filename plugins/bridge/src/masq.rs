@@ -22,11 +22,20 @@ pub fn setup(cfg: &BridgeConfig, network: &str, att: &Attachment, addresses: &[I
     .map_err(|e| firewall_error(e).context("failed to set up IP masquerade"))
 }
 
-/// Removes a container's masquerade from both backends: the configuration
-/// may have changed since ADD, and the reference does the same.
-pub fn teardown(network: &str, att: &Attachment) -> Result<()> {
-    masquerade::teardown(network, &att.container_id)
-        .and_then(|()| nft::teardown(network, &att.ifname, &att.container_id))
+/// Removes a container's masquerade: from the configured backend, and from
+/// the other one only when the configured one had nothing (the
+/// configuration may have changed since ADD; the reference always tries
+/// both, which costs a read of each on every DEL). `families` are those the
+/// pod had, when known.
+pub fn teardown(cfg: &BridgeConfig, network: &str, att: &Attachment, families: &[Family]) -> Result<()> {
+    let iptables = || masquerade::teardown(network, &att.container_id, families);
+    let nftables = || nft::teardown(network, &att.ifname, &att.container_id);
+    let outcome = match cfg.masq_backend {
+        MasqBackend::Iptables => iptables().and_then(|found| if found { Ok(true) } else { nftables() }),
+        MasqBackend::Nftables => nftables().and_then(|found| if found { Ok(true) } else { iptables() }),
+    };
+    outcome
+        .map(drop)
         .map_err(|e| firewall_error(e).context("failed to tear down IP masquerade"))
 }
 

@@ -8,7 +8,7 @@ use cni::exec::{delegate, delegate_add};
 use cni::result::{Interface, IpConfig, Route};
 use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
-use firewall::spoofcheck;
+use firewall::{Family, spoofcheck};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
 use netns::NetNs;
@@ -210,9 +210,10 @@ impl Plugin for Bridge {
             }
             if cfg.ip_masq {
                 masq::setup(&cfg, &req.conf.name, att, &addresses)?;
-                let network = req.conf.name.as_str();
+                let (cfg, network) = (&cfg, req.conf.name.as_str());
+                let families = families_of(&addresses);
                 undo.push("the masquerade rules", move || {
-                    masq::teardown(network, att).map_err(|e| e.to_string())
+                    masq::teardown(cfg, network, att, &families).map_err(|e| e.to_string())
                 });
             }
             result.ips = plan.ips;
@@ -250,33 +251,44 @@ impl Plugin for Bridge {
 
     fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        // Deleting a veth waits for the kernel (about as long as the rest of
+        // DEL together), so it runs beside the IPAM and firewall work.
+        let link_removal = att.netns.clone().map(|path| {
+            let ifname = att.ifname.clone();
+            std::thread::spawn(move || remove_container_link(&path, &ifname))
+        });
         // Teardown goes on past failures and reports all of them.
         let mut failures: Vec<Error> = Vec::new();
-        if let Some(path) = &att.netns {
-            match NetNs::open(path) {
-                Ok(ns) => {
-                    if let Err(e) = remove_container_link(&ns, &att.ifname) {
-                        failures.push(e);
-                    }
-                }
-                Err(e) if e.is_gone() => {}
-                Err(e) => failures.push(Error::io(e.to_string())),
-            }
-        }
         if let Some(ipam) = &cfg.ipam_type
             && let Err(e) = delegate(ipam, Command::Del, &req.stdin, &req.env.path)
         {
             failures.push(e);
         }
-        if cfg.ip_masq
-            && let Err(e) = masq::teardown(&req.conf.name, att)
-        {
-            failures.push(e);
+        if cfg.ip_masq {
+            // The cached result says which families the pod had; CRI's last
+            // DEL and `ctr run --rm` may not send it, then both are looked at.
+            let known = req.conf.prev_result().ok().flatten().map(|prev| {
+                let addresses: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
+                families_of(&addresses)
+            });
+            let families = known
+                .filter(|f| !f.is_empty())
+                .unwrap_or_else(|| vec![Family::V4, Family::V6]);
+            if let Err(e) = masq::teardown(&cfg, &req.conf.name, att, &families) {
+                failures.push(e);
+            }
         }
         if cfg.macspoofchk
             && let Err(e) = spoofcheck::teardown(&spoofcheck::reference_id(&att.container_id, &att.ifname))
         {
             failures.push(firewall_error(e).context("failed to tear down MAC spoof checking"));
+        }
+        if let Some(removal) = link_removal {
+            match removal.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.insert(0, e),
+                Err(_) => failures.insert(0, Error::internal("removing the container interface panicked")),
+            }
         }
         combine(failures)
     }
@@ -379,14 +391,24 @@ impl Plugin for Bridge {
     }
 }
 
-/// Deletes the container end (the host end goes with it); already gone is
-/// fine.
-fn remove_container_link(ns: &NetNs, ifname: &str) -> Result<()> {
-    let nl = Netlink::connect_in(ns).map_err(netlink_error)?;
+/// Deletes the container end (the host end goes with it); a namespace or
+/// interface already gone is fine.
+fn remove_container_link(netns: &std::path::Path, ifname: &str) -> Result<()> {
+    let ns = match NetNs::open(netns) {
+        Ok(ns) => ns,
+        Err(e) if e.is_gone() => return Ok(()),
+        Err(e) => return Err(Error::io(e.to_string())),
+    };
+    let nl = Netlink::connect_in(&ns).map_err(netlink_error)?;
     match nl.link_by_name(ifname).map_err(netlink_error)? {
         Some(link) => nl.delete_link(&link).map_err(netlink_error),
         None => Ok(()),
     }
+}
+
+fn families_of(addresses: &[IpNetwork]) -> Vec<Family> {
+    let families: std::collections::BTreeSet<Family> = addresses.iter().map(Family::of).collect();
+    families.into_iter().collect()
 }
 
 /// One error for several: the first one's code, every message.
