@@ -8,7 +8,7 @@ PREFIX ?= /opt/cni/bin
 BINDIR ?= /usr/local/bin
 DESTDIR ?=
 
-PLUGINS := loopback bridge host-local
+PLUGINS := loopback bridge host-local istio-redirect
 TOOLS := cnictl
 
 # Static binaries run on any node image (kind, minikube, containerd hosts).

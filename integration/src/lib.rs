@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod api_server;
+
 /// Where `ip netns` keeps its namespace files.
 const NETNS_DIR: &str = "/run/netns";
 /// Every namespace the harness makes starts with this, then the owning pid.
@@ -169,6 +171,22 @@ pub fn spawn_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)
         pipe.write_all(stdin.as_bytes()).ok();
     }
     child
+}
+
+/// Runs `program args` inside `netns` as `uid`/`gid` (nsenter's
+/// --setuid/--setgid), for owner-matched firewall rules.
+pub fn run_as(netns: &Path, uid: u32, program: &Path, args: &[&str]) -> Run {
+    let what = format!("(uid {uid}) {} {}", program.display(), args.join(" "));
+    let output = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg(format!("--setuid={uid}"))
+        .arg(format!("--setgid={uid}"))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    Run::from_output(what, output)
 }
 
 /// Waits for a started command and collects what it printed.

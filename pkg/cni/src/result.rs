@@ -286,7 +286,10 @@ impl CniResult {
                 })
         };
         let (ip4, ip6) = (first_of(true), first_of(false));
-        if ip4.is_none() && ip6.is_none() {
+        // An empty result (a chained plugin with nothing before it) is
+        // printed as such; only content that 0.1/0.2 cannot carry fails.
+        let empty = self.interfaces.is_empty() && self.routes.is_empty();
+        if ip4.is_none() && ip6.is_none() && !empty {
             return Err(Error::new(
                 Code::IncompatibleVersion,
                 "cannot convert: no valid IP addresses",
@@ -468,6 +471,14 @@ mod tests {
         assert_eq!(err.msg, "cannot convert: no valid IP addresses");
         assert!(err.has_code(Code::IncompatibleVersion));
         assert!(r.to_value(Version::V0_3_1).is_ok());
+    }
+
+    #[test]
+    fn an_empty_result_prints_in_every_version() {
+        for v in Version::ALL {
+            let doc = CniResult::default().to_value(v).expect("converts");
+            assert_eq!(doc, json!({"cniVersion": v.as_str(), "dns": {}}), "{v}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! namespace, like every child process.
 
 pub mod exec;
+pub mod istio;
 pub mod masquerade;
 pub mod nft;
 pub mod spoofcheck;

@@ -151,6 +151,20 @@ impl Netlink {
             .map_err(netlink_err(format!("set link {:?} down", link.name)))
     }
 
+    /// Every address in the namespace with its link index, in the kernel's
+    /// order (IPv4 first, then IPv6, each by link).
+    pub fn all_addresses(&self) -> Result<Vec<(u32, IpNetwork)>> {
+        let request = self.handle.address().get().execute();
+        let messages: Vec<AddressMessage> = self
+            .runtime
+            .block_on(request.try_collect())
+            .map_err(netlink_err("list addresses"))?;
+        Ok(messages
+            .iter()
+            .filter_map(|m| Some((m.header.index, address_from(m)?)))
+            .collect())
+    }
+
     /// Every address on `link`, with its prefix length.
     pub fn addresses(&self, link: &Link) -> Result<Vec<IpNetwork>> {
         let request = self

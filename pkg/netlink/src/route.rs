@@ -145,6 +145,57 @@ impl Netlink {
     }
 }
 
+impl Netlink {
+    /// `ip [-6] rule add fwmark <mark> lookup <table>`; an identical rule
+    /// already there is not an error.
+    pub fn add_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<()> {
+        use rtnetlink::packet_route::rule::RuleAction;
+        let request = self
+            .handle
+            .rule()
+            .add()
+            .fw_mark(mark)
+            .table_id(table)
+            .action(RuleAction::ToTable);
+        let op = format!("add rule fwmark {mark} lookup {table}");
+        let outcome = if v4 {
+            self.runtime.block_on(request.v4().execute())
+        } else {
+            self.runtime.block_on(request.v6().execute())
+        };
+        match outcome.map_err(netlink_err(op)) {
+            Err(e) if e.errno() == Some(crate::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `ip [-6] route add local <any>/0 dev <link> table <table>`.
+    pub fn add_local_default_route(&self, v4: bool, link: &Link, table: u32) -> Result<()> {
+        let any: IpAddr = if v4 {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let op = format!("add local route {any}/0 table {table}");
+        let message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(any, 0)
+            .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?
+            .output_interface(link.index)
+            .table_id(table)
+            .scope(RouteScope::Host)
+            .kind(RouteType::Local)
+            .build();
+        match self
+            .runtime
+            .block_on(self.handle.route().add(message).execute())
+            .map_err(netlink_err(op))
+        {
+            Err(e) if e.errno() == Some(crate::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

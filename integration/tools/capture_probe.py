@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Traffic probe for the istio-redirect tests (stdlib only).
+
+listen RECORD PORT...   TCP listeners on 0.0.0.0 and :: for each PORT (and a
+                        UDP one on 15053); every connection or datagram is
+                        recorded in RECORD as "<proto> <port> <original dst>".
+connect HOST PORT [SRC] One TCP connection (from address SRC); exit 0 if it
+                        was accepted.
+udp HOST PORT           One UDP datagram.
+"""
+import socket
+import struct
+import sys
+import threading
+
+SO_ORIGINAL_DST = 80
+# Envoy's listeners are transparent: TPROXY only hands connections to those.
+IP_TRANSPARENT = 19
+IPV6_TRANSPARENT = 75
+
+
+def original_dst(conn, family):
+    if family == socket.AF_INET:
+        raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        port, = struct.unpack_from("!H", raw, 2)
+        return "%s:%d" % (socket.inet_ntop(socket.AF_INET, raw[4:8]), port)
+    raw = conn.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+    port, = struct.unpack_from("!H", raw, 2)
+    return "[%s]:%d" % (socket.inet_ntop(socket.AF_INET6, raw[8:24]), port)
+
+
+def record(path, line):
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def bind_tcp(family, port):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.setsockopt(socket.IPPROTO_IPV6, IPV6_TRANSPARENT, 1)
+    else:
+        s.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+    s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+    s.listen(16)
+    return s
+
+
+def serve_tcp(path, s, family, port):
+    while True:
+        conn, _ = s.accept()
+        try:
+            dst = original_dst(conn, family)
+        except OSError:
+            # No conntrack in this namespace: nothing was translated.
+            local = conn.getsockname()
+            dst = ("%s:%d" if family == socket.AF_INET else "[%s]:%d") % local[:2]
+        record(path, "tcp %d %s" % (port, dst))
+        conn.close()
+
+
+def serve_udp(path, s, port):
+    while True:
+        s.recvfrom(512)
+        record(path, "udp %d" % port)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "listen":
+        path, ports = sys.argv[2], [int(p) for p in sys.argv[3:]]
+        for port in ports:
+            for family in (socket.AF_INET, socket.AF_INET6):
+                s = bind_tcp(family, port)
+                threading.Thread(target=serve_tcp, args=(path, s, family, port), daemon=True).start()
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.bind(("0.0.0.0", 15053))
+        threading.Thread(target=serve_udp, args=(path, u, 15053), daemon=True).start()
+        record(path, "ready")
+        threading.Event().wait()
+    elif mode == "connect":
+        host, port = sys.argv[2], int(sys.argv[3])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            if len(sys.argv) > 4:
+                s.bind((sys.argv[4], 0))
+            s.connect((host, port))
+        except OSError as e:
+            print("connect failed: %s" % e)
+            sys.exit(1)
+        s.close()
+    elif mode == "udp":
+        host, port = sys.argv[2], int(sys.argv[3])
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"probe", (host, port))
+
+
+if __name__ == "__main__":
+    main()

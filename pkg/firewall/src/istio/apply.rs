@@ -1,0 +1,390 @@
+//! Programming a pod's capture rules: one `iptables-restore --noflush` per
+//! family, run inside the pod's network namespace.
+//!
+//! The first attempt creates the ISTIO chains with `-N`, so it fails as a
+//! whole if the pod already has them; only then is the pod's state read. If
+//! it already holds exactly these rules nothing changes; if it holds other
+//! Istio rules they are replaced in one transaction (Istio's plugin fails
+//! there instead).
+
+use std::collections::BTreeMap;
+
+use netns::NetNs;
+
+use super::render::IstioRules;
+use crate::{Error, Family, Result, exec};
+
+/// Which iptables flavour programs the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Legacy,
+    Nft,
+    /// Whatever `iptables-restore` is on the node.
+    Default,
+}
+
+impl Backend {
+    /// An operator's override (Istio's `FORCE_IPTABLES_BINARY`); `auto`
+    /// (or nothing) means detect.
+    pub fn parse(text: &str) -> Result<Option<Backend>> {
+        match text {
+            "" | "auto" => Ok(None),
+            "legacy" => Ok(Some(Backend::Legacy)),
+            "nft" => Ok(Some(Backend::Nft)),
+            other => Err(Error::Invalid(format!(
+                "unknown iptables backend {other:?}: expected auto, legacy or nft"
+            ))),
+        }
+    }
+
+    fn tool(self, family: Family, action: &str) -> String {
+        let base = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        match self {
+            Backend::Legacy => format!("{base}-legacy-{action}"),
+            Backend::Nft => format!("{base}-nft-{action}"),
+            Backend::Default => format!("{base}-{action}"),
+        }
+    }
+}
+
+/// Istio's choice, made from inside the pod's namespace (the calling thread
+/// must be in it): legacy only where legacy tables already exist there,
+/// else iptables-nft when installed, else plain iptables. The legacy test
+/// reads `/proc/thread-self/net/ip*_tables_names` instead of running
+/// `iptables-legacy-save`: no process on the ADD path.
+pub fn detect(family: Family) -> Backend {
+    let names = match family {
+        Family::V4 => "ip_tables_names",
+        Family::V6 => "ip6_tables_names",
+    };
+    let legacy_in_use = std::fs::read_to_string(format!("/proc/thread-self/net/{names}"))
+        .is_ok_and(|tables| !tables.trim().is_empty());
+    if legacy_in_use && exec::find(&Backend::Legacy.tool(family, "restore")).is_some() {
+        Backend::Legacy
+    } else if exec::find(&Backend::Nft.tool(family, "restore")).is_some() {
+        Backend::Nft
+    } else {
+        Backend::Default
+    }
+}
+
+/// What applying did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Applied,
+    Unchanged,
+    Replaced,
+}
+
+/// A pod's tables as `iptables-save` shows them: user chains and rules.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    tables: BTreeMap<String, (Vec<String>, Vec<String>)>,
+}
+
+const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+
+/// Rules in built-in chains that are Istio's: jumps to its chains, its
+/// marks, and the per-interface RETURNs it puts in front.
+fn istio_shaped(rule: &str) -> bool {
+    let chain = rule.split_whitespace().nth(1).unwrap_or_default();
+    if !BUILTIN.contains(&chain) {
+        return rule
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|c| c.starts_with("ISTIO"));
+    }
+    let words: Vec<&str> = rule.split_whitespace().collect();
+    rule.contains(" -j ISTIO")
+        || rule.contains("0x539")
+        || rule.contains("0x53a")
+        || (words.len() == 6 && matches!(words[2], "-i" | "-o") && rule.ends_with("-j RETURN"))
+}
+
+impl Saved {
+    pub fn parse(save: &str) -> Self {
+        let mut tables: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+        let mut current = String::new();
+        for line in save.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                current = name.trim().to_owned();
+                tables.entry(current.clone()).or_default();
+            } else if let Some(decl) = line.strip_prefix(':') {
+                let chain = decl.split_whitespace().next().unwrap_or_default();
+                if !BUILTIN.contains(&chain) {
+                    tables
+                        .entry(current.clone())
+                        .or_default()
+                        .0
+                        .push(chain.to_owned());
+                }
+            } else if line.starts_with("-A ") {
+                tables.entry(current.clone()).or_default().1.push(line.to_owned());
+            }
+        }
+        Saved { tables }
+    }
+
+    fn istio_chains(&self, table: &str) -> Vec<&str> {
+        self.tables
+            .get(table)
+            .map(|(chains, _)| {
+                chains
+                    .iter()
+                    .filter(|c| c.starts_with("ISTIO"))
+                    .map(String::as_str)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn istio_rules(&self, table: &str) -> Vec<&str> {
+        self.tables
+            .get(table)
+            .map(|(_, rules)| {
+                rules
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|r| istio_shaped(r))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn has_istio(&self) -> bool {
+        self.tables
+            .keys()
+            .any(|t| !self.istio_chains(t).is_empty() || !self.istio_rules(t).is_empty())
+    }
+
+    /// Whether the pod holds exactly `rules`: same chains, same rules in the
+    /// same order, and no other Istio table.
+    pub fn holds_exactly(&self, rules: &IstioRules) -> bool {
+        let tables: Vec<&str> = self
+            .tables
+            .keys()
+            .map(String::as_str)
+            .filter(|t| !self.istio_chains(t).is_empty() || !self.istio_rules(t).is_empty())
+            .collect();
+        let expected: Vec<&str> = rules.tables.iter().map(|t| t.name).collect();
+        let same_tables =
+            tables.iter().all(|t| expected.contains(t)) && expected.iter().all(|t| tables.contains(t));
+        same_tables
+            && rules.tables.iter().all(|t| {
+                let mut chains = self.istio_chains(t.name);
+                chains.sort_unstable();
+                chains == t.chains
+                    && self.istio_rules(t.name) == t.rules.iter().map(String::as_str).collect::<Vec<_>>()
+            })
+    }
+
+    /// Expected rules that are not there.
+    pub fn missing<'a>(&self, rules: &'a IstioRules) -> Vec<&'a str> {
+        rules
+            .lines()
+            .filter(|(table, rule)| {
+                !self
+                    .tables
+                    .get(*table)
+                    .is_some_and(|(_, present)| present.iter().any(|p| p == rule))
+            })
+            .map(|(_, rule)| rule)
+            .collect()
+    }
+
+    /// One transaction that swaps whatever Istio rules the pod has for
+    /// `rules`.
+    pub fn replacement(&self, rules: &IstioRules) -> String {
+        let mut names: std::collections::BTreeSet<&str> = rules.tables.iter().map(|t| t.name).collect();
+        names.extend(
+            self.tables
+                .keys()
+                .map(String::as_str)
+                .filter(|t| !self.istio_chains(t).is_empty()),
+        );
+        let mut out = String::new();
+        for name in names {
+            let wanted = rules.tables.iter().find(|t| t.name == name);
+            let wanted_chains: Vec<&str> = wanted.map(|t| t.chains.clone()).unwrap_or_default();
+            out.push_str(&format!("*{name}\n"));
+            for rule in self
+                .istio_rules(name)
+                .iter()
+                .filter(|r| BUILTIN.contains(&r.split_whitespace().nth(1).unwrap_or_default()))
+            {
+                out.push_str(&rule.replacen("-A ", "-D ", 1));
+                out.push('\n');
+            }
+            let stale: Vec<&str> = self
+                .istio_chains(name)
+                .into_iter()
+                .filter(|c| !wanted_chains.contains(c))
+                .collect();
+            for chain in &stale {
+                out.push_str(&format!("-F {chain}\n"));
+            }
+            for chain in &stale {
+                out.push_str(&format!("-X {chain}\n"));
+            }
+            for chain in &wanted_chains {
+                out.push_str(&format!(":{chain} - [0:0]\n"));
+            }
+            for rule in wanted.map(|t| t.rules.as_slice()).unwrap_or_default() {
+                out.push_str(rule);
+                out.push('\n');
+            }
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
+}
+
+/// Istio scopes the legacy xtables lock to the pod (the node's lock is
+/// contended by kube-proxy); iptables-nft takes none.
+fn lock_env(backend: Backend, ns: &NetNs) -> Vec<(&'static str, String)> {
+    match backend {
+        Backend::Legacy => vec![("XTABLES_LOCKFILE", ns.path().display().to_string())],
+        _ => Vec::new(),
+    }
+}
+
+fn run(
+    ns: &NetNs,
+    program: &str,
+    args: &[&str],
+    input: &str,
+    env: &[(&'static str, String)],
+) -> Result<String> {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let _inside = ns.enter().map_err(|e| Error::Invalid(e.to_string()))?;
+    exec::run_with(program, args, input, &env, true)
+}
+
+fn restore_args(backend: Backend) -> Vec<&'static str> {
+    match backend {
+        Backend::Legacy => vec!["--noflush", "--wait"],
+        _ => vec!["--noflush"],
+    }
+}
+
+/// Reads the pod's tables.
+pub fn read(ns: &NetNs, family: Family, backend: Backend) -> Result<Saved> {
+    run(ns, &backend.tool(family, "save"), &[], "", &lock_env(backend, ns)).map(|text| Saved::parse(&text))
+}
+
+/// Programs `rules` for one family (see the module docs).
+pub fn apply(ns: &NetNs, family: Family, rules: &IstioRules, backend: Backend) -> Result<Outcome> {
+    let env = lock_env(backend, ns);
+    let restore = backend.tool(family, "restore");
+    let args = restore_args(backend);
+    let first = match run(ns, &restore, &args, &rules.restore_fresh(), &env) {
+        Ok(_) => return Ok(Outcome::Applied),
+        Err(e) => e,
+    };
+    let current = read(ns, family, backend)?;
+    if !current.has_istio() {
+        return Err(first);
+    }
+    if current.holds_exactly(rules) {
+        return Ok(Outcome::Unchanged);
+    }
+    run(ns, &restore, &args, &current.replacement(rules), &env).map(|_| Outcome::Replaced)
+}
+
+/// Picks the backend for a family, entering the pod's namespace to look.
+pub fn backend_for(ns: &NetNs, family: Family, forced: Option<Backend>) -> Result<Backend> {
+    if let Some(backend) = forced {
+        return Ok(backend);
+    }
+    ns.run(|| detect(family))
+        .map_err(|e| Error::Invalid(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::istio::{Mode, Redirect, render};
+
+    fn saved_from(rules: &IstioRules) -> String {
+        let mut out = String::new();
+        for t in &rules.tables {
+            out.push_str(&format!(
+                "*{}\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n",
+                t.name
+            ));
+            for c in &t.chains {
+                out.push_str(&format!(":{c} - [0:0]\n"));
+            }
+            for r in &t.rules {
+                out.push_str(r);
+                out.push('\n');
+            }
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
+
+    #[test]
+    fn exact_rules_are_recognised() {
+        let rules = render(&Redirect::default(), Family::V4);
+        let saved = Saved::parse(&saved_from(&rules));
+        assert!(saved.has_istio());
+        assert!(saved.holds_exactly(&rules));
+        assert!(saved.missing(&rules).is_empty());
+        let other = render(
+            &Redirect {
+                dns_capture: true,
+                ..Redirect::default()
+            },
+            Family::V4,
+        );
+        assert!(!saved.holds_exactly(&other));
+        assert!(!saved.missing(&other).is_empty());
+        assert!(!Saved::parse("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n").has_istio());
+    }
+
+    #[test]
+    fn replacement_swaps_old_istio_rules_in_one_transaction() {
+        let old = render(
+            &Redirect {
+                mode: Mode::Tproxy,
+                ..Redirect::default()
+            },
+            Family::V4,
+        );
+        let new = render(&Redirect::default(), Family::V4);
+        let text = Saved::parse(&saved_from(&old)).replacement(&new);
+        // The old mangle table: its jumps go, its chains are emptied and removed.
+        let mangle = &text[..text.find("*nat").expect("nat follows")];
+        assert!(mangle.starts_with("*mangle\n-D PREROUTING -p tcp -j ISTIO_INBOUND\n"));
+        assert!(mangle.contains("-D OUTPUT -o lo -p tcp -m mark --mark 0x539 -j RETURN"));
+        assert!(mangle.contains("-F ISTIO_TPROXY\n") && mangle.contains("-X ISTIO_TPROXY\n"));
+        // nat: the old OUTPUT jump is removed before the chains are redeclared.
+        let nat = &text[text.find("*nat").expect("nat")..];
+        assert!(nat.starts_with("*nat\n-D OUTPUT -j ISTIO_OUTPUT\n:ISTIO_INBOUND - [0:0]\n"));
+        assert!(nat.contains("-A PREROUTING -p tcp -j ISTIO_INBOUND\n"));
+    }
+
+    #[test]
+    fn foreign_rules_in_builtin_chains_are_left_alone() {
+        assert!(!istio_shaped("-A POSTROUTING -s 10.0.0.0/8 -j MASQUERADE"));
+        assert!(istio_shaped("-A PREROUTING -i eth9 -j RETURN"));
+        assert!(istio_shaped("-A OUTPUT -j ISTIO_OUTPUT"));
+        assert!(istio_shaped("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"));
+    }
+
+    #[test]
+    fn backend_overrides() {
+        assert_eq!(Backend::parse("auto").expect("valid"), None);
+        assert_eq!(Backend::parse("legacy").expect("valid"), Some(Backend::Legacy));
+        assert!(Backend::parse("nope").is_err());
+        assert_eq!(
+            Backend::Legacy.tool(Family::V6, "restore"),
+            "ip6tables-legacy-restore"
+        );
+        assert_eq!(Backend::Default.tool(Family::V4, "save"), "iptables-save");
+    }
+}

@@ -1,0 +1,78 @@
+//! A small, blocking Kubernetes API client for CNI plugins: one GET per
+//! call, TLS checked against the cluster CA from the kubeconfig, bearer
+//! token or client certificate, and name resolution that never touches NSS
+//! (the binaries are static; glibc's NSS modules cannot be loaded there).
+
+mod config;
+mod http;
+pub mod resolve;
+
+use std::path::Path;
+use std::time::Duration;
+
+pub use config::Credentials;
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubeconfig {path}: {reason}")]
+    Config { path: String, reason: String },
+    #[error("cannot resolve {0}")]
+    Resolve(String),
+    #[error("{0}")]
+    Connection(String),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the API server answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("unreadable answer: {0}")]
+    Protocol(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A client for one API server, as a kubeconfig describes it.
+#[derive(Debug, Clone)]
+pub struct Client {
+    server: http::Server,
+    credentials: Credentials,
+    timeout: Duration,
+}
+
+impl Client {
+    pub fn from_kubeconfig(path: &Path) -> Result<Self> {
+        let loaded = config::load(path)?;
+        Ok(Client {
+            server: http::Server::new(&loaded.server, &loaded.ca_pem, &loaded.credentials)?,
+            credentials: loaded.credentials,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// `GET path`; any status but 200 is an error carrying the status.
+    pub fn get_json(&self, path: &str) -> Result<Value> {
+        let (status, body) = self
+            .server
+            .get(path, self.credentials.token.as_deref(), self.timeout)?;
+        let text = String::from_utf8_lossy(&body);
+        if status != 200 {
+            let message = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| text.trim().chars().take(200).collect());
+            return Err(Error::Status {
+                status,
+                body: message,
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| Error::Protocol(e.to_string()))
+    }
+
+    pub fn get_pod(&self, namespace: &str, name: &str) -> Result<Value> {
+        self.get_json(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+    }
+
+    pub fn server_url(&self) -> &str {
+        self.server.url()
+    }
+}

@@ -1,0 +1,138 @@
+//! The plugin entry: Istio's own fields (so an install switches by changing
+//! `type`), and ours. Unknown fields are ignored; a field with a wrong value
+//! is a code 7 error that names it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cni::{Error, NetConf, Result};
+use firewall::istio::apply::Backend;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::annotations::Proxy;
+
+/// Where Istio's install puts the plugin's kubeconfig.
+pub const DEFAULT_RUN_DIR: &str = "/var/run/istio-cni";
+pub const KUBECONFIG_FILE: &str = "istio-cni-kubeconfig";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IstioConfig {
+    pub log_level: Option<String>,
+    pub kubeconfig: PathBuf,
+    pub exclude_namespaces: Vec<String>,
+    pub pod_namespace: Option<String>,
+    pub native_nftables: bool,
+    /// What annotations cannot carry, used when the pod comes from
+    /// annotations (the API gives the real values).
+    pub proxy: Proxy,
+    /// Settings for pods without Kubernetes arguments (cnitool, plain
+    /// containerd): annotation names without their prefixes.
+    pub redirect: Option<BTreeMap<String, String>>,
+    pub backend: Option<Backend>,
+    pub api_attempts: u32,
+    pub api_retry_delay: Duration,
+}
+
+fn field<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| Error::invalid_config(format!("invalid {key}: {e}"))),
+    }
+}
+
+impl IstioConfig {
+    pub fn load(conf: &NetConf) -> Result<Self> {
+        let doc = conf.raw();
+        let run_dir: String = field(doc, "cni_agent_run_dir")?.unwrap_or_else(|| DEFAULT_RUN_DIR.to_owned());
+        let kubeconfig = field::<String>(doc, "kubeconfig")?
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(run_dir).join(KUBECONFIG_FILE));
+        let defaults = Proxy::default();
+        let backend = match field::<String>(doc, "iptables_backend")? {
+            Some(text) => Backend::parse(&text)
+                .map_err(|e| Error::invalid_config(format!("invalid iptables_backend: {e}")))?,
+            None => None,
+        };
+        Ok(IstioConfig {
+            log_level: field(doc, "plugin_log_level")?,
+            kubeconfig,
+            exclude_namespaces: field(doc, "exclude_namespaces")?.unwrap_or_default(),
+            pod_namespace: field::<String>(doc, "pod_namespace")?.filter(|s| !s.is_empty()),
+            native_nftables: field(doc, "native_nftables")?.unwrap_or(false),
+            proxy: Proxy {
+                uid: field(doc, "proxy_uid")?.unwrap_or(defaults.uid),
+                gid: field(doc, "proxy_gid")?.unwrap_or(defaults.gid),
+                dns_capture: field(doc, "dns_capture")?.unwrap_or(defaults.dns_capture),
+                dual_stack: field(doc, "dual_stack")?.unwrap_or(defaults.dual_stack),
+                invalid_drop: field(doc, "invalid_drop")?.unwrap_or(defaults.invalid_drop),
+            },
+            redirect: field(doc, "redirect")?,
+            backend,
+            api_attempts: field::<u32>(doc, "api_attempts")?.unwrap_or(30).max(1),
+            api_retry_delay: Duration::from_millis(field(doc, "api_retry_delay_ms")?.unwrap_or(1000)),
+        })
+    }
+
+    /// Istio's `plugin_log_level` in our logger's terms.
+    pub fn log_level(&self) -> Option<&str> {
+        self.log_level.as_deref().map(|level| match level {
+            "none" => "off",
+            other => other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn load(extra: Value) -> Result<IstioConfig> {
+        let mut doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "istio-redirect"});
+        if let (Some(d), Value::Object(e)) = (doc.as_object_mut(), extra) {
+            d.extend(e);
+        }
+        IstioConfig::load(&NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf"))
+    }
+
+    #[test]
+    fn istios_own_entry_is_accepted() {
+        let c = load(json!({"ambient_enabled": false, "cni_agent_run_dir": "/run/istio-cni", "dns": {},
+            "enable_ambient_detection_retry": false, "enablement_selectors": [], "exclude_namespaces": ["kube-system"],
+            "ipam": {}, "native_nftables": false, "plugin_log_level": "debug", "pod_namespace": "istio-system"}))
+        .expect("valid");
+        assert_eq!(c.kubeconfig, PathBuf::from("/run/istio-cni/istio-cni-kubeconfig"));
+        assert_eq!(c.exclude_namespaces, ["kube-system"]);
+        assert_eq!(c.pod_namespace.as_deref(), Some("istio-system"));
+        assert_eq!(c.log_level(), Some("debug"));
+        assert_eq!(c.proxy, Proxy::default());
+        assert_eq!((c.api_attempts, c.api_retry_delay), (30, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn ours_override_and_errors_name_the_field() {
+        let c = load(json!({"kubeconfig": "/etc/kc", "proxy_uid": 1000, "dns_capture": true,
+            "redirect": {"interceptionMode": "TPROXY"}, "iptables_backend": "nft", "exclude_namespaces": null}))
+        .expect("valid");
+        assert_eq!(c.kubeconfig, PathBuf::from("/etc/kc"));
+        assert_eq!((c.proxy.uid, c.proxy.dns_capture), (1000, true));
+        assert_eq!(c.backend, Some(Backend::Nft));
+        assert!(c.exclude_namespaces.is_empty());
+        for (bad, key) in [
+            (json!({"proxy_uid": "x"}), "proxy_uid"),
+            (json!({"exclude_namespaces": "kube-system"}), "exclude_namespaces"),
+            (json!({"redirect": ["x"]}), "redirect"),
+            (json!({"iptables_backend": "ebtables"}), "iptables_backend"),
+            (json!({"native_nftables": "yes"}), "native_nftables"),
+        ] {
+            let err = load(bad).expect_err(key);
+            assert!(err.has_code(cni::Code::InvalidConfig));
+            assert!(err.msg.starts_with(&format!("invalid {key}")), "{}", err.msg);
+        }
+    }
+}

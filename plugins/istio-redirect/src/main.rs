@@ -1,0 +1,15 @@
+//! `istio-redirect`: chained last, programs Istio's sidecar traffic capture
+//! inside the pod's network namespace, so pods need no privileged
+//! `istio-init` container.
+
+mod annotations;
+mod config;
+mod kube;
+mod plugin;
+mod pod;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    cni::skel::run(&plugin::IstioRedirect)
+}

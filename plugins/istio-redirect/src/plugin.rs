@@ -1,0 +1,238 @@
+//! The verbs: decide whether and how a pod is captured, then program it.
+
+use std::net::IpAddr;
+
+use cni::conf::POD_ANNOTATIONS_KEY;
+use cni::error::plugin_codes;
+use cni::skel::NoConfig;
+use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
+use firewall::Family;
+use firewall::istio::apply::{self, Backend, Outcome};
+use firewall::istio::{Mode, Redirect, TPROXY_MARK, TPROXY_TABLE, render};
+use ipnetwork::IpNetwork;
+use netlink::Netlink;
+use netns::NetNs;
+
+use crate::annotations;
+use crate::config::IstioConfig;
+use crate::pod::PodInfo;
+
+/// The CNI_ARGS kubelet and containerd send.
+const K8S_ARGS: [&str; 4] = [
+    "K8S_POD_NAMESPACE",
+    "K8S_POD_NAME",
+    "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID",
+];
+
+pub struct IstioRedirect;
+
+/// What to do with a pod.
+#[derive(Debug)]
+enum Decision {
+    PassThrough(String),
+    Capture(Redirect),
+}
+
+fn config_error(msg: impl Into<String>) -> Error {
+    Error::invalid_config(msg)
+}
+
+fn firewall_error(e: firewall::Error) -> Error {
+    Error::plugin(plugin_codes::FIREWALL, e.to_string())
+}
+
+fn netlink_error(e: netlink::Error) -> Error {
+    Error::plugin(plugin_codes::NETLINK, e.to_string())
+}
+
+/// Istio's order: its own pods, missing Kubernetes arguments (then the
+/// static settings, or nothing), excluded namespaces, the pod's own skip
+/// rules, then its annotations.
+fn decide(req: &Request<NoConfig>, cfg: &IstioConfig) -> Result<Decision> {
+    let args = &req.env.args;
+    args.expect_only(&K8S_ARGS)?;
+    let arg = |key: &str| args.get(key).filter(|v| !v.is_empty());
+    let (Some(namespace), Some(name)) = (arg("K8S_POD_NAMESPACE"), arg("K8S_POD_NAME")) else {
+        return match &cfg.redirect {
+            Some(settings) => {
+                let annotations = annotations::from_static(settings)
+                    .map_err(|e| config_error(format!("invalid redirect: {e}")))?;
+                let redirect = annotations::redirect(&annotations, cfg.proxy)
+                    .map_err(|e| config_error(format!("invalid redirect: {e}")))?;
+                Ok(Decision::Capture(redirect))
+            }
+            None => Ok(Decision::PassThrough(
+                "not a Kubernetes pod and no static redirect configured".into(),
+            )),
+        };
+    };
+    if name.starts_with("istio-cni-node-") && cfg.pod_namespace.as_deref() == Some(namespace) {
+        return Ok(Decision::PassThrough("it is an istio-cni node pod".into()));
+    }
+    if cfg.exclude_namespaces.iter().any(|n| n == namespace) {
+        return Ok(Decision::PassThrough(format!(
+            "namespace {namespace} is excluded"
+        )));
+    }
+    let pod = pod_info(req, cfg, namespace, name)?;
+    if let Some(reason) = pod.skip_reason() {
+        return Ok(Decision::PassThrough(format!("pod {namespace}/{name}: {reason}")));
+    }
+    pod.redirect(&cfg.proxy)
+        .map(Decision::Capture)
+        .map_err(config_error)
+}
+
+/// The pod's annotations from the runtime when the entry declares the
+/// capability and the runtime sent them; otherwise the Kubernetes API.
+fn pod_info(req: &Request<NoConfig>, cfg: &IstioConfig, namespace: &str, name: &str) -> Result<PodInfo> {
+    let conf = &req.conf;
+    if conf.has_capability(POD_ANNOTATIONS_KEY) && conf.runtime_config.get(POD_ANNOTATIONS_KEY).is_some() {
+        return PodInfo::from_annotations(conf.runtime_config.pod_annotations()?).map_err(config_error);
+    }
+    crate::kube::get_pod(cfg, namespace, name).map(|pod| PodInfo::from_api(&pod))
+}
+
+/// Istio's IPv6 decision, from inside the pod: with dual stack, any global
+/// IPv6 address; otherwise the family of the first non-loopback,
+/// non-link-local address.
+fn ipv6_enabled(nl: &Netlink, dual_stack: bool) -> Result<bool> {
+    let addresses: Vec<IpNetwork> = nl
+        .all_addresses()
+        .map_err(netlink_error)?
+        .into_iter()
+        .map(|(_, a)| a)
+        .filter(|a| netlink::ops::is_global_unicast(a.ip()))
+        .collect();
+    Ok(if dual_stack {
+        addresses.iter().any(IpNetwork::is_ipv6)
+    } else {
+        addresses.first().is_some_and(IpNetwork::is_ipv6)
+    })
+}
+
+fn open_netns(att: &Attachment) -> Result<NetNs> {
+    let path = att
+        .netns
+        .as_deref()
+        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))?;
+    NetNs::open(path).map_err(|e| {
+        if e.is_gone() {
+            Error::invalid_env(e.to_string())
+        } else {
+            Error::io(e.to_string())
+        }
+    })
+}
+
+struct Target {
+    ns: NetNs,
+    families: Vec<Family>,
+    backend: Option<Backend>,
+}
+
+fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(Target, Netlink)> {
+    let ns = open_netns(att)?;
+    let nl = Netlink::connect_in(&ns).map_err(netlink_error)?;
+    let mut families = vec![Family::V4];
+    if ipv6_enabled(&nl, redirect.dual_stack)? {
+        families.push(Family::V6);
+    }
+    let backend = if cfg.native_nftables {
+        // The capture is the same through iptables-nft; Istio's own nft
+        // table layout is not reproduced.
+        log::warn!("native_nftables: programming the capture through iptables-nft");
+        Some(Backend::Nft)
+    } else {
+        cfg.backend
+    };
+    Ok((
+        Target {
+            ns,
+            families,
+            backend,
+        },
+        nl,
+    ))
+}
+
+fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<()> {
+    let (target, nl) = target(att, cfg, redirect)?;
+    for family in &target.families {
+        let rules = render(redirect, *family);
+        let backend = apply::backend_for(&target.ns, *family, target.backend).map_err(firewall_error)?;
+        match apply::apply(&target.ns, *family, &rules, backend).map_err(firewall_error)? {
+            Outcome::Applied => {}
+            Outcome::Unchanged => log::info!("capture rules already in place ({family:?})"),
+            Outcome::Replaced => log::warn!("replaced conflicting Istio rules in the pod ({family:?})"),
+        }
+    }
+    let lo = nl.require_link("lo").map_err(netlink_error)?;
+    if target.families.contains(&Family::V6) {
+        // Envoy binds ::6 for inbound forwarding; IPv6 lo only has ::1.
+        let inbound_source: IpAddr = "::6".parse().map_err(|_| Error::internal("::6"))?;
+        nl.add_address(
+            &lo,
+            IpNetwork::new(inbound_source, 128).map_err(|e| Error::internal(e.to_string()))?,
+        )
+        .map_err(netlink_error)?;
+    }
+    if redirect.mode == Mode::Tproxy && redirect.captures_inbound() {
+        for family in &target.families {
+            let v4 = *family == Family::V4;
+            nl.add_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
+                .map_err(netlink_error)?;
+            nl.add_local_default_route(v4, &lo, TPROXY_TABLE)
+                .map_err(netlink_error)?;
+        }
+    }
+    Ok(())
+}
+
+impl Plugin for IstioRedirect {
+    const NAME: &'static str = "istio-redirect";
+    type Config = NoConfig;
+
+    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
+        let cfg = IstioConfig::load(&req.conf)?;
+        if let Some(level) = cfg.log_level() {
+            cni::log::configure(None, Some(level))?;
+        }
+        let result = req.conf.prev_result()?.unwrap_or_default();
+        match decide(req, &cfg)? {
+            Decision::PassThrough(reason) => log::info!("not capturing: {reason}"),
+            Decision::Capture(redirect) => capture(att, &cfg, &redirect)?,
+        }
+        Ok(result)
+    }
+
+    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+        let cfg = IstioConfig::load(&req.conf)?;
+        let Decision::Capture(redirect) = decide(req, &cfg)? else {
+            return Ok(());
+        };
+        let (target, _) = target(att, &cfg, &redirect)?;
+        let mut missing = Vec::new();
+        for family in &target.families {
+            let rules = render(&redirect, *family);
+            let backend = apply::backend_for(&target.ns, *family, target.backend).map_err(firewall_error)?;
+            let saved = apply::read(&target.ns, *family, backend).map_err(firewall_error)?;
+            missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::plugin(
+                plugin_codes::CHECK_FAILED,
+                format!("capture rules missing in the pod: {}", missing.join("; ")),
+            ))
+        }
+    }
+
+    /// The rules live in the pod's namespace and go with it; DEL has
+    /// nothing to undo, and must succeed with no netns and no prevResult.
+    fn del(&self, _req: &Request<NoConfig>, _att: &Attachment) -> Result<()> {
+        Ok(())
+    }
+}
