@@ -2,7 +2,7 @@
 //! directories (runtimes do not always pass a PATH that has them).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::{Error, Result};
@@ -48,7 +48,7 @@ pub fn run_with(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if without_nss {
-        sandbox::hide_nss(&mut command);
+        netns::hide_file_in_child(&mut command, Path::new("/etc/nsswitch.conf"));
     }
     let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
     if let Some(mut pipe) = child.stdin.take() {
@@ -62,43 +62,5 @@ pub fn run_with(
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
         Err(failed(format!("{} ({})", stderr.trim(), output.status)))
-    }
-}
-
-mod sandbox {
-    use std::ffi::CString;
-    use std::os::unix::process::CommandExt;
-    use std::process::Command;
-
-    pub fn hide_nss(command: &mut Command) {
-        let (Ok(root), Ok(null), Ok(nsswitch)) = (
-            CString::new("/"),
-            CString::new("/dev/null"),
-            CString::new("/etc/nsswitch.conf"),
-        ) else {
-            return;
-        };
-        // SAFETY: runs in the forked child before exec and only makes raw
-        // syscalls (unshare, mount) on strings prepared before the fork: no
-        // allocation, no locks. Failures are ignored on purpose: the tool
-        // then runs with the normal NSS configuration.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::unshare(libc::CLONE_NEWNS) == 0 {
-                    let private = libc::MS_REC | libc::MS_PRIVATE;
-                    let flags = std::ptr::null();
-                    if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), private, flags) == 0 {
-                        libc::mount(
-                            null.as_ptr(),
-                            nsswitch.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_BIND,
-                            flags,
-                        );
-                    }
-                }
-                Ok(())
-            });
-        }
     }
 }

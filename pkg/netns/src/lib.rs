@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::statfs::fstatfs;
 
+mod mount;
+
+pub use mount::hide_file_in_child;
+
 /// `NSFS_MAGIC`: the filesystem behind `/proc/<pid>/ns/*` and their bind
 /// mounts under `/run/netns`.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
