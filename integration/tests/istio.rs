@@ -659,13 +659,17 @@ fn pods_are_read_from_the_api_server() {
     assert!(missing.stdout.contains("not found"), "{missing:?}");
     assert_eq!(server.requests(), 4, "two attempts");
 
-    let wrong_token = kubeconfig_in("kc-denied", "127.0.0.1", "wrong");
+    let wrong_token = kubeconfig_in("kc-denied", "127.0.0.1", "tok-wrong-7f3a");
     let denied = Exec::new("ADD", &pod)
         .args(&k8s_args("default", "web-0"))
         .run(&node, &conf(json!({"kubeconfig": wrong_token})))
         .failure();
     assert_eq!(error_code(&denied), 11, "{denied:?}");
     assert!(denied.stdout.contains("401"), "{denied:?}");
+    assert!(
+        !format!("{}{}", denied.stdout, denied.stderr).contains("tok-wrong-7f3a"),
+        "a token never reaches the logs: {denied:?}"
+    );
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let dead_port = closed.local_addr().expect("addr").port();

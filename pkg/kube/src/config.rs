@@ -71,11 +71,22 @@ struct User {
 }
 
 /// How the client proves who it is.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Credentials {
     pub token: Option<String>,
     /// PEM client certificate chain and key.
     pub client_cert: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Says which credentials there are, never what they are, so no `{:?}`
+/// can put a token or key in a log.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("client_cert", &self.client_cert.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 pub struct Loaded {
@@ -175,6 +186,10 @@ mod tests {
         assert_eq!(loaded.server, "https://10.96.0.1:443");
         assert_eq!(loaded.ca_pem, b"CA");
         assert_eq!(loaded.credentials.token.as_deref(), Some("abc"));
+        assert!(
+            !format!("{:?}", loaded.credentials).contains("abc"),
+            "never printed"
+        );
         std::fs::write(&path, "clusters:\n- name: c\n  cluster:\n    server: https://x\n").expect("write");
         assert!(load(&path).is_err(), "a cluster without CA is refused");
         std::fs::remove_dir_all(&dir).ok();
