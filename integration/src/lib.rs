@@ -19,6 +19,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod api_server;
+pub mod probe;
 
 /// Where `ip netns` keeps its namespace files.
 const NETNS_DIR: &str = "/run/netns";

@@ -6,20 +6,17 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::Duration;
+use std::path::Path;
 
 use firewall::Family;
 use firewall::istio::{Mode, Redirect, Selection, render};
 use integration::api_server::ApiServer;
-use integration::{Netns, Node, Run, bin_dir, run_as, run_in, spawn_in, wait_for};
+use integration::probe::Probe;
+use integration::{Netns, Node, Run, bin_dir, run_in};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
 const NETWORK: &str = "mesh";
-const PYTHON: &str = "/usr/bin/python3";
-const PROBE: &str = include_str!("../tools/capture_probe.py");
 const STATUS: &str = "sidecar.istio.io/status";
 const STATUS_JSON: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"revision":"default"}"#;
 
@@ -688,111 +685,6 @@ fn pods_are_read_from_the_api_server() {
 }
 
 // --- traffic -------------------------------------------------------------
-
-/// The probe script in a directory every uid can read.
-struct Probe {
-    dir: TempDir,
-}
-
-impl Probe {
-    fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("cnit-probe-")
-            .tempdir_in("/tmp")
-            .expect("tempdir");
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-        fs::write(dir.path().join("probe.py"), PROBE).expect("write probe");
-        Probe { dir }
-    }
-
-    fn script(&self) -> PathBuf {
-        self.dir.path().join("probe.py")
-    }
-
-    fn script_str(&self) -> String {
-        self.script().to_str().expect("UTF-8").to_owned()
-    }
-
-    /// Listeners in `ns` recording what reaches them.
-    fn listen(&self, ns: &Netns, ports: &[u16]) -> Listener {
-        let record = self.dir.path().join(format!("{}.log", ns.name()));
-        let mut args = vec![
-            self.script_str(),
-            "listen".into(),
-            record.to_str().expect("UTF-8").into(),
-        ];
-        args.extend(ports.iter().map(u16::to_string));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = spawn_in(ns.path(), Path::new(PYTHON), &args, &[], "");
-        let listener = Listener { child, record };
-        wait_for("the probe listeners", Duration::from_secs(10), || {
-            listener.lines().iter().any(|l| l == "ready")
-        });
-        listener
-    }
-
-    /// One TCP connection from `ns` as `uid` (root when `None`), from
-    /// `source` if given.
-    fn connect(&self, ns: &Netns, uid: Option<u32>, host: &str, port: u16, source: Option<&str>) -> Run {
-        let script = self.script_str();
-        let port = port.to_string();
-        let mut args = vec![script.as_str(), "connect", host, &port];
-        args.extend(source);
-        match uid {
-            Some(uid) => run_as(ns.path(), uid, Path::new(PYTHON), &args),
-            None => run_in(ns.path(), Path::new(PYTHON), &args, &[], ""),
-        }
-    }
-
-    fn udp(&self, ns: &Netns, host: &str, port: u16) -> Run {
-        let script = self.script_str();
-        let port = port.to_string();
-        run_in(
-            ns.path(),
-            Path::new(PYTHON),
-            &[&script, "udp", host, &port],
-            &[],
-            "",
-        )
-    }
-}
-
-struct Listener {
-    child: Child,
-    record: PathBuf,
-}
-
-impl Listener {
-    fn lines(&self) -> Vec<String> {
-        fs::read_to_string(&self.record)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn wait_for(&self, line: &str) {
-        wait_for(
-            &format!("{line:?} in {}", self.record.display()),
-            Duration::from_secs(5),
-            || self.lines().iter().any(|l| l == line),
-        );
-    }
-
-    /// Everything recorded, as a sorted list (without the ready marker).
-    fn all(&self) -> Vec<String> {
-        let mut lines: Vec<String> = self.lines().into_iter().filter(|l| l != "ready").collect();
-        lines.sort();
-        lines
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn sorted(lines: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = lines.iter().map(|s| (*s).to_owned()).collect();
