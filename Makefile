@@ -20,9 +20,10 @@ RELEASE_DIR = target/$(TARGET)/release
 
 # Debian packages the build, the tests and the demo use.
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
-	python3 containernetworking-plugins
+	python3 containernetworking-plugins iptables nftables \
+	golang-go golang-github-appc-cni-dev xz-utils
 
-.PHONY: all deps toolchain build fault-bin install install-service uninstall test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall test unit integration lint demo clean
 
 all: build
 
@@ -51,6 +52,12 @@ FAULT_DIR := target/fault
 fault-bin: deps
 	cargo build --locked -p host-local --features fault-injection --target-dir $(FAULT_DIR)
 
+# Go's cnitool, built from Debian's source package of the installed libcni
+# (no binary package ships it), for the interop tests.
+CNITOOL := target/tools/cnitool
+cnitool: deps
+	@[ -x $(CNITOOL) ] || integration/tools/build-cnitool.sh $(CURDIR)/$(CNITOOL)
+
 install: build
 	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR)
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(PLUGINS)) $(DESTDIR)$(PREFIX)/
@@ -73,9 +80,9 @@ unit: deps
 	cargo test --workspace --locked --exclude integration
 
 # End-to-end tests run the static release binaries, as they ship.
-integration: build fault-bin
+integration: build fault-bin cnitool
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local \
-		cargo test --locked -p integration
+		CNI_SUITE_CNITOOL=$(CURDIR)/$(CNITOOL) cargo test --locked -p integration
 
 test: lint unit integration
 

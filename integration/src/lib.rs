@@ -223,6 +223,21 @@ pub fn fault_bin() -> PathBuf {
     path
 }
 
+/// Go's cnitool (`make cnitool`): `CNI_SUITE_CNITOOL`, else
+/// `target/tools/cnitool`.
+pub fn cnitool_bin() -> PathBuf {
+    let path = std::env::var_os("CNI_SUITE_CNITOOL").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/cnitool"),
+        PathBuf::from,
+    );
+    assert!(
+        path.is_file(),
+        "no cnitool at {}: run `make cnitool`, or set CNI_SUITE_CNITOOL",
+        path.display()
+    );
+    path
+}
+
 /// A running `host-local serve`, stopped (SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct LeaseService {
@@ -431,6 +446,52 @@ impl Node {
         ];
         all_env.extend_from_slice(env);
         run_in(self.netns.path(), &bin("cnictl"), &full, &all_env, "")
+    }
+
+    /// Runs Go's cnitool inside the node namespace with this node's
+    /// configuration directory and the suite's binaries (`env` may override
+    /// them). cnitool always keeps its results in /var/lib/cni; it runs in a
+    /// private mount namespace where /var/lib is this node's directory
+    /// whose `cni` is the node's cache, so it shares the cache with
+    /// [`Node::cnictl`] and the machine's /var/lib is never touched.
+    pub fn cnitool(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let var_lib = self.path("var-lib");
+        if !var_lib.exists() {
+            fs::create_dir(&var_lib).expect("mkdir");
+            std::os::unix::fs::symlink(self.cache_dir(), var_lib.join("cni")).expect("symlink");
+        }
+        let conf = self.conf_dir();
+        let bins = bin_dir();
+        let mut all_env = vec![
+            ("NETCONFPATH", conf.to_str().expect("UTF-8 path")),
+            ("CNI_PATH", bins.to_str().expect("UTF-8 path")),
+        ];
+        all_env.extend_from_slice(env);
+        let netns = format!("--net={}", self.netns.path_str());
+        let tool = cnitool_bin();
+        let mut full = vec![
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            "mount --bind \"$1\" /var/lib && shift && exec \"$@\"",
+            "sh",
+            var_lib.to_str().expect("UTF-8 path"),
+            "nsenter",
+            &netns,
+            "--",
+            tool.to_str().expect("UTF-8 path"),
+        ];
+        full.extend_from_slice(args);
+        let what = format!("cnitool {}", args.join(" "));
+        let output = Command::new("unshare")
+            .args(&full)
+            .envs(all_env.iter().copied())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Run::from_output(what, output)
     }
 
     /// Executes a plugin binary directly, as libcni does, inside the node
