@@ -21,7 +21,7 @@ RELEASE_DIR = target/$(TARGET)/release
 # Debian packages the build, the tests and the demo use.
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
 	python3 containernetworking-plugins iptables nftables \
-	golang-go golang-github-appc-cni-dev xz-utils
+	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler
 
 .PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall test unit integration lint demo clean
 

@@ -292,7 +292,17 @@ fn valid_attachments(
             .cache
             .attachments(&list.name)?
             .into_iter()
-            .filter(|entry| !entry.netns.is_empty() && netns_exists(Path::new(&entry.netns)))
+            .filter(|entry| match entry.sandbox() {
+                Some(netns) => netns_exists(Path::new(netns)),
+                None => {
+                    // Nothing proves it gone: keep it.
+                    eprintln!(
+                        "cnictl: {}/{}: the cache records no namespace; kept as valid",
+                        entry.container_id, entry.ifname
+                    );
+                    true
+                }
+            })
             .map(|entry| GcAttachment {
                 container_id: entry.container_id,
                 ifname: entry.ifname,

@@ -19,6 +19,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod api_server;
+pub mod containerd;
 pub mod probe;
 
 /// Where `ip netns` keeps its namespace files.
@@ -448,18 +449,23 @@ impl Node {
         run_in(self.netns.path(), &bin("cnictl"), &full, &all_env, "")
     }
 
-    /// Runs Go's cnitool inside the node namespace with this node's
-    /// configuration directory and the suite's binaries (`env` may override
-    /// them). cnitool always keeps its results in /var/lib/cni; it runs in a
-    /// private mount namespace where /var/lib is this node's directory
-    /// whose `cni` is the node's cache, so it shares the cache with
-    /// [`Node::cnictl`] and the machine's /var/lib is never touched.
-    pub fn cnitool(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+    /// A directory to stand in for /var/lib in a private mount namespace:
+    /// its `cni` is this node's cache (libcni's fixed /var/lib/cni).
+    pub fn var_lib(&self) -> PathBuf {
         let var_lib = self.path("var-lib");
         if !var_lib.exists() {
             fs::create_dir(&var_lib).expect("mkdir");
             std::os::unix::fs::symlink(self.cache_dir(), var_lib.join("cni")).expect("symlink");
         }
+        var_lib
+    }
+
+    /// Runs Go's cnitool inside the node namespace with this node's
+    /// configuration directory and the suite's binaries (`env` may override
+    /// them). cnitool always keeps its results in /var/lib/cni, so it sees
+    /// [`Node::var_lib`] there: it shares the cache with [`Node::cnictl`]
+    /// and the machine's /var/lib is never touched.
+    pub fn cnitool(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
         let conf = self.conf_dir();
         let bins = bin_dir();
         let mut all_env = vec![
@@ -467,31 +473,14 @@ impl Node {
             ("CNI_PATH", bins.to_str().expect("UTF-8 path")),
         ];
         all_env.extend_from_slice(env);
-        let netns = format!("--net={}", self.netns.path_str());
-        let tool = cnitool_bin();
-        let mut full = vec![
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            "mount --bind \"$1\" /var/lib && shift && exec \"$@\"",
-            "sh",
-            var_lib.to_str().expect("UTF-8 path"),
-            "nsenter",
-            &netns,
-            "--",
-            tool.to_str().expect("UTF-8 path"),
-        ];
-        full.extend_from_slice(args);
-        let what = format!("cnitool {}", args.join(" "));
-        let output = Command::new("unshare")
-            .args(&full)
-            .envs(all_env.iter().copied())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-        Run::from_output(what, output)
+        let var_lib = self.var_lib();
+        run_with_binds(
+            &[(&var_lib, Path::new("/var/lib"))],
+            self.netns.path(),
+            &cnitool_bin(),
+            args,
+            &all_env,
+        )
     }
 
     /// Executes a plugin binary directly, as libcni does, inside the node
@@ -515,6 +504,54 @@ impl Node {
         let bytes = fs::read(path).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
+}
+
+/// `program args` inside the namespace at `netns`, in a private mount
+/// namespace where each `(source, target)` directory is bind-mounted, for
+/// clients with fixed paths (libcni's /var/lib/cni, go-cni's /etc/cni/net.d
+/// and /opt/cni/bin). Nothing outside that process and its children sees
+/// the mounts.
+pub fn command_with_binds(binds: &[(&Path, &Path)], netns: &Path, program: &Path, args: &[&str]) -> Command {
+    let script =
+        r#"while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 125; shift 2; done; shift; exec "$@""#;
+    let mut command = Command::new("unshare");
+    command.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+    ]);
+    for (source, target) in binds {
+        command.arg(source).arg(target);
+    }
+    command
+        .arg("--")
+        .arg("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(program)
+        .args(args);
+    command
+}
+
+/// Runs [`command_with_binds`] with `env` added and collects its output.
+pub fn run_with_binds(
+    binds: &[(&Path, &Path)],
+    netns: &Path,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Run {
+    let what = format!("{} {}", program.display(), args.join(" "));
+    let output = command_with_binds(binds, netns, program, args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    Run::from_output(what, output)
 }
 
 /// cnitool's container ID for a netns path (see `cnictl`), computed with

@@ -43,6 +43,29 @@ pub struct CachedAttachment {
     pub result: Option<Value>,
 }
 
+impl CachedAttachment {
+    /// The namespace the attachment lives in: the `netns` libcni 1.2+
+    /// records, else the `sandbox` of the attachment's interface in the
+    /// cached result (libcni 1.1 and containerd 1.6 write no `netns`).
+    pub fn sandbox(&self) -> Option<&str> {
+        if !self.netns.is_empty() {
+            return Some(&self.netns);
+        }
+        let interfaces = self.result.as_ref()?.get("interfaces")?.as_array()?;
+        fn sandbox_of(interface: &Value) -> Option<&str> {
+            interface
+                .get("sandbox")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        }
+        interfaces
+            .iter()
+            .find(|i| i.get("name").and_then(Value::as_str) == Some(self.ifname.as_str()))
+            .and_then(sandbox_of)
+            .or_else(|| interfaces.iter().find_map(sandbox_of))
+    }
+}
+
 mod base64_bytes {
     use super::{Engine, STANDARD};
     use serde::{Deserialize, Deserializer, Serializer};
@@ -229,6 +252,24 @@ mod tests {
         assert_eq!(got.config, br#"{"name":"net"}"#);
         assert!(got.cni_args.is_empty());
         assert_eq!(cache.attachments("net").expect("list").len(), 1);
+    }
+
+    #[test]
+    fn the_sandbox_comes_from_netns_else_from_the_result() {
+        let mut e = entry("a", "net");
+        e.netns = String::new();
+        e.result = Some(json!({"cniVersion": "1.0.0", "interfaces": [
+            {"name": "cni0"}, {"name": "veth1"}, {"name": "eth0", "sandbox": "/proc/42/ns/net"}]}));
+        assert_eq!(
+            e.sandbox(),
+            Some("/proc/42/ns/net"),
+            "containerd 1.6 / libcni 1.1 entries"
+        );
+        e.netns = "/var/run/netns/p".into();
+        assert_eq!(e.sandbox(), Some("/var/run/netns/p"));
+        e.netns = String::new();
+        e.result = Some(json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24"}}));
+        assert_eq!(e.sandbox(), None, "nothing to tell");
     }
 
     #[test]
