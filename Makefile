@@ -23,7 +23,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler
 
-.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install test unit integration lint demo clean
 
 all: build
 
@@ -58,10 +58,23 @@ CNITOOL := target/tools/cnitool
 cnitool: deps
 	@[ -x $(CNITOOL) ] || integration/tools/build-cnitool.sh $(CURDIR)/$(CNITOOL)
 
+# `make install [CONF=conf-examples/<file>]`: the plugins to $(PREFIX), cnictl
+# to $(BINDIR), the chosen conflist to $(CONF_DIR). What it installed is
+# listed in $(MANIFEST), and `make uninstall` removes exactly that.
+CONF ?=
+CONF_DIR ?= /etc/cni/net.d
+MANIFEST ?= /var/lib/cni-suite/installed
 install: build
-	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR)
+	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR) $(dir $(DESTDIR)$(MANIFEST))
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(PLUGINS)) $(DESTDIR)$(PREFIX)/
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(TOOLS)) $(DESTDIR)$(BINDIR)/
+	@printf '%s\n' $(addprefix $(PREFIX)/,$(PLUGINS)) $(addprefix $(BINDIR)/,$(TOOLS)) > $(DESTDIR)$(MANIFEST)
+	@if [ -n "$(CONF)" ]; then \
+		install -d $(DESTDIR)$(CONF_DIR) && \
+		install -m 0644 $(CONF) $(DESTDIR)$(CONF_DIR)/ && \
+		echo $(CONF_DIR)/$(notdir $(CONF)) >> $(DESTDIR)$(MANIFEST); \
+	fi
+	@echo "installed:"; sed 's/^/  /' $(DESTDIR)$(MANIFEST)
 
 # The lease service as systemd units (socket-activated).
 SYSTEMD_DIR ?= /etc/systemd/system
@@ -70,7 +83,9 @@ install-service: install
 	install -m 0644 conf-examples/systemd/host-local.socket conf-examples/systemd/host-local.service $(DESTDIR)$(SYSTEMD_DIR)/
 
 uninstall:
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(PLUGINS)) $(addprefix $(DESTDIR)$(BINDIR)/,$(TOOLS))
+	@[ -f $(DESTDIR)$(MANIFEST) ] || { echo "nothing installed (no $(DESTDIR)$(MANIFEST))"; exit 0; }; \
+	while read -r file; do rm -f "$(DESTDIR)$$file" && echo "removed $$file"; done < $(DESTDIR)$(MANIFEST); \
+	rm -f $(DESTDIR)$(MANIFEST); rmdir $(dir $(DESTDIR)$(MANIFEST)) 2>/dev/null || true
 
 lint: deps
 	cargo fmt --all -- --check
@@ -84,7 +99,11 @@ integration: build fault-bin cnitool
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local \
 		CNI_SUITE_CNITOOL=$(CURDIR)/$(CNITOOL) cargo test --locked -p integration
 
-test: lint unit integration
+# install and uninstall into a scratch DESTDIR, checked file by file.
+check-install: build
+	integration/tools/check-install.sh
+
+test: lint unit integration check-install
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

@@ -32,7 +32,9 @@ cat > "$work/net.d/10-demo.conflist" <<JSON
                 "routes": [{ "dst": "0.0.0.0/0" }],
                 "dataDir": "$work/ipam",
                 "socket": "$work/host-local.sock" } },
-    { "type": "loopback" }
+    { "type": "loopback" },
+    { "type": "istio-redirect",
+      "redirect": { "interceptionMode": "REDIRECT", "excludeOutboundPorts": "15020,5432" } }
   ]
 }
 JSON
@@ -57,18 +59,23 @@ for _ in $(seq 100); do [ -S "$work/host-local.sock" ] && break; sleep 0.05; don
 step "network configuration: $work/net.d/10-demo.conflist"
 cat "$work/net.d/10-demo.conflist"
 
-for pod in "${pods[@]}"; do
-    step "cnictl add demo /run/netns/$pod"
-    cnictl add demo "/run/netns/$pod"
-done
 addr_of() { ip -n "$1" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
 addr6_of() { ip -n "$1" -6 -o addr show eth0 scope global | awk '{print $4}' | cut -d/ -f1; }
+for pod in "${pods[@]}"; do
+    step "cnictl add demo /run/netns/$pod: bridge, then host-local, loopback, istio-redirect"
+    cnictl add demo "/run/netns/$pod"
+    echo "$pod has eth0 $(addr_of "$pod") and $(addr6_of "$pod"), lo up, and Istio's capture rules"
+done
 
 step "the pods talk to each other over the bridge (IPv4 and IPv6) and to the gateway"
 in_pod() { nsenter --net="/run/netns/$1" -- "${@:2}"; }
 in_pod "${pods[0]}" busybox ping -c 2 -W 1 "$(addr_of "${pods[1]}")"
 in_pod "${pods[1]}" busybox ping6 -c 2 -W 1 "$(addr6_of "${pods[0]}")"
 in_pod "${pods[0]}" busybox ping -c 1 -W 1 10.99.0.1
+
+step "inside ${pods[0]}: Istio's sidecar capture, programmed by istio-redirect (no istio-init)"
+echo "outbound TCP goes to Envoy's 15001, inbound to 15006; uid 1337 (the proxy) and ports 15020, 5432 are left alone:"
+in_pod "${pods[0]}" iptables-save -t nat | grep -E '^(:ISTIO|-A (OUTPUT|PREROUTING|ISTIO_OUTPUT|ISTIO_REDIRECT|ISTIO_IN_REDIRECT))'
 
 step "cnictl ipam ls demo: the leases, served by the lease service"
 ipam ls demo
@@ -80,7 +87,7 @@ step "cnictl check and status"
 cnictl check demo "/run/netns/${pods[0]}"
 cnictl status demo
 
-step "cnictl del: veths, leases, masquerade and cache entries all go"
+step "cnictl del: veths, leases, masquerade and cache entries all go (the capture rules go with the pods' namespaces)"
 for pod in "${pods[@]}"; do cnictl del demo "/run/netns/$pod"; done
 ip -n "$node" -o link show type veth | wc -l | xargs echo "veths left in the node:"
 in_node iptables-save -t nat | grep -c 'CNI-' | xargs echo "masquerade rules left:" || true
