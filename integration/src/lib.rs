@@ -483,6 +483,95 @@ impl Node {
         )
     }
 
+    /// The veths in the node namespace, one `ip -o link` line each.
+    pub fn veths(&self) -> Vec<String> {
+        let shown = self
+            .netns
+            .ip(&["-o", "link", "show", "type", "veth"])
+            .success()
+            .stdout;
+        shown.lines().map(str::to_owned).collect()
+    }
+
+    /// Per-container CNI chains (`CNI-<hash>`, `CNI-DN-<hash>`) in the node's
+    /// nat tables, both families; portmap's shared `CNI-HOSTPORT-*` chains
+    /// are not per container and stay by design.
+    pub fn container_nat_chains(&self) -> Vec<String> {
+        let mut chains = Vec::new();
+        for tool in ["iptables-save", "ip6tables-save"] {
+            let saved = self.run(tool, &["-t", "nat"]).success().stdout;
+            chains.extend(
+                saved
+                    .lines()
+                    .filter(|l| l.starts_with(":CNI-") && !l.starts_with(":CNI-HOSTPORT-"))
+                    .map(str::to_owned),
+            );
+        }
+        chains
+    }
+
+    /// The names of the result cache's entries.
+    pub fn cache_entries(&self) -> Vec<String> {
+        fs::read_dir(self.cache_dir().join("results"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// What attachments of `network` (leases under `data_dir`) left on
+    /// the node: veths, per-container nat chains, leases, cache entries.
+    /// Empty when a runtime's deletes cleaned up everything.
+    pub fn leftovers(&self, network: &str, data_dir: &Path) -> Vec<String> {
+        let mut left: Vec<String> = self.veths();
+        left.extend(self.container_nat_chains());
+        if data_dir.exists() {
+            let data_dir = data_dir.to_str().expect("UTF-8 path");
+            let listed = self
+                .cnictl(&[
+                    "--json",
+                    "ipam",
+                    "ls",
+                    network,
+                    "--socket",
+                    "",
+                    "--data-dir",
+                    data_dir,
+                ])
+                .success()
+                .json();
+            left.extend(
+                listed
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|lease| format!("lease {lease}")),
+            );
+        }
+        left.extend(
+            self.cache_entries()
+                .into_iter()
+                .map(|e| format!("cache entry {e}")),
+        );
+        left
+    }
+
+    /// `cnictl ipam ls` of `network` whose host-local `dataDir` is
+    /// `data_dir`, opening the database directly.
+    pub fn leases_in(&self, network: &str, data_dir: &Path) -> String {
+        let data_dir = data_dir.to_str().expect("UTF-8 path");
+        self.cnictl(&["ipam", "ls", network, "--socket", "", "--data-dir", data_dir])
+            .success()
+            .stdout
+    }
+
+    /// [`Node::leases_in`] the conventional `dataDir`, the node's `ipam`.
+    pub fn leases(&self, network: &str) -> String {
+        self.leases_in(network, &self.path("ipam"))
+    }
+
     /// Executes a plugin binary directly, as libcni does, inside the node
     /// namespace: `env` are the CNI_* variables, `stdin` the configuration.
     pub fn exec_plugin(&self, plugin: &str, env: &BTreeMap<&str, &str>, stdin: &str) -> Run {

@@ -46,39 +46,9 @@ fn write_list(node: &Node, network: &str, plugins: Vec<Value>) {
     node.write_conf(&format!("10-{network}.conflist"), &list);
 }
 
-fn leases(node: &Node, network: &str) -> String {
-    let data_dir = node.path("ipam");
-    node.cnictl(&[
-        "ipam",
-        "ls",
-        network,
-        "--socket",
-        "",
-        "--data-dir",
-        data_dir.to_str().expect("UTF-8"),
-    ])
-    .success()
-    .stdout
-}
-
 fn nothing_left(node: &Node, network: &str) {
-    let veths = node
-        .netns
-        .ip(&["-o", "link", "show", "type", "veth"])
-        .success()
-        .stdout;
-    assert_eq!(veths.trim(), "", "no veth left");
-    let nat = node.run("iptables-save", &["-t", "nat"]).success().stdout
-        + &node.run("ip6tables-save", &["-t", "nat"]).success().stdout;
-    assert!(
-        !nat.lines().any(|l| l.starts_with(":CNI-")),
-        "no masquerade chain left: {nat}"
-    );
-    assert!(!leases(node, network).contains("cnitool-"), "no lease left");
-    let results = std::fs::read_dir(node.cache_dir().join("results"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(results, 0, "no cache entry left");
+    let left = node.leftovers(network, &node.path("ipam"));
+    assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
 #[test]

@@ -82,25 +82,6 @@ impl Example {
             ],
         )
     }
-
-    fn leases(&self) -> String {
-        let data_dir = self.node.var_lib().join("cni/networks");
-        if !data_dir.exists() {
-            return String::new();
-        }
-        self.node
-            .cnictl(&[
-                "ipam",
-                "ls",
-                self.name(),
-                "--socket",
-                "",
-                "--data-dir",
-                data_dir.to_str().expect("UTF-8"),
-            ])
-            .success()
-            .stdout
-    }
 }
 
 #[test]
@@ -148,14 +129,8 @@ fn every_example_runs_as_written() {
         }
         let del = example.cnictl(&["del", example.name(), pod.path_str()]);
         assert!(del.ok(), "{file}: {del:?}");
-        let leases = example.leases();
-        assert!(!leases.contains("cnitool-"), "{file}: {leases}");
-        let veths = example
-            .node
-            .netns
-            .ip(&["-o", "link", "show", "type", "veth"])
-            .success()
-            .stdout;
-        assert_eq!(veths.trim(), "", "{file}");
+        let data_dir = example.node.var_lib().join("cni/networks");
+        let left = example.node.leftovers(example.name(), &data_dir);
+        assert!(left.is_empty(), "{file}: left behind: {left:#?}");
     }
 }

@@ -12,56 +12,9 @@ const NETWORK: &str = "ctrnet";
 const IMAGE: &str = "localhost/busybox:cni";
 const NAMESPACE: &str = "cnitest";
 
-fn leases(node: &Node) -> String {
-    let data_dir = node.path("ipam");
-    node.cnictl(&[
-        "ipam",
-        "ls",
-        NETWORK,
-        "--socket",
-        "",
-        "--data-dir",
-        data_dir.to_str().expect("UTF-8"),
-    ])
-    .success()
-    .stdout
-}
-
-fn masquerade_chains(node: &Node) -> usize {
-    let nat = node.run("iptables-save", &["-t", "nat"]).success().stdout;
-    nat.lines().filter(|l| l.starts_with(":CNI-")).count()
-}
-
-fn veths(node: &Node) -> String {
-    node.netns
-        .ip(&["-o", "link", "show", "type", "veth"])
-        .success()
-        .stdout
-}
-
-fn cache_entries(node: &Node) -> Vec<String> {
-    std::fs::read_dir(node.cache_dir().join("results"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn assert_nothing_left(node: &Node, when: &str) {
-    assert!(
-        !leases(node).contains("10.58."),
-        "{when}: a lease is left: {}",
-        leases(node)
-    );
-    assert_eq!(masquerade_chains(node), 0, "{when}: a masquerade chain is left");
-    assert_eq!(veths(node).trim(), "", "{when}: a veth is left");
-    assert!(
-        cache_entries(node).is_empty(),
-        "{when}: {:?}",
-        cache_entries(node)
-    );
+    let left = node.leftovers(NETWORK, &node.path("ipam"));
+    assert!(left.is_empty(), "{when}: left behind: {left:#?}");
 }
 
 #[test]
@@ -124,13 +77,17 @@ fn ctr_run_with_cni() {
             ],
         )
         .success();
-    assert!(leases(&node).contains("10.58.0.3"), "{}", leases(&node));
-    assert_eq!(cache_entries(&node), [format!("{NETWORK}-{NAMESPACE}-c2-eth0")]);
-    assert_eq!(masquerade_chains(&node), 1);
+    assert!(
+        node.leases(NETWORK).contains("10.58.0.3"),
+        "{}",
+        node.leases(NETWORK)
+    );
+    assert_eq!(node.cache_entries(), [format!("{NETWORK}-{NAMESPACE}-c2-eth0")]);
+    assert_eq!(node.container_nat_chains().len(), 1);
     let entry = node.cache_entry(NETWORK, &format!("{NAMESPACE}-c2"), "eth0");
     let gc = node.cnictl(&["gc", NETWORK, "--prune-missing-netns"]).success();
     assert!(
-        leases(&node).contains("10.58.0.3"),
+        node.leases(NETWORK).contains("10.58.0.3"),
         "a live container is kept: {entry:?} {gc:?}"
     );
 
@@ -144,7 +101,7 @@ fn ctr_run_with_cni() {
         .ctr(&node, NAMESPACE, &["container", "delete", "c2"])
         .success();
     assert!(
-        leases(&node).contains("10.58.0.3"),
+        node.leases(NETWORK).contains("10.58.0.3"),
         "ctr left the lease behind, as it does"
     );
     node.cnictl(&["gc", NETWORK, "--prune-missing-netns"]).success();
