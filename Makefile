@@ -23,7 +23,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler
 
-.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install bench bench-smoke test unit integration lint demo clean
 
 all: build
 
@@ -103,7 +103,21 @@ integration: build fault-bin cnitool
 check-install: build
 	integration/tools/check-install.sh
 
-test: lint unit integration check-install
+# The suite and Debian's reference plugins side by side (see README):
+# medians, ratios, a chart and a report under bench-results/. Fails on a
+# failure, duplicate address or leak, never on a timing.
+BENCH_ARGS ?=
+bench: build
+	cargo build --release --locked -p integration --bin cni-bench
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
+
+# The same program, tiny, so the bench keeps working (no timing is judged).
+bench-smoke: build
+	cargo build --release --locked -p integration --bin cni-bench
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --pods 4 --repeats 1 --full-leases 300 \
+		--out target/bench-smoke > /dev/null
+
+test: lint unit integration check-install bench-smoke
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

@@ -19,6 +19,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 pub mod api_server;
+pub mod bench;
 pub mod containerd;
 pub mod probe;
 
@@ -270,6 +271,11 @@ impl LeaseService {
             || std::os::unix::net::UnixStream::connect(&service.socket).is_ok(),
         );
         service
+    }
+
+    /// The service's process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Kills the service now, as a crash would.

@@ -1,0 +1,118 @@
+//! One timed execution the way libcni executes a plugin (fork+exec from a
+//! thread inside the node namespace, config on stdin, one reply on
+//! stdout), with its wall time and the CPU time of the process and every
+//! descendant it waited for (`wait4`'s rusage).
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netns::NetNs;
+
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+fn timeval(tv: libc::timeval) -> Duration {
+    Duration::from_secs(u64::try_from(tv.tv_sec).unwrap_or(0))
+        + Duration::from_micros(u64::try_from(tv.tv_usec).unwrap_or(0))
+}
+
+/// Runs `program` with exactly `env` (plus PATH) inside `ns`.
+pub fn exec(ns: &NetNs, program: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Call {
+    let _inside = ns.enter().expect("enter the node namespace");
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+    if let Some(mut pipe) = child.stdin.take() {
+        let _ = pipe.write_all(stdin.as_bytes());
+    }
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stdout.take() {
+        let _ = pipe.read_to_string(&mut stdout);
+    }
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own unreaped child; `status` and `usage` are
+    // valid for writes. std's Child is not waited afterwards.
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = started.elapsed();
+    assert_eq!(reaped, pid, "wait4 {}", program.display());
+    std::mem::forget(child);
+    Call {
+        wall,
+        cpu: timeval(usage.ru_utime) + timeval(usage.ru_stime),
+        ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        stdout,
+        stderr,
+    }
+}
+
+/// CPU time a running process has used so far (utime + stime), for a
+/// daemon whose work the plugins hand off (host-local's lease service).
+pub fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 here.
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    Duration::from_micros(ticks * 1_000_000 / per_second)
+}
+
+/// Milliseconds, for reports.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The `q`-quantile (0..=1) of `values`, nearest rank.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    quantile(values, 0.5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v = [5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(quantile(&v, 0.5), 3.0);
+        assert_eq!(quantile(&v, 0.95), 5.0);
+        assert_eq!(quantile(&v, 1.0), 5.0);
+        assert_eq!(quantile(&v, 0.0), 1.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

@@ -1,0 +1,547 @@
+//! `make bench`: the suite against Debian's reference plugins
+//! (/usr/lib/cni) in one run, the same configuration shape, alternating
+//! call by call so machine noise hits both. Each suite gets its own node
+//! namespace (bridge, masquerade, IPAM data) and pod namespaces; plugins are
+//! executed directly as libcni executes them.
+//!
+//! It fails on any failed call, duplicate address or leak in either suite,
+//! never on a timing.
+
+pub mod measure;
+pub mod report;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use netns::NetNs;
+use serde_json::{Value, json};
+
+use crate::{LeaseService, Netns, Node, bin_dir};
+use measure::{Call, exec, median, ms, process_cpu, quantile};
+
+const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub pods: usize,
+    pub repeats: usize,
+    pub full_leases: usize,
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Side {
+    Ours,
+    Reference,
+}
+
+impl Side {
+    pub fn label(self) -> &'static str {
+        match self {
+            Side::Ours => "ours",
+            Side::Reference => "reference",
+        }
+    }
+}
+
+/// Everything one run measured and found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Per repeat: metric → side → value (ms).
+    pub repeats: Vec<BTreeMap<String, BTreeMap<Side, f64>>>,
+    /// Per-call wall times (ms) by phase and side, over all repeats, for
+    /// the chart.
+    pub samples: BTreeMap<String, BTreeMap<Side, Vec<f64>>>,
+    pub problems: Vec<String>,
+}
+
+impl Outcome {
+    fn record(&mut self, metric: &str, side: Side, value: f64) {
+        self.repeats
+            .last_mut()
+            .expect("a repeat is running")
+            .entry(metric.to_owned())
+            .or_default()
+            .insert(side, value);
+    }
+
+    fn sample(&mut self, phase: &str, side: Side, calls: &[Call]) {
+        self.samples
+            .entry(phase.to_owned())
+            .or_default()
+            .entry(side)
+            .or_default()
+            .extend(calls.iter().map(|c| ms(c.wall)));
+    }
+
+    fn problem(&mut self, text: String) {
+        eprintln!("bench: {text}");
+        self.problems.push(text);
+    }
+
+    /// Median over the repeats of each metric and side.
+    pub fn medians(&self) -> BTreeMap<String, BTreeMap<Side, f64>> {
+        let mut all: BTreeMap<String, BTreeMap<Side, Vec<f64>>> = BTreeMap::new();
+        for repeat in &self.repeats {
+            for (metric, sides) in repeat {
+                for (side, value) in sides {
+                    all.entry(metric.clone()).or_default().entry(*side).or_default().push(*value);
+                }
+            }
+        }
+        all.into_iter()
+            .map(|(metric, sides)| (metric, sides.into_iter().map(|(s, v)| (s, median(&v))).collect()))
+            .collect()
+    }
+}
+
+/// One suite's node: its namespace, bridge, subnet, IPAM data and, for
+/// ours, host-local's lease service (the shipped setup).
+#[derive(Debug)]
+pub struct Suite {
+    pub side: Side,
+    bins: PathBuf,
+    node: Node,
+    ns: NetNs,
+    network: String,
+    bridge: String,
+    subnet: String,
+    service: Option<LeaseService>,
+}
+
+impl Suite {
+    fn new(side: Side, network: &str, bridge: &str, subnet: &str) -> Self {
+        let node = Node::new();
+        let ns = NetNs::open(node.netns.path()).expect("node netns");
+        let (bins, service) = match side {
+            Side::Ours => {
+                let bins = bin_dir();
+                let service = LeaseService::start(&bins.join("host-local"), node.path("host-local.sock"), &[]);
+                (bins, Some(service))
+            }
+            Side::Reference => (PathBuf::from(REFERENCE_DIR), None),
+        };
+        Suite {
+            side,
+            bins,
+            node,
+            ns,
+            network: network.to_owned(),
+            bridge: bridge.to_owned(),
+            subnet: subnet.to_owned(),
+            service,
+        }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.node.path("ipam")
+    }
+
+    fn ipam(&self) -> Value {
+        let mut ipam = json!({"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
+                              "dataDir": self.data_dir().to_str().expect("UTF-8")});
+        if let Some(service) = &self.service {
+            ipam["socket"] = json!(service.socket.to_str().expect("UTF-8"));
+        }
+        ipam
+    }
+
+    fn bridge_conf(&self, prev: Option<&Value>) -> String {
+        let mut conf = json!({"cniVersion": "1.0.0", "name": self.network, "type": "bridge",
+            "bridge": self.bridge, "isGateway": true, "ipMasq": true, "ipam": self.ipam()});
+        if let Some(prev) = prev {
+            conf["prevResult"] = prev.clone();
+        }
+        conf.to_string()
+    }
+
+    fn ipam_conf(&self) -> String {
+        json!({"cniVersion": "1.0.0", "name": self.network, "ipam": self.ipam()}).to_string()
+    }
+
+    fn call(&self, plugin: &str, command: &str, id: &str, netns: &str, stdin: &str) -> Call {
+        let bins = self.bins.to_str().expect("UTF-8");
+        let env = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", id),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", bins),
+        ];
+        exec(&self.ns, &self.bins.join(plugin), &[], &env, stdin)
+    }
+
+    fn service_cpu(&self) -> Duration {
+        self.service
+            .as_ref()
+            .and_then(LeaseService::pid)
+            .map_or(Duration::ZERO, process_cpu)
+    }
+
+    /// What attachments left behind once all are deleted.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = self.node.veths();
+        left.extend(self.node.container_nat_chains());
+        let leases_dir = self.data_dir().join(&self.network);
+        match self.side {
+            Side::Reference => {
+                if let Ok(entries) = std::fs::read_dir(&leases_dir) {
+                    left.extend(
+                        entries
+                            .flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
+                            .map(|n| format!("lease file {n}")),
+                    );
+                }
+            }
+            Side::Ours => {
+                let socket = self.service.as_ref().map(|s| s.socket.to_str().expect("UTF-8").to_owned());
+                let data_dir = self.data_dir();
+                let listed = self
+                    .node
+                    .cnictl(&[
+                        "--json",
+                        "ipam",
+                        "ls",
+                        &self.network,
+                        "--socket",
+                        socket.as_deref().unwrap_or(""),
+                        "--data-dir",
+                        data_dir.to_str().expect("UTF-8"),
+                    ])
+                    .success()
+                    .json();
+                left.extend(listed.as_array().into_iter().flatten().map(|l| format!("lease {l}")));
+            }
+        }
+        left
+    }
+}
+
+fn ips_of(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn duplicates(addresses: &[String]) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    addresses.iter().filter(|a| !seen.insert(*a)).cloned().collect()
+}
+
+/// The IPv4 address on a pod's eth0, as the kernel has it.
+fn pod_address(pod: &Netns) -> Option<String> {
+    let shown = pod.ip(&["-4", "-o", "addr", "show", "eth0"]).stdout;
+    shown.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(str::to_owned)
+}
+
+fn pods(n: usize, role: &str) -> Vec<Netns> {
+    (0..n).map(|_| Netns::new(role)).collect()
+}
+
+fn cpu_ms(calls: &[Call], extra: Duration) -> Vec<f64> {
+    let share = if calls.is_empty() {
+        0.0
+    } else {
+        ms(extra) / calls.len() as f64
+    };
+    calls.iter().map(|c| ms(c.cpu) + share).collect()
+}
+
+fn walls(calls: &[Call]) -> Vec<f64> {
+    calls.iter().map(|c| ms(c.wall)).collect()
+}
+
+fn check_calls(out: &mut Outcome, what: &str, side: Side, calls: &[Call]) {
+    for call in calls.iter().filter(|c| !c.ok) {
+        out.problem(format!("{what} ({}) failed: {}{}", side.label(), call.stdout.trim(), call.stderr.trim()));
+    }
+}
+
+fn check_leaks(out: &mut Outcome, what: &str, suite: &Suite) {
+    let left = suite.leftovers();
+    if !left.is_empty() {
+        out.problem(format!("{what} ({}) left behind: {left:?}", suite.side.label()));
+    }
+}
+
+fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], cpu_extra: Duration) {
+    let wall = walls(calls);
+    out.record(&format!("{name} p50"), side, quantile(&wall, 0.5));
+    out.record(&format!("{name} p95"), side, quantile(&wall, 0.95));
+    out.record(&format!("{name} max"), side, quantile(&wall, 1.0));
+    out.record(&format!("{name} cpu p50"), side, median(&cpu_ms(calls, cpu_extra)));
+    out.sample(name, side, calls);
+}
+
+/// Pods added one by one so they accumulate, then deleted one by one;
+/// the suites alternate call by call.
+fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
+    let pods: Vec<Vec<Netns>> = suites.iter().map(|_| pods(n, "seq")).collect();
+    let mut results: Vec<Vec<Value>> = vec![Vec::new(); suites.len()];
+    let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
+    let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
+    let cpu_before: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    for i in 0..n {
+        for k in 0..suites.len() {
+            let s = (i + k) % suites.len();
+            let call = suites[s].call("bridge", "ADD", &format!("seq-{i}"), pods[s][i].path_str(), &suites[s].bridge_conf(None));
+            results[s].push(serde_json::from_str(&call.stdout).unwrap_or(Value::Null));
+            adds[s].push(call);
+        }
+    }
+    let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    for i in 0..n {
+        for k in 0..suites.len() {
+            let s = (i + k) % suites.len();
+            let conf = suites[s].bridge_conf(Some(&results[s][i]));
+            dels[s].push(suites[s].call("bridge", "DEL", &format!("seq-{i}"), pods[s][i].path_str(), &conf));
+        }
+    }
+    let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    for (s, suite) in suites.iter().enumerate() {
+        check_calls(out, "seq ADD", suite.side, &adds[s]);
+        check_calls(out, "seq DEL", suite.side, &dels[s]);
+        let addresses: Vec<String> = results[s].iter().flat_map(ips_of).collect();
+        let dup = duplicates(&addresses);
+        if !dup.is_empty() {
+            out.problem(format!("seq ({}) duplicate addresses: {dup:?}", suite.side.label()));
+        }
+        record_latencies(out, "seq ADD", suite.side, &adds[s], cpu_mid[s] - cpu_before[s]);
+        record_latencies(out, "seq DEL", suite.side, &dels[s], cpu_after[s] - cpu_mid[s]);
+        check_leaks(out, "seq", suite);
+    }
+}
+
+/// `n` calls released together; the wall time from release to the last
+/// reply, and every call.
+fn burst_calls(suite: &Suite, n: usize, command: &str, pods: &[Netns], results: &[Value]) -> (Duration, Vec<Call>) {
+    let barrier = Arc::new(Barrier::new(n + 1));
+    let (wall, calls) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let barrier = Arc::clone(&barrier);
+                let pod = pods[i].path_str().to_owned();
+                let conf = suite.bridge_conf(results.get(i).filter(|v| !v.is_null()));
+                scope.spawn(move || {
+                    barrier.wait();
+                    let call = suite.call("bridge", command, &format!("burst-{i}"), &pod, &conf);
+                    (Instant::now(), call)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let released = Instant::now();
+        let done: Vec<(Instant, Call)> = handles.into_iter().map(|h| h.join().expect("burst thread")).collect();
+        let last = done.iter().map(|(t, _)| *t).max().unwrap_or(released);
+        (last - released, done.into_iter().map(|(_, c)| c).collect::<Vec<_>>())
+    });
+    (wall, calls)
+}
+
+fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
+    for k in 0..suites.len() {
+        let suite = &suites[(round + k) % suites.len()];
+        let pods = pods(n, "burst");
+        let cpu_before = suite.service_cpu();
+        let (add_wall, adds) = burst_calls(suite, n, "ADD", &pods, &[]);
+        let cpu_mid = suite.service_cpu();
+        check_calls(out, "burst ADD", suite.side, &adds);
+        let results: Vec<Value> = adds
+            .iter()
+            .map(|c| serde_json::from_str(&c.stdout).unwrap_or(Value::Null))
+            .collect();
+        let in_results: Vec<String> = results.iter().flat_map(ips_of).collect();
+        let in_pods: Vec<String> = pods.iter().filter_map(pod_address).collect();
+        for (where_, list) in [("results", &in_results), ("pods", &in_pods)] {
+            let dup = duplicates(list);
+            if !dup.is_empty() {
+                out.problem(format!("burst ({}) duplicate addresses in {where_}: {dup:?}", suite.side.label()));
+            }
+        }
+        let (del_wall, dels) = burst_calls(suite, n, "DEL", &pods, &results);
+        let cpu_after = suite.service_cpu();
+        check_calls(out, "burst DEL", suite.side, &dels);
+        out.record("burst ADD wall", suite.side, ms(add_wall));
+        out.record("burst DEL wall", suite.side, ms(del_wall));
+        let add_cpu: f64 = cpu_ms(&adds, cpu_mid - cpu_before).iter().sum::<f64>() / n as f64;
+        let del_cpu: f64 = cpu_ms(&dels, cpu_after - cpu_mid).iter().sum::<f64>() / n as f64;
+        out.record("burst ADD cpu/call", suite.side, add_cpu);
+        out.record("burst DEL cpu/call", suite.side, del_cpu);
+        check_leaks(out, "burst", suite);
+    }
+}
+
+/// The reference's lease files for the first `count` addresses of the
+/// /16 after its gateway, as its plugin writes them, and its round-robin
+/// position after the last one.
+fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: usize) {
+    let dir = data_dir.join(network);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let base: std::net::Ipv4Addr = subnet.split('/').next().and_then(|a| a.parse().ok()).expect("subnet");
+    let base = u32::from(base);
+    let mut last = String::new();
+    for i in 0..count {
+        let ip = std::net::Ipv4Addr::from(base + 2 + u32::try_from(i).expect("count"));
+        last = ip.to_string();
+        std::fs::write(dir.join(&last), format!("full-{i}\r\neth0")).expect("write lease");
+    }
+    std::fs::write(dir.join("last_reserved_ip.0"), last).expect("write last reserved");
+}
+
+/// A /16 with the leases already held: one more ADD and DEL, through the
+/// chain and IPAM alone.
+fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
+    for k in 0..suites.len() {
+        let suite = &suites[(round + k) % suites.len()];
+        let pod = Netns::new("full");
+        let id = format!("full-extra-{round}");
+        let add = suite.call("bridge", "ADD", &id, pod.path_str(), &suite.bridge_conf(None));
+        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+        let del = suite.call("bridge", "DEL", &id, pod.path_str(), &suite.bridge_conf(Some(&result)));
+        let ipam_id = format!("full-ipam-{round}");
+        let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
+        let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
+        for (what, call) in [("chain ADD", &add), ("chain DEL", &del), ("IPAM ADD", &ipam_add), ("IPAM DEL", &ipam_del)] {
+            check_calls(out, &format!("full {what}"), suite.side, std::slice::from_ref(call));
+            out.record(&format!("full {what}"), suite.side, ms(call.wall));
+            out.sample(&format!("full {what}"), suite.side, std::slice::from_ref(call));
+        }
+    }
+}
+
+/// Fresh pods, loopback ADD then DEL.
+fn loopback(out: &mut Outcome, suites: &[Suite], n: usize) {
+    let conf = json!({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}).to_string();
+    let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
+    let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
+    for i in 0..n {
+        for k in 0..suites.len() {
+            let s = (i + k) % suites.len();
+            let pod = Netns::new("lo");
+            let id = format!("lo-{i}");
+            adds[s].push(suites[s].call("loopback", "ADD", &id, pod.path_str(), &conf));
+            dels[s].push(suites[s].call("loopback", "DEL", &id, pod.path_str(), &conf));
+        }
+    }
+    for (s, suite) in suites.iter().enumerate() {
+        check_calls(out, "loopback ADD", suite.side, &adds[s]);
+        check_calls(out, "loopback DEL", suite.side, &dels[s]);
+        record_latencies(out, "loopback ADD", suite.side, &adds[s], Duration::ZERO);
+        record_latencies(out, "loopback DEL", suite.side, &dels[s], Duration::ZERO);
+    }
+}
+
+/// A pod as istio-redirect finds it after bridge: lo up, an address.
+fn addressed_pod() -> Netns {
+    let pod = Netns::new("mesh");
+    pod.ip(&["link", "set", "lo", "up"]).success();
+    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "peer0"]).success();
+    pod.ip(&["link", "set", "eth0", "up"]).success();
+    pod.ip(&["addr", "add", "10.79.0.2/24", "dev", "eth0"]).success();
+    pod
+}
+
+/// istio-redirect ADD with annotations from runtimeConfig (no API call),
+/// next to one bare iptables-restore of the same rules into a fresh pod.
+fn istio(out: &mut Outcome, ours: &Suite, n: usize) {
+    let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#;
+    let conf = json!({"cniVersion": "1.0.0", "name": "mesh", "type": "istio-redirect",
+        "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+        "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {
+            "sidecar.istio.io/status": status, "sidecar.istio.io/interceptionMode": "REDIRECT"}},
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.79.0.2/24"}]}})
+    .to_string();
+    let rules = firewall::istio::render(&firewall::istio::Redirect::default(), firewall::Family::V4).restore_fresh();
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=u";
+    let bins = ours.bins.to_str().expect("UTF-8");
+    let mut adds = Vec::new();
+    let mut bare = Vec::new();
+    for i in 0..n {
+        let pod = addressed_pod();
+        let id = format!("mesh-{i}");
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", id.as_str()),
+            ("CNI_NETNS", pod.path_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", bins),
+            ("CNI_ARGS", args),
+        ];
+        adds.push(exec(&ours.ns, &ours.bins.join("istio-redirect"), &[], &env, &conf));
+        let fresh = addressed_pod();
+        let fresh_ns = NetNs::open(fresh.path()).expect("pod netns");
+        bare.push(exec(&fresh_ns, Path::new("/usr/sbin/iptables-nft-restore"), &["--noflush"], &[], &rules));
+    }
+    check_calls(out, "istio-redirect ADD", Side::Ours, &adds);
+    check_calls(out, "bare iptables-restore", Side::Reference, &bare);
+    record_latencies(out, "istio-redirect ADD", Side::Ours, &adds, Duration::ZERO);
+    record_latencies(out, "istio-redirect ADD", Side::Reference, &bare, Duration::ZERO);
+}
+
+/// What this machine charges anyone: a process, and one pod's masquerade
+/// added and removed with one iptables-restore each.
+fn floors(out: &mut Outcome, n: usize) {
+    let node = Node::new();
+    let ns = NetNs::open(node.netns.path()).expect("node netns");
+    let mut trues = Vec::new();
+    let mut adds = Vec::new();
+    let mut dels = Vec::new();
+    for i in 0..n {
+        trues.push(exec(&ns, Path::new("/bin/true"), &[], &[], ""));
+        let id = format!("floor-{i}");
+        let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
+        let setup = firewall::masquerade::render_setup(firewall::Family::V4, "floor", &id, &[address]);
+        adds.push(exec(&ns, Path::new("/usr/sbin/iptables-restore"), &["--noflush"], &[], &setup));
+        let saved = node.run("iptables-save", &["-t", "nat"]).success().stdout;
+        let table = firewall::masquerade::NatTable::parse(&saved);
+        let chain = firewall::masquerade::chain_name("floor", &id);
+        let teardown = firewall::masquerade::render_teardown(&table, &[chain]).expect("rules to remove");
+        dels.push(exec(&ns, Path::new("/usr/sbin/iptables-restore"), &["--noflush"], &[], &teardown));
+    }
+    for (name, calls) in [("floor exec /bin/true", &trues), ("floor restore add", &adds), ("floor restore delete", &dels)] {
+        check_calls(out, name, Side::Ours, calls);
+        out.record(name, Side::Ours, median(&walls(calls)));
+    }
+}
+
+/// Runs every phase `repeats` times.
+pub fn run(options: &Options) -> Outcome {
+    let mut out = Outcome::default();
+    let suites = vec![
+        Suite::new(Side::Ours, "bench-ours", "cnibench0", "10.70.0.0/16"),
+        Suite::new(Side::Reference, "bench-ref", "cnibench1", "10.71.0.0/16"),
+    ];
+    let full_suites = vec![
+        Suite::new(Side::Ours, "full-ours", "cnifull0", "10.72.0.0/16"),
+        Suite::new(Side::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
+    ];
+    for suite in &full_suites {
+        eprintln!("bench: writing {} reference-format leases for {}", options.full_leases, suite.side.label());
+        write_reference_leases(&suite.data_dir(), &suite.network, &suite.subnet, options.full_leases);
+        // Ours imports them on first use, as a migrated node does; that
+        // one-time import is not what the phase measures.
+        let pod = Netns::new("warm");
+        let add = suite.call("bridge", "ADD", "warm-up", pod.path_str(), &suite.bridge_conf(None));
+        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+        let del = suite.call("bridge", "DEL", "warm-up", pod.path_str(), &suite.bridge_conf(Some(&result)));
+        check_calls(&mut out, "full warm-up", suite.side, &[add, del]);
+    }
+    for round in 0..options.repeats {
+        eprintln!("bench: round {}/{}", round + 1, options.repeats);
+        out.repeats.push(BTreeMap::new());
+        seq(&mut out, &suites, options.pods);
+        burst(&mut out, &suites, options.pods, round);
+        full_round(&mut out, &full_suites, round);
+        loopback(&mut out, &suites, options.pods);
+        istio(&mut out, &suites[0], options.pods);
+        floors(&mut out, options.pods.min(20));
+    }
+    out
+}

@@ -1,0 +1,216 @@
+//! The bench's outputs: a table of medians and ratios, one JSON line, an
+//! SVG chart of the per-call latencies, and a markdown report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value, json};
+
+use super::{Options, Outcome, Side};
+
+/// The issue's targets, ratio ours/reference (informational: the bench
+/// never fails on a timing).
+pub const TARGETS: [(&str, f64); 14] = [
+    ("seq ADD p50", 0.15),
+    ("seq DEL p50", 0.10),
+    ("seq ADD cpu p50", 0.15),
+    ("seq DEL cpu p50", 0.10),
+    ("burst ADD wall", 0.25),
+    ("burst DEL wall", 0.15),
+    ("burst ADD cpu/call", 0.25),
+    ("burst DEL cpu/call", 0.15),
+    ("full chain ADD", 0.02),
+    ("full chain DEL", 0.02),
+    ("full IPAM ADD", 0.02),
+    ("full IPAM DEL", 0.02),
+    ("loopback ADD p50", 0.6),
+    ("loopback ADD cpu p50", 0.6),
+];
+
+/// Phases in the chart, top to bottom.
+const CHART_PHASES: [&str; 9] = [
+    "seq ADD",
+    "seq DEL",
+    "loopback ADD",
+    "loopback DEL",
+    "istio-redirect ADD",
+    "full chain ADD",
+    "full chain DEL",
+    "full IPAM ADD",
+    "full IPAM DEL",
+];
+
+type Medians = BTreeMap<String, BTreeMap<Side, f64>>;
+
+fn target(metric: &str) -> Option<f64> {
+    TARGETS.iter().find(|(m, _)| *m == metric).map(|(_, r)| *r)
+}
+
+fn ratio(sides: &BTreeMap<Side, f64>) -> Option<f64> {
+    Some(sides.get(&Side::Ours)? / sides.get(&Side::Reference)?)
+}
+
+fn cell(value: Option<&f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+/// Rows: metric, ours, reference, ratio, target.
+fn rows(medians: &Medians) -> Vec<[String; 5]> {
+    medians
+        .iter()
+        .map(|(metric, sides)| {
+            let ratio = ratio(sides);
+            let target = target(metric).map_or_else(String::new, |t| {
+                let met = ratio.is_some_and(|r| r <= t);
+                format!("≤ {t} {}", if met { "met" } else { "not met" })
+            });
+            let name = if metric.starts_with("istio-redirect") {
+                format!("{metric} (reference: one bare iptables-restore)")
+            } else {
+                metric.clone()
+            };
+            [
+                name,
+                cell(sides.get(&Side::Ours)),
+                cell(sides.get(&Side::Reference)),
+                ratio.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
+                target,
+            ]
+        })
+        .collect()
+}
+
+pub fn table(medians: &Medians) -> String {
+    let header = ["metric (ms, median of repeats)", "ours", "reference", "ratio", "target"];
+    let rows = rows(medians);
+    let widths: Vec<usize> = (0..5)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let line = |cells: &[&str]| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let _ = writeln!(out, "{}", line(&header));
+    for row in &rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", line(&cells));
+    }
+    out
+}
+
+pub fn markdown_table(medians: &Medians) -> String {
+    let mut out = String::from("| metric (ms, median of repeats) | ours | reference | ratio | target |\n|---|---:|---:|---:|---|\n");
+    for row in rows(medians) {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out
+}
+
+pub fn json_line(options: &Options, outcome: &Outcome, medians: &Medians) -> String {
+    let mut metrics = Map::new();
+    for (metric, sides) in medians {
+        metrics.insert(
+            metric.clone(),
+            json!({"ours": sides.get(&Side::Ours), "reference": sides.get(&Side::Reference), "ratio": ratio(sides),
+                   "target": target(metric)}),
+        );
+    }
+    json!({"pods": options.pods, "repeats": options.repeats, "full_leases": options.full_leases,
+           "metrics": Value::Object(metrics), "problems": outcome.problems})
+    .to_string()
+}
+
+/// Every call's wall time on a log scale, ours above the reference per
+/// phase, the median marked.
+pub fn svg(outcome: &Outcome) -> String {
+    let (left, width, row, top) = (190.0, 620.0, 22.0, 40.0);
+    let (lo, hi) = (0.5_f64.log10(), 5000_f64.log10());
+    let x = |v: f64| left + (v.max(0.5).log10() - lo) / (hi - lo) * width;
+    let phases: Vec<&str> = CHART_PHASES
+        .iter()
+        .copied()
+        .filter(|p| outcome.samples.contains_key(*p))
+        .collect();
+    let height = top + row * 2.0 * phases.len() as f64 + 50.0;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"13\">Per-call latency, ms (log scale): ours (blue) vs reference (orange)</text>\n",
+        left + width + 20.0
+    );
+    let axis_y = top + row * 2.0 * phases.len() as f64 + 5.0;
+    for tick in [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0] {
+        let tx = x(tick);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{axis_y}\" stroke=\"#ddd\"/>\
+             <text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{tick}</text>",
+            axis_y + 14.0
+        );
+    }
+    for (i, phase) in phases.iter().enumerate() {
+        let y0 = top + row * 2.0 * i as f64;
+        let _ = writeln!(out, "<text x=\"10\" y=\"{:.1}\">{phase}</text>", y0 + row + 4.0);
+        for (j, (side, color)) in [(Side::Ours, "#1f77b4"), (Side::Reference, "#ff7f0e")].iter().enumerate() {
+            let Some(values) = outcome.samples.get(*phase).and_then(|s| s.get(side)) else {
+                continue;
+            };
+            let y = y0 + row * (j as f64 + 0.5);
+            for v in values {
+                let _ = writeln!(
+                    out,
+                    "<circle cx=\"{:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\" fill-opacity=\"0.35\"/>",
+                    x(*v)
+                );
+            }
+            let m = super::measure::median(values);
+            let _ = writeln!(
+                out,
+                "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{0:.1}\" y2=\"{2:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>",
+                x(m),
+                y - 8.0,
+                y + 8.0
+            );
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+pub fn markdown(options: &Options, outcome: &Outcome, medians: &Medians, machine: &str) -> String {
+    let mut out = String::from("# make bench\n\n");
+    let _ = writeln!(
+        out,
+        "Command: `make bench` (`cni-bench --pods {} --repeats {} --full-leases {}`). Machine: {machine}.\n",
+        options.pods, options.repeats, options.full_leases
+    );
+    out.push_str(
+        "Ours: bridge + host-local (through its lease service, the shipped setup; the service's CPU is \
+         added to ours per call), loopback, istio-redirect, from `target/<triple>/release`. Reference: \
+         Debian's containernetworking-plugins in /usr/lib/cni. Same configuration shape (bridge with \
+         isGateway and ipMasq, host-local over a /16), each suite in its own node namespace, plugins \
+         executed directly as libcni does, calls alternating between the suites.\n\n",
+    );
+    out.push_str(&markdown_table(medians));
+    out.push_str("\n![per-call latency](latency.svg)\n\n");
+    if outcome.problems.is_empty() {
+        out.push_str("No failure, duplicate address or leak in either suite.\n");
+    } else {
+        out.push_str("Problems:\n\n");
+        for p in &outcome.problems {
+            let _ = writeln!(out, "- {p}");
+        }
+    }
+    out
+}
