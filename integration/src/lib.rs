@@ -500,18 +500,24 @@ impl Node {
     }
 
     /// Per-container CNI chains (`CNI-<hash>`, `CNI-DN-<hash>`) in the node's
-    /// nat tables, both families; portmap's shared `CNI-HOSTPORT-*` chains
-    /// are not per container and stay by design.
+    /// nat tables, both families. Shared chains stay by design: portmap's
+    /// `CNI-HOSTPORT-*` and the bridge's per-subnet `CNI-NET-*`.
     pub fn container_nat_chains(&self) -> Vec<String> {
+        self.nat_chains()
+            .into_iter()
+            .filter(|c| !c.starts_with("CNI-HOSTPORT-") && !c.starts_with("CNI-NET-"))
+            .collect()
+    }
+
+    /// Every CNI chain in the node's nat tables, both families.
+    pub fn nat_chains(&self) -> Vec<String> {
         let mut chains = Vec::new();
         for tool in ["iptables-save", "ip6tables-save"] {
             let saved = self.run(tool, &["-t", "nat"]).success().stdout;
-            chains.extend(
-                saved
-                    .lines()
-                    .filter(|l| l.starts_with(":CNI-") && !l.starts_with(":CNI-HOSTPORT-"))
-                    .map(str::to_owned),
-            );
+            chains.extend(saved.lines().filter_map(|l| {
+                let name = l.strip_prefix(':')?.split_whitespace().next()?;
+                name.starts_with("CNI-").then(|| name.to_owned())
+            }));
         }
         chains
     }

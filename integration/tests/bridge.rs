@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Barrier;
 
-use integration::{Netns, Node, Run, bin_dir, cnitool_container_id, run_in};
+use integration::{LeaseService, Netns, Node, Run, bin, bin_dir, cnitool_container_id, run_in};
 use serde_json::{Value, json};
 
 const NETWORK: &str = "br-net";
@@ -102,8 +102,9 @@ impl Net {
         listed.as_array().map_or(0, Vec::len)
     }
 
-    /// Nothing of any attachment is left: no veth, no CNI chain or nft rule,
-    /// no lease.
+    /// Nothing of any attachment is left: no veth, no per-container chain
+    /// or nft rule, no lease. (A network's subnet masquerade stays, like
+    /// its bridge, until GC finds no valid attachment.)
     fn assert_clean(&self) {
         assert!(
             self.host_veths().is_empty(),
@@ -111,13 +112,26 @@ impl Net {
             self.host_veths()
         );
         let nat = self.nat_rules();
-        assert!(!nat.contains("CNI-"), "masquerade rules left:\n{nat}");
+        assert!(
+            !nat.lines()
+                .any(|l| l.starts_with(":CNI-") && !l.starts_with(":CNI-NET-")),
+            "per-container masquerade chains left:\n{nat}"
+        );
         let nft = self.nft_rules();
         assert!(
-            !nft.contains("masquerade comment"),
-            "nft masquerade rules left:\n{nft}"
+            !nft.lines()
+                .any(|l| l.contains("masquerade comment") && l.contains(", id: ")),
+            "per-container nft masquerade rules left:\n{nft}"
         );
         assert_eq!(self.leases(), 0, "leases left");
+    }
+
+    /// The subnet masquerade of the network, in both backends.
+    fn subnet_masquerade(&self) -> usize {
+        let nat = self.nat_rules();
+        let nft = self.nft_rules();
+        nat.lines().filter(|l| l.starts_with(":CNI-NET-")).count()
+            + nft.lines().filter(|l| l.contains(" jump net-")).count()
     }
 }
 
@@ -212,7 +226,7 @@ fn masquerade_with_iptables_and_nftables_and_nothing_left_after_del() {
     for backend in ["iptables", "nftables"] {
         let net = Net::new();
         net.conf(
-            "1.0.0",
+            "1.1.0",
             json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}),
             json!([[{"subnet": "10.44.0.0/24"}], [{"subnet": "fd44::/64"}]]),
         );
@@ -223,27 +237,40 @@ fn masquerade_with_iptables_and_nftables_and_nothing_left_after_del() {
         );
         net.add(&a);
         net.add(&b);
-        let chain = firewall_chain(&id_a);
         match backend {
             "iptables" => {
                 let nat = net.nat_rules();
-                assert!(nat.contains(&format!("-A POSTROUTING -s 10.44.0.2/32 -m comment --comment \"name: \\\"{NETWORK}\\\" id: \\\"{id_a}\\\"\" -j {chain}")), "{nat}");
-                assert!(nat.contains(&format!("-A {chain} -d 10.44.0.0/24")), "{nat}");
-                assert!(nat.contains(&format!("-A {chain} ! -d 224.0.0.0/4")), "{nat}");
-                assert!(nat.contains("-A POSTROUTING -s fd44::2/128"), "{nat}");
+                let chain = subnet_chain("10.44.0.0/24");
+                let comment =
+                    format!("-m comment --comment \"name: \\\"{NETWORK}\\\" subnet: \\\"10.44.0.0/24\\\"\"");
+                assert!(
+                    nat.contains(&format!("-A POSTROUTING -s 10.44.0.0/24 {comment} -j {chain}")),
+                    "{nat}"
+                );
+                assert!(
+                    nat.contains(&format!("-A {chain} -d 10.44.0.0/24 {comment} -j ACCEPT")),
+                    "{nat}"
+                );
+                assert!(
+                    nat.contains(&format!("-A {chain} ! -d 224.0.0.0/4 {comment} -j MASQUERADE")),
+                    "{nat}"
+                );
+                assert_eq!(
+                    nat.matches("-A POSTROUTING").count(),
+                    2,
+                    "one jump per subnet, not per pod: {nat}"
+                );
+                assert!(nat.contains(&format!("-A POSTROUTING -s fd44::/64 -m comment --comment \"name: \\\"{NETWORK}\\\" subnet: \\\"fd44::/64\\\"\" -j {}", subnet_chain("fd44::/64"))), "{nat}");
                 assert!(nat.contains("! -d ff00::/8"), "{nat}");
             }
             _ => {
                 let nft = net.nft_rules();
                 assert!(nft.contains("table inet cni_plugins_masquerade"), "{nft}");
-                assert!(
-                    nft.contains("ip saddr 10.44.0.2 ip daddr != 10.44.0.0/24 masquerade"),
-                    "{nft}"
-                );
-                assert!(
-                    nft.contains("ip6 saddr fd44::2 ip6 daddr != fd44::/64 masquerade"),
-                    "{nft}"
-                );
+                assert!(nft.contains("ip saddr 10.44.0.0/24 jump net-"), "{nft}");
+                assert!(nft.contains("ip daddr != 10.44.0.0/24 masquerade"), "{nft}");
+                assert!(nft.contains("ip6 saddr fd44::/64 jump net-"), "{nft}");
+                assert!(nft.contains("ip6 daddr != fd44::/64 masquerade"), "{nft}");
+                assert_eq!(nft.matches(" jump net-").count(), 2, "{nft}");
                 assert!(!net.nat_rules().contains("CNI-"));
             }
         }
@@ -261,7 +288,27 @@ fn masquerade_with_iptables_and_nftables_and_nothing_left_after_del() {
         direct_del_with_empty_netns(&net, &id_a);
         net.node.cnictl(&["del", NETWORK, a.path_str()]).success();
         net.assert_clean();
+        assert_eq!(
+            net.subnet_masquerade(),
+            2,
+            "the subnets' masquerade stays, like the bridge"
+        );
+        net.node.cnictl(&["gc", NETWORK, "--all"]).success();
+        assert_eq!(net.subnet_masquerade(), 0, "GC removes it once nothing is valid");
     }
+}
+
+/// `CNI-NET-` + 20 hex of sha512("<network>:<subnet>"), computed with
+/// coreutils.
+fn subnet_chain(subnet: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("printf %s \"$1\" | sha512sum | cut -c1-20")
+        .arg("sh")
+        .arg(format!("{NETWORK}:{subnet}"))
+        .output()
+        .expect("sha512sum");
+    format!("CNI-NET-{}", String::from_utf8_lossy(&out.stdout).trim())
 }
 
 fn firewall_chain(container_id: &str) -> String {
@@ -338,7 +385,11 @@ fn fifty_parallel_adds_from_a_cold_bridge_then_fifty_dels() {
         .collect();
     assert_eq!(in_pods.len(), 50, "no duplicate address in the pods: {in_pods:?}");
     net.ping(&pods[0], &address_of(&added[49], 0)).success();
-    assert_eq!(net.nat_rules().matches("-A POSTROUTING").count(), 50);
+    assert_eq!(
+        net.nat_rules().matches("-A POSTROUTING").count(),
+        1,
+        "fifty pods, one masquerade jump for their subnet"
+    );
     for run in run_all("del") {
         run.success();
     }
@@ -535,8 +586,9 @@ fn check_detects_a_removed_address_or_route() {
     );
     pod.ip(&["addr", "add", "10.42.0.2/24", "dev", "eth0"]).success();
     pod.ip(&["route", "add", "default", "via", "10.42.0.1"]).ok();
-    let chain = firewall_chain(&cnitool_container_id(pod.path_str()));
-    net.node.run("iptables", &["-t", "nat", "-F", &chain]).success();
+    net.node
+        .run("iptables", &["-t", "nat", "-F", &subnet_chain("10.42.0.0/24")])
+        .success();
     let err = net
         .node
         .cnictl(&["--json", "check", NETWORK, pod.path_str()])
@@ -615,13 +667,31 @@ fn gc_removes_stale_masquerade_and_leases_and_status_forwards() {
         )
         .expect("rm");
     }
+    // And a stale container's rules in the reference plugin's layout.
+    let stale = firewall_chain("ref-stale");
+    let reference_rules = format!(
+        "*nat\n:{stale} - [0:0]\n-A {stale} -d 10.46.0.0/29 -m comment --comment \"name: \\\"{NETWORK}\\\" id: \\\"ref-stale\\\"\" -j ACCEPT\n\
+         -A POSTROUTING -s 10.46.0.6/32 -m comment --comment \"name: \\\"{NETWORK}\\\" id: \\\"ref-stale\\\"\" -j {stale}\nCOMMIT\n"
+    );
+    run_in(
+        net.node.netns.path(),
+        std::path::Path::new("iptables-restore"),
+        &["--noflush"],
+        &[],
+        &reference_rules,
+    )
+    .success();
     net.node
         .cnictl(&["gc", NETWORK, "--valid", &format!("{keep}/eth0")])
         .success();
     assert_eq!(net.leases(), 1);
     let nat = net.nat_rules();
-    assert_eq!(nat.matches("-A POSTROUTING").count(), 1, "{nat}");
-    assert!(nat.contains(&keep));
+    assert!(!nat.contains("ref-stale"), "{nat}");
+    assert_eq!(
+        net.subnet_masquerade(),
+        1,
+        "a valid attachment keeps the subnet's masquerade"
+    );
     for _ in 0..4 {
         net.add(&net.node.pod("fill"));
     }
@@ -661,7 +731,7 @@ fn rules_made_by_the_reference_bridge_are_removed_by_ours() {
     let bins = bin_dir();
     del.insert("CNI_PATH", bins.to_str().expect("UTF-8"));
     net.node.exec_plugin("bridge", &del, &conf.to_string()).success();
-    assert!(!net.nat_rules().contains("CNI-"), "{}", net.nat_rules());
+    assert!(!net.nat_rules().contains("ref-ctr"), "{}", net.nat_rules());
     assert_eq!(
         net.leases(),
         0,
@@ -824,4 +894,55 @@ fn vlans_need_bridge_vlan_filtering_in_the_kernel() {
         );
     }
     net.assert_clean();
+}
+
+#[test]
+fn with_the_lease_service_named_the_bridge_asks_it_without_a_host_local_process() {
+    let node = Node::new();
+    let mut service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
+    let socket = service.socket.to_str().expect("UTF-8").to_owned();
+    let data_dir = node.path("ipam");
+    node.write_conf(
+        "10-bridge.conflist",
+        &json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": [
+            {"type": "bridge", "bridge": "cnisvc0", "isGateway": true,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.47.0.0/24"}]],
+                      "dataDir": data_dir.to_str().expect("UTF-8"), "socket": socket}}]}),
+    );
+    // A plugin directory with the bridge alone: ADD can only succeed
+    // without executing host-local.
+    let lonely = node.path("bridge-only");
+    std::fs::create_dir(&lonely).expect("mkdir");
+    std::os::unix::fs::symlink(bin("bridge"), lonely.join("bridge")).expect("symlink");
+    let only_bridge = [("CNI_PATH", lonely.to_str().expect("UTF-8"))];
+    let pod = node.pod("pod");
+    let added = node
+        .cnictl_env(&["--json", "add", NETWORK, pod.path_str()], &only_bridge)
+        .success()
+        .json();
+    assert_eq!(address_of(&added, 0), "10.47.0.2");
+    node.cnictl_env(&["check", NETWORK, pod.path_str()], &only_bridge)
+        .success();
+    node.cnictl_env(&["status", NETWORK], &only_bridge).success();
+    let listed = node
+        .cnictl(&[
+            "ipam",
+            "ls",
+            NETWORK,
+            "--socket",
+            &socket,
+            "--data-dir",
+            data_dir.to_str().expect("UTF-8"),
+        ])
+        .success()
+        .stdout;
+    assert!(listed.contains("10.47.0.2"), "{listed}");
+    // Without the service, the spec's way: host-local is executed.
+    service.kill();
+    let failed = node
+        .cnictl_env(&["del", NETWORK, pod.path_str()], &only_bridge)
+        .failure();
+    assert!(failed.stderr.contains("host-local"), "{failed:?}");
+    node.cnictl(&["del", NETWORK, pod.path_str()]).success();
+    assert_eq!(node.leases_in(NETWORK, &data_dir).matches("10.47.").count(), 0);
 }

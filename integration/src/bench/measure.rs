@@ -31,7 +31,10 @@ pub fn exec(ns: &NetNs, program: &Path, args: &[&str], env: &[(&str, &str)], std
     let mut child = Command::new(program)
         .args(args)
         .env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -78,7 +81,9 @@ pub fn process_cpu(pid: u32) -> Duration {
     // utime and stime are fields 14 and 15 of stat, 12 and 13 here.
     let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
-    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
     Duration::from_micros(ticks * 1_000_000 / per_second)
 }
 

@@ -87,7 +87,11 @@ impl Outcome {
         for repeat in &self.repeats {
             for (metric, sides) in repeat {
                 for (side, value) in sides {
-                    all.entry(metric.clone()).or_default().entry(*side).or_default().push(*value);
+                    all.entry(metric.clone())
+                        .or_default()
+                        .entry(*side)
+                        .or_default()
+                        .push(*value);
                 }
             }
         }
@@ -118,7 +122,8 @@ impl Suite {
         let (bins, service) = match side {
             Side::Ours => {
                 let bins = bin_dir();
-                let service = LeaseService::start(&bins.join("host-local"), node.path("host-local.sock"), &[]);
+                let service =
+                    LeaseService::start(&bins.join("host-local"), node.path("host-local.sock"), &[]);
                 (bins, Some(service))
             }
             Side::Reference => (PathBuf::from(REFERENCE_DIR), None),
@@ -198,7 +203,10 @@ impl Suite {
                 }
             }
             Side::Ours => {
-                let socket = self.service.as_ref().map(|s| s.socket.to_str().expect("UTF-8").to_owned());
+                let socket = self
+                    .service
+                    .as_ref()
+                    .map(|s| s.socket.to_str().expect("UTF-8").to_owned());
                 let data_dir = self.data_dir();
                 let listed = self
                     .node
@@ -214,7 +222,13 @@ impl Suite {
                     ])
                     .success()
                     .json();
-                left.extend(listed.as_array().into_iter().flatten().map(|l| format!("lease {l}")));
+                left.extend(
+                    listed
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|l| format!("lease {l}")),
+                );
             }
         }
         left
@@ -238,7 +252,11 @@ fn duplicates(addresses: &[String]) -> Vec<String> {
 /// The IPv4 address on a pod's eth0, as the kernel has it.
 fn pod_address(pod: &Netns) -> Option<String> {
     let shown = pod.ip(&["-4", "-o", "addr", "show", "eth0"]).stdout;
-    shown.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(str::to_owned)
+    shown
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .map(str::to_owned)
 }
 
 fn pods(n: usize, role: &str) -> Vec<Netns> {
@@ -260,7 +278,12 @@ fn walls(calls: &[Call]) -> Vec<f64> {
 
 fn check_calls(out: &mut Outcome, what: &str, side: Side, calls: &[Call]) {
     for call in calls.iter().filter(|c| !c.ok) {
-        out.problem(format!("{what} ({}) failed: {}{}", side.label(), call.stdout.trim(), call.stderr.trim()));
+        out.problem(format!(
+            "{what} ({}) failed: {}{}",
+            side.label(),
+            call.stdout.trim(),
+            call.stderr.trim()
+        ));
     }
 }
 
@@ -276,8 +299,18 @@ fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], c
     out.record(&format!("{name} p50"), side, quantile(&wall, 0.5));
     out.record(&format!("{name} p95"), side, quantile(&wall, 0.95));
     out.record(&format!("{name} max"), side, quantile(&wall, 1.0));
-    out.record(&format!("{name} cpu p50"), side, median(&cpu_ms(calls, cpu_extra)));
+    out.record(
+        &format!("{name} cpu p50"),
+        side,
+        median(&cpu_ms(calls, cpu_extra)),
+    );
     out.sample(name, side, calls);
+}
+
+/// Call order for `n` calls per suite, alternating which suite goes first
+/// so machine noise hits both alike: (call index, suite index).
+fn interleaved(n: usize, suites: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).flat_map(move |i| (0..suites).map(move |k| (i, (i + k) % suites)))
 }
 
 /// Pods added one by one so they accumulate, then deleted one by one;
@@ -288,21 +321,21 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let cpu_before: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
-    for i in 0..n {
-        for k in 0..suites.len() {
-            let s = (i + k) % suites.len();
-            let call = suites[s].call("bridge", "ADD", &format!("seq-{i}"), pods[s][i].path_str(), &suites[s].bridge_conf(None));
-            results[s].push(serde_json::from_str(&call.stdout).unwrap_or(Value::Null));
-            adds[s].push(call);
-        }
+    for (i, s) in interleaved(n, suites.len()) {
+        let call = suites[s].call(
+            "bridge",
+            "ADD",
+            &format!("seq-{i}"),
+            pods[s][i].path_str(),
+            &suites[s].bridge_conf(None),
+        );
+        results[s].push(serde_json::from_str(&call.stdout).unwrap_or(Value::Null));
+        adds[s].push(call);
     }
     let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
-    for i in 0..n {
-        for k in 0..suites.len() {
-            let s = (i + k) % suites.len();
-            let conf = suites[s].bridge_conf(Some(&results[s][i]));
-            dels[s].push(suites[s].call("bridge", "DEL", &format!("seq-{i}"), pods[s][i].path_str(), &conf));
-        }
+    for (i, s) in interleaved(n, suites.len()) {
+        let conf = suites[s].bridge_conf(Some(&results[s][i]));
+        dels[s].push(suites[s].call("bridge", "DEL", &format!("seq-{i}"), pods[s][i].path_str(), &conf));
     }
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (s, suite) in suites.iter().enumerate() {
@@ -311,7 +344,10 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
         let addresses: Vec<String> = results[s].iter().flat_map(ips_of).collect();
         let dup = duplicates(&addresses);
         if !dup.is_empty() {
-            out.problem(format!("seq ({}) duplicate addresses: {dup:?}", suite.side.label()));
+            out.problem(format!(
+                "seq ({}) duplicate addresses: {dup:?}",
+                suite.side.label()
+            ));
         }
         record_latencies(out, "seq ADD", suite.side, &adds[s], cpu_mid[s] - cpu_before[s]);
         record_latencies(out, "seq DEL", suite.side, &dels[s], cpu_after[s] - cpu_mid[s]);
@@ -321,7 +357,13 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
 
 /// `n` calls released together; the wall time from release to the last
 /// reply, and every call.
-fn burst_calls(suite: &Suite, n: usize, command: &str, pods: &[Netns], results: &[Value]) -> (Duration, Vec<Call>) {
+fn burst_calls(
+    suite: &Suite,
+    n: usize,
+    command: &str,
+    pods: &[Netns],
+    results: &[Value],
+) -> (Duration, Vec<Call>) {
     let barrier = Arc::new(Barrier::new(n + 1));
     let (wall, calls) = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
@@ -338,9 +380,15 @@ fn burst_calls(suite: &Suite, n: usize, command: &str, pods: &[Netns], results: 
             .collect();
         barrier.wait();
         let released = Instant::now();
-        let done: Vec<(Instant, Call)> = handles.into_iter().map(|h| h.join().expect("burst thread")).collect();
+        let done: Vec<(Instant, Call)> = handles
+            .into_iter()
+            .map(|h| h.join().expect("burst thread"))
+            .collect();
         let last = done.iter().map(|(t, _)| *t).max().unwrap_or(released);
-        (last - released, done.into_iter().map(|(_, c)| c).collect::<Vec<_>>())
+        (
+            last - released,
+            done.into_iter().map(|(_, c)| c).collect::<Vec<_>>(),
+        )
     });
     (wall, calls)
 }
@@ -362,7 +410,10 @@ fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
         for (where_, list) in [("results", &in_results), ("pods", &in_pods)] {
             let dup = duplicates(list);
             if !dup.is_empty() {
-                out.problem(format!("burst ({}) duplicate addresses in {where_}: {dup:?}", suite.side.label()));
+                out.problem(format!(
+                    "burst ({}) duplicate addresses in {where_}: {dup:?}",
+                    suite.side.label()
+                ));
             }
         }
         let (del_wall, dels) = burst_calls(suite, n, "DEL", &pods, &results);
@@ -384,7 +435,11 @@ fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
 fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: usize) {
     let dir = data_dir.join(network);
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let base: std::net::Ipv4Addr = subnet.split('/').next().and_then(|a| a.parse().ok()).expect("subnet");
+    let base: std::net::Ipv4Addr = subnet
+        .split('/')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("subnet");
     let base = u32::from(base);
     let mut last = String::new();
     for i in 0..count {
@@ -404,12 +459,28 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
         let id = format!("full-extra-{round}");
         let add = suite.call("bridge", "ADD", &id, pod.path_str(), &suite.bridge_conf(None));
         let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-        let del = suite.call("bridge", "DEL", &id, pod.path_str(), &suite.bridge_conf(Some(&result)));
+        let del = suite.call(
+            "bridge",
+            "DEL",
+            &id,
+            pod.path_str(),
+            &suite.bridge_conf(Some(&result)),
+        );
         let ipam_id = format!("full-ipam-{round}");
         let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
         let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
-        for (what, call) in [("chain ADD", &add), ("chain DEL", &del), ("IPAM ADD", &ipam_add), ("IPAM DEL", &ipam_del)] {
-            check_calls(out, &format!("full {what}"), suite.side, std::slice::from_ref(call));
+        for (what, call) in [
+            ("chain ADD", &add),
+            ("chain DEL", &del),
+            ("IPAM ADD", &ipam_add),
+            ("IPAM DEL", &ipam_del),
+        ] {
+            check_calls(
+                out,
+                &format!("full {what}"),
+                suite.side,
+                std::slice::from_ref(call),
+            );
             out.record(&format!("full {what}"), suite.side, ms(call.wall));
             out.sample(&format!("full {what}"), suite.side, std::slice::from_ref(call));
         }
@@ -421,14 +492,11 @@ fn loopback(out: &mut Outcome, suites: &[Suite], n: usize) {
     let conf = json!({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}).to_string();
     let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
-    for i in 0..n {
-        for k in 0..suites.len() {
-            let s = (i + k) % suites.len();
-            let pod = Netns::new("lo");
-            let id = format!("lo-{i}");
-            adds[s].push(suites[s].call("loopback", "ADD", &id, pod.path_str(), &conf));
-            dels[s].push(suites[s].call("loopback", "DEL", &id, pod.path_str(), &conf));
-        }
+    for (i, s) in interleaved(n, suites.len()) {
+        let pod = Netns::new("lo");
+        let id = format!("lo-{i}");
+        adds[s].push(suites[s].call("loopback", "ADD", &id, pod.path_str(), &conf));
+        dels[s].push(suites[s].call("loopback", "DEL", &id, pod.path_str(), &conf));
     }
     for (s, suite) in suites.iter().enumerate() {
         check_calls(out, "loopback ADD", suite.side, &adds[s]);
@@ -442,7 +510,8 @@ fn loopback(out: &mut Outcome, suites: &[Suite], n: usize) {
 fn addressed_pod() -> Netns {
     let pod = Netns::new("mesh");
     pod.ip(&["link", "set", "lo", "up"]).success();
-    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "peer0"]).success();
+    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "peer0"])
+        .success();
     pod.ip(&["link", "set", "eth0", "up"]).success();
     pod.ip(&["addr", "add", "10.79.0.2/24", "dev", "eth0"]).success();
     pod
@@ -458,7 +527,8 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize) {
             "sidecar.istio.io/status": status, "sidecar.istio.io/interceptionMode": "REDIRECT"}},
         "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.79.0.2/24"}]}})
     .to_string();
-    let rules = firewall::istio::render(&firewall::istio::Redirect::default(), firewall::Family::V4).restore_fresh();
+    let rules =
+        firewall::istio::render(&firewall::istio::Redirect::default(), firewall::Family::V4).restore_fresh();
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=u";
     let bins = ours.bins.to_str().expect("UTF-8");
     let mut adds = Vec::new();
@@ -474,10 +544,22 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize) {
             ("CNI_PATH", bins),
             ("CNI_ARGS", args),
         ];
-        adds.push(exec(&ours.ns, &ours.bins.join("istio-redirect"), &[], &env, &conf));
+        adds.push(exec(
+            &ours.ns,
+            &ours.bins.join("istio-redirect"),
+            &[],
+            &env,
+            &conf,
+        ));
         let fresh = addressed_pod();
         let fresh_ns = NetNs::open(fresh.path()).expect("pod netns");
-        bare.push(exec(&fresh_ns, Path::new("/usr/sbin/iptables-nft-restore"), &["--noflush"], &[], &rules));
+        bare.push(exec(
+            &fresh_ns,
+            Path::new("/usr/sbin/iptables-nft-restore"),
+            &["--noflush"],
+            &[],
+            &rules,
+        ));
     }
     check_calls(out, "istio-redirect ADD", Side::Ours, &adds);
     check_calls(out, "bare iptables-restore", Side::Reference, &bare);
@@ -498,14 +580,30 @@ fn floors(out: &mut Outcome, n: usize) {
         let id = format!("floor-{i}");
         let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
         let setup = firewall::masquerade::render_setup(firewall::Family::V4, "floor", &id, &[address]);
-        adds.push(exec(&ns, Path::new("/usr/sbin/iptables-restore"), &["--noflush"], &[], &setup));
+        adds.push(exec(
+            &ns,
+            Path::new("/usr/sbin/iptables-restore"),
+            &["--noflush"],
+            &[],
+            &setup,
+        ));
         let saved = node.run("iptables-save", &["-t", "nat"]).success().stdout;
         let table = firewall::masquerade::NatTable::parse(&saved);
         let chain = firewall::masquerade::chain_name("floor", &id);
         let teardown = firewall::masquerade::render_teardown(&table, &[chain]).expect("rules to remove");
-        dels.push(exec(&ns, Path::new("/usr/sbin/iptables-restore"), &["--noflush"], &[], &teardown));
+        dels.push(exec(
+            &ns,
+            Path::new("/usr/sbin/iptables-restore"),
+            &["--noflush"],
+            &[],
+            &teardown,
+        ));
     }
-    for (name, calls) in [("floor exec /bin/true", &trues), ("floor restore add", &adds), ("floor restore delete", &dels)] {
+    for (name, calls) in [
+        ("floor exec /bin/true", &trues),
+        ("floor restore add", &adds),
+        ("floor restore delete", &dels),
+    ] {
         check_calls(out, name, Side::Ours, calls);
         out.record(name, Side::Ours, median(&walls(calls)));
     }
@@ -523,14 +621,35 @@ pub fn run(options: &Options) -> Outcome {
         Suite::new(Side::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
     ];
     for suite in &full_suites {
-        eprintln!("bench: writing {} reference-format leases for {}", options.full_leases, suite.side.label());
-        write_reference_leases(&suite.data_dir(), &suite.network, &suite.subnet, options.full_leases);
+        eprintln!(
+            "bench: writing {} reference-format leases for {}",
+            options.full_leases,
+            suite.side.label()
+        );
+        write_reference_leases(
+            &suite.data_dir(),
+            &suite.network,
+            &suite.subnet,
+            options.full_leases,
+        );
         // Ours imports them on first use, as a migrated node does; that
         // one-time import is not what the phase measures.
         let pod = Netns::new("warm");
-        let add = suite.call("bridge", "ADD", "warm-up", pod.path_str(), &suite.bridge_conf(None));
+        let add = suite.call(
+            "bridge",
+            "ADD",
+            "warm-up",
+            pod.path_str(),
+            &suite.bridge_conf(None),
+        );
         let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-        let del = suite.call("bridge", "DEL", "warm-up", pod.path_str(), &suite.bridge_conf(Some(&result)));
+        let del = suite.call(
+            "bridge",
+            "DEL",
+            "warm-up",
+            pod.path_str(),
+            &suite.bridge_conf(Some(&result)),
+        );
         check_calls(&mut out, "full warm-up", suite.side, &[add, del]);
     }
     for round in 0..options.repeats {

@@ -81,7 +81,13 @@ fn rows(medians: &Medians) -> Vec<[String; 5]> {
 }
 
 pub fn table(medians: &Medians) -> String {
-    let header = ["metric (ms, median of repeats)", "ours", "reference", "ratio", "target"];
+    let header = [
+        "metric (ms, median of repeats)",
+        "ours",
+        "reference",
+        "ratio",
+        "target",
+    ];
     let rows = rows(medians);
     let widths: Vec<usize> = (0..5)
         .map(|i| {
@@ -110,7 +116,9 @@ pub fn table(medians: &Medians) -> String {
 }
 
 pub fn markdown_table(medians: &Medians) -> String {
-    let mut out = String::from("| metric (ms, median of repeats) | ours | reference | ratio | target |\n|---|---:|---:|---:|---|\n");
+    let mut out = String::from(
+        "| metric (ms, median of repeats) | ours | reference | ratio | target |\n|---|---:|---:|---:|---|\n",
+    );
     for row in rows(medians) {
         let _ = writeln!(out, "| {} |", row.join(" | "));
     }
@@ -150,7 +158,9 @@ pub fn svg(outcome: &Outcome) -> String {
         left + width + 20.0
     );
     let axis_y = top + row * 2.0 * phases.len() as f64 + 5.0;
-    for tick in [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0] {
+    for tick in [
+        0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+    ] {
         let tx = x(tick);
         let _ = writeln!(
             out,
@@ -162,7 +172,10 @@ pub fn svg(outcome: &Outcome) -> String {
     for (i, phase) in phases.iter().enumerate() {
         let y0 = top + row * 2.0 * i as f64;
         let _ = writeln!(out, "<text x=\"10\" y=\"{:.1}\">{phase}</text>", y0 + row + 4.0);
-        for (j, (side, color)) in [(Side::Ours, "#1f77b4"), (Side::Reference, "#ff7f0e")].iter().enumerate() {
+        for (j, (side, color)) in [(Side::Ours, "#1f77b4"), (Side::Reference, "#ff7f0e")]
+            .iter()
+            .enumerate()
+        {
             let Some(values) = outcome.samples.get(*phase).and_then(|s| s.get(side)) else {
                 continue;
             };

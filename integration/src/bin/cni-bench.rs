@@ -4,6 +4,7 @@
 //! Exits non-zero on any failure, duplicate address or leak, never on a
 //! timing.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -47,7 +48,8 @@ fn main() -> ExitCode {
     integration::require_root();
     let outcome = bench::run(&options);
     let medians = outcome.medians();
-    print!("{}", report::table(&medians));
+    let mut stdout = std::io::stdout().lock();
+    let _ = write!(stdout, "{}", report::table(&medians));
     std::fs::create_dir_all(&options.out).expect("create the results folder");
     std::fs::write(options.out.join("latency.svg"), report::svg(&outcome)).expect("write the chart");
     std::fs::write(
@@ -55,8 +57,8 @@ fn main() -> ExitCode {
         report::markdown(&options, &outcome, &medians, &machine()),
     )
     .expect("write the report");
-    println!("report: {}", options.out.join("report.md").display());
-    println!("{}", report::json_line(&options, &outcome, &medians));
+    let _ = writeln!(stdout, "report: {}", options.out.join("report.md").display());
+    let _ = writeln!(stdout, "{}", report::json_line(&options, &outcome, &medians));
     if outcome.problems.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -8,6 +8,7 @@
 pub mod exec;
 pub mod istio;
 pub mod masquerade;
+pub mod nfnl;
 pub mod nft;
 pub mod spoofcheck;
 

@@ -1,24 +1,31 @@
-//! Per-container masquerade, rule for rule as the reference bridge makes it
-//! (so rules made by either are found and removed by the other):
+//! Masquerade with iptables, per network subnet: the first pod of a subnet
+//! creates
 //!
 //! ```text
 //! *nat
-//! :CNI-<24 hex of sha512(network + containerID)> - [0:0]
-//! -A CNI-… -d <pod subnet> -m comment --comment "name: \"<net>\" id: \"<id>\"" -j ACCEPT
-//! -A CNI-… ! -d 224.0.0.0/4 -m comment --comment "…" -j MASQUERADE
-//! -A POSTROUTING -s <pod ip>/32 -m comment --comment "…" -j CNI-…
+//! -N CNI-NET-<20 hex of sha512(network:subnet)>
+//! -A CNI-NET-… -d <subnet> -m comment --comment "name: \"<net>\" subnet: \"<subnet>\"" -j ACCEPT
+//! -A CNI-NET-… ! -d 224.0.0.0/4 -m comment --comment "…" -j MASQUERADE
+//! -A POSTROUTING -s <subnet> -m comment --comment "…" -j CNI-NET-…
 //! COMMIT
 //! ```
 //!
-//! The chain is named from the network and container alone, so DEL finds
-//! everything without knowing the pod's addresses (runtimes send DEL with
-//! an empty netns, and CRI's last DEL carries no prevResult).
+//! and every later pod only asks, in-process, whether the chain exists. DEL
+//! changes nothing: deleting in nf_tables waits for the kernel (13–21 ms per
+//! transaction here), and a pod's DEL needs no rule removed. GC removes a
+//! network's chains once none of its attachments is valid.
+//!
+//! The reference plugin instead writes one chain per container
+//! (`CNI-<24 hex of sha512(network + containerID)>`, same rules, jumped to
+//! from `-s <pod ip>/32`). Those chains, made by the reference or by a node
+//! that ran it before, are still found by name and removed by DEL and GC.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
 
+use crate::nfnl::{self, TableFamily};
 use crate::{Family, Result, exec};
 
 /// iptables chain names are at most 28 characters.
@@ -38,6 +45,20 @@ pub fn comment(network: &str, container_id: &str) -> String {
     format!("name: \"{network}\" id: \"{container_id}\"")
 }
 
+/// `CNI-NET-<20 hex of sha512(network:subnet)>`: the chain that
+/// masquerades one subnet of one network.
+pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
+    let digest = Sha512::digest(format!("{network}:{}", network_of(subnet)).as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let mut name = format!("CNI-NET-{hex}");
+    name.truncate(MAX_CHAIN);
+    name
+}
+
+fn network_comment(network: &str, subnet: &IpNetwork) -> String {
+    format!("name: \"{network}\" subnet: \"{}\"", network_of(subnet))
+}
+
 /// iptables-restore quoting: double quotes, with `"` and `\` escaped.
 fn quote(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
@@ -47,9 +68,8 @@ fn network_of(net: &IpNetwork) -> String {
     format!("{}/{}", net.network(), net.prefix())
 }
 
-/// The `iptables-restore --noflush` input that sets up masquerade for the
-/// addresses of one family. Declaring the chain empties it if it exists, so
-/// the chain's rules are exactly these.
+/// The reference plugin's per-container rules for the addresses of one
+/// family (what a node switched from it holds; the bench's floor).
 pub fn render_setup(family: Family, network: &str, container_id: &str, addresses: &[IpNetwork]) -> String {
     let chain = chain_name(network, container_id);
     let comment = quote(&comment(network, container_id));
@@ -77,6 +97,23 @@ pub fn render_setup(family: Family, network: &str, container_id: &str, addresses
     }
     out.push_str("COMMIT\n");
     out
+}
+
+/// The input that creates a subnet's chain and its POSTROUTING jump. `-N`
+/// makes the whole batch fail when the chain exists already, so two pods
+/// racing to create it cannot double the jump.
+pub fn render_network_setup(family: Family, network: &str, subnet: &IpNetwork) -> String {
+    let chain = network_chain(network, subnet);
+    let comment = quote(&network_comment(network, subnet));
+    let subnet = network_of(subnet);
+    format!(
+        "*nat\n-N {chain}\n\
+         -A {chain} -d {subnet} -m comment --comment {comment} -j ACCEPT\n\
+         -A {chain} ! -d {} -m comment --comment {comment} -j MASQUERADE\n\
+         -A POSTROUTING -s {subnet} -m comment --comment {comment} -j {chain}\n\
+         COMMIT\n",
+        family.multicast()
+    )
 }
 
 /// The nat table as `iptables-save -t nat` prints it: chains, and each
@@ -136,6 +173,16 @@ impl NatTable {
             })
             .collect()
     }
+
+    /// The subnet chains of `network`, found by their comments.
+    pub fn network_chains_of(&self, network: &str) -> BTreeSet<String> {
+        let prefix = format!("--comment \"name: \\\"{network}\\\" subnet: ");
+        self.rules
+            .iter()
+            .filter(|(chain, line)| chain.starts_with("CNI-NET-") && line.contains(&prefix))
+            .map(|(chain, _)| chain.clone())
+            .collect()
+    }
 }
 
 /// The input that removes `chains` and every POSTROUTING jump to them, or
@@ -169,22 +216,63 @@ pub fn restore(family: Family, input: &str) -> Result<()> {
     exec::run(family.restore(), &["--noflush", "--wait"], input).map(drop)
 }
 
-/// Sets up masquerade for a container's addresses, one batch per family.
-pub fn setup(network: &str, container_id: &str, addresses: &[IpNetwork]) -> Result<()> {
-    for family in families(addresses) {
-        restore(family, &render_setup(family, network, container_id, addresses))?;
+/// Whether `iptables-restore` here is iptables-nft (rules in nf_tables,
+/// which [`nfnl`] can read in-process) rather than iptables-legacy.
+fn uses_nf_tables(family: Family) -> bool {
+    exec::find(family.restore())
+        .and_then(|tool| std::fs::canonicalize(tool).ok())
+        .and_then(|real| real.file_name().map(|n| n.to_string_lossy().contains("nft")))
+        .unwrap_or(false)
+}
+
+/// Whether a nat chain exists: asked in-process with iptables-nft, read
+/// with `iptables-save` with iptables-legacy.
+pub fn nat_chain_exists(family: Family, chain: &str) -> Result<bool> {
+    if uses_nf_tables(family) {
+        let table_family = match family {
+            Family::V4 => TableFamily::Ip,
+            Family::V6 => TableFamily::Ip6,
+        };
+        nfnl::chain_exists(table_family, "nat", chain)
+    } else {
+        Ok(read_nat(family)?.chains.contains(chain))
+    }
+}
+
+fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
+    addresses
+        .iter()
+        .filter_map(|a| IpNetwork::new(a.network(), a.prefix()).ok())
+        .collect()
+}
+
+/// Masquerade for the subnets of `addresses`: each subnet's chain is
+/// created by the first pod; later pods only find it.
+pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
+    for subnet in subnets_of(addresses) {
+        let family = Family::of(&subnet);
+        let chain = network_chain(network, &subnet);
+        if nat_chain_exists(family, &chain)? {
+            continue;
+        }
+        if let Err(e) = restore(family, &render_network_setup(family, network, &subnet)) {
+            // Another pod of the subnet may have created it meanwhile.
+            if !nat_chain_exists(family, &chain)? {
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }
 
-/// Removes a container's masquerade in the given families (both when DEL
-/// cannot know which the pod had): one read and, if anything is there, one
-/// batch each. Returns whether anything was removed.
-pub fn teardown(network: &str, container_id: &str, families: &[Family]) -> Result<bool> {
+/// Removes a container's own chain (the reference plugin's layout) in the
+/// given families, when there is one: found in-process, so a pod without
+/// one costs no process. Returns whether anything was removed.
+pub fn teardown_container(network: &str, container_id: &str, families: &[Family]) -> Result<bool> {
     let chain = chain_name(network, container_id);
     let mut removed = false;
     for family in families {
-        if exec::find(family.save()).is_none() {
+        if exec::find(family.save()).is_none() || !nat_chain_exists(*family, &chain)? {
             continue;
         }
         let table = read_nat(*family)?;
@@ -194,6 +282,22 @@ pub fn teardown(network: &str, container_id: &str, families: &[Family]) -> Resul
         }
     }
     Ok(removed)
+}
+
+/// Removes `network`'s subnet chains (GC, when none of its attachments is
+/// valid any more).
+pub fn remove_network(network: &str) -> Result<()> {
+    for family in [Family::V4, Family::V6] {
+        if exec::find(family.save()).is_none() {
+            continue;
+        }
+        let table = read_nat(family)?;
+        let chains: Vec<String> = table.network_chains_of(network).into_iter().collect();
+        if let Some(input) = render_teardown(&table, &chains) {
+            restore(family, &input)?;
+        }
+    }
+    Ok(())
 }
 
 /// Removes the masquerade of every container of `network` not in `keep`.
@@ -219,28 +323,26 @@ pub fn collect_garbage(network: &str, keep: &BTreeSet<String>) -> Result<BTreeSe
     Ok(removed)
 }
 
-/// What CHECK expects: the chain with an ACCEPT per subnet and the
-/// MASQUERADE rule, and a POSTROUTING jump per address. Returns what is
-/// missing.
-pub fn missing(
+/// What CHECK expects for `addresses`: each subnet's chain and jump.
+/// Returns the rules that are missing.
+pub fn network_missing(
     table: &NatTable,
     family: Family,
     network: &str,
-    container_id: &str,
     addresses: &[IpNetwork],
 ) -> Vec<String> {
-    let expected = render_setup(family, network, container_id, addresses);
     let present: BTreeSet<&str> = table.rules.iter().map(|(_, line)| line.as_str()).collect();
-    expected
-        .lines()
-        .filter(|line| line.starts_with("-A "))
-        .filter(|line| !present.contains(line))
-        .map(str::to_owned)
+    subnets_of(addresses)
+        .into_iter()
+        .filter(|subnet| Family::of(subnet) == family)
+        .flat_map(|subnet| {
+            render_network_setup(family, network, &subnet)
+                .lines()
+                .filter(|line| line.starts_with("-A ") && !present.contains(line))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .collect()
-}
-
-fn families(addresses: &[IpNetwork]) -> BTreeSet<Family> {
-    addresses.iter().map(Family::of).collect()
 }
 
 #[cfg(test)]
@@ -362,25 +464,93 @@ COMMIT
     }
 
     #[test]
-    fn check_reports_missing_rules() {
-        let addrs = [net("10.88.0.5/16")];
-        let chain = chain_name("net", "ctr-x");
-        let complete = render_setup(Family::V4, "net", "ctr-x", &addrs);
+    fn a_subnet_gets_one_chain_and_one_jump() {
+        let subnet = net("10.88.0.0/16");
+        let chain = network_chain("cni-bridge", &net("10.88.0.5/16"));
+        assert_eq!(
+            chain,
+            network_chain("cni-bridge", &subnet),
+            "any address of the subnet names it"
+        );
+        assert_eq!(chain.len(), 28);
+        assert!(chain.starts_with("CNI-NET-"));
+        assert_ne!(chain, network_chain("other", &subnet));
+        let c = r#""name: \"cni-bridge\" subnet: \"10.88.0.0/16\"""#;
+        assert_eq!(
+            render_network_setup(Family::V4, "cni-bridge", &subnet),
+            format!(
+                "*nat\n-N {chain}\n\
+                 -A {chain} -d 10.88.0.0/16 -m comment --comment {c} -j ACCEPT\n\
+                 -A {chain} ! -d 224.0.0.0/4 -m comment --comment {c} -j MASQUERADE\n\
+                 -A POSTROUTING -s 10.88.0.0/16 -m comment --comment {c} -j {chain}\n\
+                 COMMIT\n"
+            )
+        );
+        assert!(render_network_setup(Family::V6, "n", &net("fd88::/64")).contains("! -d ff00::/8"));
+    }
+
+    #[test]
+    fn check_reports_missing_network_rules() {
+        let addrs = [net("10.88.0.5/16"), net("10.88.0.6/16")];
+        let complete = render_network_setup(Family::V4, "net", &net("10.88.0.0/16")).replace("-N ", ":");
         let table = NatTable::parse(&complete);
-        assert!(missing(&table, Family::V4, "net", "ctr-x", &addrs).is_empty());
+        assert!(network_missing(&table, Family::V4, "net", &addrs).is_empty());
+        assert_eq!(table.network_chains_of("net").len(), 1);
+        assert!(table.network_chains_of("other").is_empty());
+        assert!(table.containers_of("net").is_empty(), "not a container's chain");
         let without_jump: String = complete
             .lines()
             .filter(|l| !l.starts_with("-A POSTROUTING"))
             .map(|l| format!("{l}\n"))
             .collect();
-        let gaps = missing(
-            &NatTable::parse(&without_jump),
-            Family::V4,
-            "net",
-            "ctr-x",
-            &addrs,
-        );
+        let gaps = network_missing(&NatTable::parse(&without_jump), Family::V4, "net", &addrs);
         assert_eq!(gaps.len(), 1);
-        assert!(gaps[0].ends_with(&format!("-j {chain}")));
+        assert!(gaps[0].starts_with("-A POSTROUTING -s 10.88.0.0/16"));
+    }
+
+    fn save() -> NatTable {
+        let out = std::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .expect("iptables-save");
+        NatTable::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    #[test]
+    fn pods_share_the_subnet_chain_and_reference_chains_are_removed() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                let pods = [net("10.88.0.5/16"), net("10.88.0.6/16"), net("fd88::5/64")];
+                ensure_network("net", &pods[..1]).expect("first pod");
+                ensure_network("net", &pods).expect("later pods");
+                ensure_network("net", &pods).expect("again");
+                let table = save();
+                assert_eq!(
+                    table.rules_of("POSTROUTING").count(),
+                    1,
+                    "one jump for the v4 subnet"
+                );
+                assert!(network_missing(&table, Family::V4, "net", &pods).is_empty());
+                // A pod the reference plugin set up.
+                restore(
+                    Family::V4,
+                    &render_setup(Family::V4, "net", "ref-ctr", &pods[..1]),
+                )
+                .expect("reference rules");
+                assert!(nat_chain_exists(Family::V4, &chain_name("net", "ref-ctr")).expect("asked"));
+                assert!(
+                    !teardown_container("net", "ours", &[Family::V4, Family::V6]).expect("nothing to do")
+                );
+                assert!(teardown_container("net", "ref-ctr", &[Family::V4, Family::V6]).expect("removed"));
+                let table = save();
+                assert!(table.containers_of("net").is_empty());
+                assert_eq!(table.network_chains_of("net").len(), 1, "the subnet chain stays");
+                remove_network("net").expect("gc");
+                assert!(save().network_chains_of("net").is_empty());
+                assert!(save().rules_of("POSTROUTING").next().is_none());
+            });
+        });
     }
 }

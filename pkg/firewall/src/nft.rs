@@ -1,12 +1,17 @@
-//! Masquerade with nftables, as the reference's nftables backend lays it
-//! out: table `inet cni_plugins_masquerade`, a `postrouting` nat chain that
-//! skips multicast and jumps to `masq_checks`, and one rule per address in
-//! `masq_checks`, commented with a hash of (network) and of (ifname,
-//! container) so DEL and GC find them without knowing the addresses.
+//! Masquerade with nftables, in the reference's nftables table
+//! `inet cni_plugins_masquerade` (a `postrouting` nat chain that skips
+//! multicast and jumps to `masq_checks`), per network subnet: the first
+//! pod of a subnet creates chain `net-<20 hex of sha512(network:subnet)>`
+//! holding `daddr != <subnet> masquerade`, and a `masq_checks` rule
+//! `saddr <subnet> jump` to it; later pods only find the chain, in-process.
+//! DEL changes nothing (nf_tables deletions wait for the kernel); GC
+//! removes a network's chains once none of its attachments is valid.
 //!
-//! Every change is one `nft -f -` transaction. ADD only adds (deleting in
-//! nf_tables costs far more than adding), so the base chains are written
-//! only when they are missing.
+//! The reference writes one `masq_checks` rule per pod address, commented
+//! with a hash of (network) and of (ifname, container). Those rules are
+//! still found and removed by DEL and GC.
+//!
+//! Every change is one `nft -f -` transaction.
 
 use std::collections::BTreeSet;
 
@@ -14,6 +19,7 @@ use ipnetwork::IpNetwork;
 use serde_json::Value;
 use sha2::{Digest, Sha512};
 
+use crate::nfnl::{self, TableFamily};
 use crate::{Error, Result, exec};
 
 pub const TABLE: &str = "cni_plugins_masquerade";
@@ -64,9 +70,41 @@ pub fn comment(network: &str, ifname: &str, container_id: &str) -> String {
     text
 }
 
-/// A rule of `masq_checks` as listed.
+fn network_of(subnet: &IpNetwork) -> String {
+    format!("{}/{}", subnet.network(), subnet.prefix())
+}
+
+/// `net-<20 hex of sha512(network:subnet)>`: the chain of one subnet.
+pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
+    let digest = Sha512::digest(format!("{network}:{}", network_of(subnet)).as_bytes());
+    let hex: String = digest.iter().take(10).map(|b| format!("{b:02x}")).collect();
+    format!("net-{hex}")
+}
+
+/// `<network hash>-net, net: <network>, subnet: <subnet>`; the `-net`
+/// tells it from a pod's `<network hash>-<instance hash>`.
+pub fn network_comment(network: &str, subnet: &IpNetwork) -> String {
+    let mut text = format!(
+        "{}-net, net: {}, subnet: {}",
+        network_hash(network),
+        network.replace('"', ""),
+        network_of(subnet)
+    );
+    text.truncate(COMMENT_MAX);
+    text
+}
+
+fn is_network_comment(comment: &str) -> bool {
+    comment
+        .split(", ")
+        .next()
+        .is_some_and(|key| key.ends_with("-net"))
+}
+
+/// A rule as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    pub chain: String,
     pub handle: u64,
     pub comment: String,
     pub saddr: Option<String>,
@@ -77,7 +115,9 @@ pub struct Rule {
 pub struct Masquerade {
     pub table_exists: bool,
     pub postrouting_rules: usize,
-    pub checks: Vec<Rule>,
+    pub chains: BTreeSet<String>,
+    /// Rules of every chain but `postrouting`.
+    pub rules: Vec<Rule>,
 }
 
 impl Masquerade {
@@ -90,22 +130,33 @@ impl Masquerade {
             if item.get("table").is_some() {
                 state.table_exists = true;
             }
+            if let Some(name) = item["chain"]["name"].as_str() {
+                state.chains.insert(name.to_owned());
+            }
             let Some(rule) = item.get("rule") else { continue };
             match rule["chain"].as_str() {
                 Some("postrouting") => state.postrouting_rules += 1,
-                Some(CHECKS) => state.checks.push(Rule {
+                Some(chain) => state.rules.push(Rule {
+                    chain: chain.to_owned(),
                     handle: rule["handle"].as_u64().unwrap_or_default(),
                     comment: rule["comment"].as_str().unwrap_or_default().to_owned(),
                     saddr: saddr_of(rule),
                 }),
-                _ => {}
+                None => {}
             }
         }
         Ok(state)
     }
 
+    /// `masq_checks` rules whose comment starts with `prefix`.
     fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
-        self.checks.iter().filter(move |r| r.comment.starts_with(prefix))
+        self.rules
+            .iter()
+            .filter(move |r| r.chain == CHECKS && r.comment.starts_with(prefix))
+    }
+
+    fn base_ready(&self) -> bool {
+        self.table_exists && self.postrouting_rules > 0 && self.chains.contains(CHECKS)
     }
 }
 
@@ -131,8 +182,41 @@ fn quote(text: &str) -> String {
     format!("\"{}\"", text.replace('"', ""))
 }
 
-/// The transaction that gives `addresses` masquerade: base table and chains
-/// when missing, stale rules of this instance replaced, one rule per address.
+fn render_base(state: &Masquerade) -> String {
+    let t = format!("inet {TABLE}");
+    if state.base_ready() {
+        return String::new();
+    }
+    format!(
+        "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
+         add chain {t} {CHECKS} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
+         add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
+         flush chain {t} postrouting\n\
+         add rule {t} postrouting ip daddr == 224.0.0.0/4 return\n\
+         add rule {t} postrouting ip6 daddr == ff00::/8 return\n\
+         add rule {t} postrouting goto {CHECKS}\n"
+    )
+}
+
+/// The transaction that gives a subnet its chain and jump: the base table
+/// and chains when missing, then `create chain`, which fails the whole
+/// transaction if another pod created it meanwhile (no doubled jump).
+pub fn render_network_setup(state: &Masquerade, network: &str, subnet: &IpNetwork) -> String {
+    let t = format!("inet {TABLE}");
+    let chain = network_chain(network, subnet);
+    let comment = quote(&network_comment(network, subnet));
+    let family = if subnet.is_ipv4() { "ip" } else { "ip6" };
+    let subnet = network_of(subnet);
+    format!(
+        "{}create chain {t} {chain}\n\
+         add rule {t} {chain} {family} daddr != {subnet} masquerade comment {comment}\n\
+         add rule {t} {CHECKS} {family} saddr {subnet} jump {chain} comment {comment}\n",
+        render_base(state)
+    )
+}
+
+/// The reference's per-pod transaction (what a node switched from it
+/// holds; tests build that state with it).
 pub fn render_setup(
     state: &Masquerade,
     network: &str,
@@ -141,29 +225,14 @@ pub fn render_setup(
     addresses: &[IpNetwork],
 ) -> String {
     let t = format!("inet {TABLE}");
-    let mut out = String::new();
-    if !state.table_exists || state.postrouting_rules == 0 {
-        out.push_str(&format!(
-            "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
-             add chain {t} {CHECKS} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
-             add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
-             flush chain {t} postrouting\n\
-             add rule {t} postrouting ip daddr == 224.0.0.0/4 return\n\
-             add rule {t} postrouting ip6 daddr == ff00::/8 return\n\
-             add rule {t} postrouting goto {CHECKS}\n"
-        ));
-    }
-    for stale in state.with_prefix(&instance_hash(network, ifname, container_id)) {
-        out.push_str(&format!("delete rule {t} {CHECKS} handle {}\n", stale.handle));
-    }
+    let mut out = render_base(state);
     let comment = quote(&comment(network, ifname, container_id));
     for address in addresses {
         let family = if address.is_ipv4() { "ip" } else { "ip6" };
         out.push_str(&format!(
-            "add rule {t} {CHECKS} {family} saddr == {} {family} daddr != {}/{} masquerade comment {comment}\n",
+            "add rule {t} {CHECKS} {family} saddr == {} {family} daddr != {} masquerade comment {comment}\n",
             address.ip(),
-            address.network(),
-            address.prefix()
+            network_of(address)
         ));
     }
     out
@@ -183,25 +252,56 @@ fn apply(transaction: &str) -> Result<()> {
     exec::run("nft", &["-f", "-"], transaction).map(drop)
 }
 
-pub fn setup(network: &str, ifname: &str, container_id: &str, addresses: &[IpNetwork]) -> Result<()> {
-    let state = read()?;
-    apply(&render_setup(&state, network, ifname, container_id, addresses))
+fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
+    addresses
+        .iter()
+        .filter_map(|a| IpNetwork::new(a.network(), a.prefix()).ok())
+        .collect()
 }
 
-/// Removes an instance's rules (a machine without nft has none). Returns
+fn chain_exists(chain: &str) -> Result<bool> {
+    nfnl::chain_exists(TableFamily::Inet, TABLE, chain)
+}
+
+/// Masquerade for the subnets of `addresses`: created by the first pod of
+/// a subnet, found in-process by every later one.
+pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
+    for subnet in subnets_of(addresses) {
+        let chain = network_chain(network, &subnet);
+        if chain_exists(&chain)? {
+            continue;
+        }
+        let state = read()?;
+        if let Err(e) = apply(&render_network_setup(&state, network, &subnet))
+            && !chain_exists(&chain)?
+        {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Removes a pod's own rules (the reference's layout), when it has any:
+/// looked for in-process, so a pod without them costs no process. Returns
 /// whether anything was removed.
 pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<bool> {
     if exec::find("nft").is_none() {
         return Ok(false);
     }
+    let instance = instance_hash(network, ifname, container_id);
+    let comments = nfnl::rule_comments(TableFamily::Inet, TABLE, CHECKS)?;
+    if !comments.iter().any(|c| c.starts_with(&instance)) {
+        return Ok(false);
+    }
     let state = read()?;
-    match render_delete(&state, |_| false, &instance_hash(network, ifname, container_id)) {
+    match render_delete(&state, |_| false, &instance) {
         Some(transaction) => apply(&transaction).map(|()| true),
         None => Ok(false),
     }
 }
 
-/// Removes the rules of `network` whose (ifname, container) is not kept.
+/// Removes the per-pod rules of `network` whose (ifname, container) is not
+/// kept; the network's subnet chains stay.
 pub fn collect_garbage(network: &str, keep: &BTreeSet<(String, String)>) -> Result<()> {
     if exec::find("nft").is_none() {
         return Ok(());
@@ -211,32 +311,67 @@ pub fn collect_garbage(network: &str, keep: &BTreeSet<(String, String)>) -> Resu
         .iter()
         .map(|(ifname, id)| instance_hash(network, ifname, id))
         .collect();
-    let keep_rule = |r: &Rule| kept.iter().any(|h| r.comment.starts_with(h.as_str()));
+    let keep_rule =
+        |r: &Rule| is_network_comment(&r.comment) || kept.iter().any(|h| r.comment.starts_with(h.as_str()));
     match render_delete(&state, keep_rule, &network_hash(network)) {
         Some(transaction) => apply(&transaction),
         None => Ok(()),
     }
 }
 
-/// What CHECK finds missing: an address without its rule.
-pub fn missing(
-    network: &str,
-    ifname: &str,
-    container_id: &str,
-    addresses: &[IpNetwork],
-) -> Result<Vec<String>> {
+/// Removes `network`'s subnet chains and their jumps (GC, when none of its
+/// attachments is valid any more).
+pub fn remove_network(network: &str) -> Result<()> {
+    if exec::find("nft").is_none() {
+        return Ok(());
+    }
     let state = read()?;
-    let instance = instance_hash(network, ifname, container_id);
-    let present: BTreeSet<String> = state
-        .with_prefix(&instance)
-        .filter_map(|r| r.saddr.clone())
-        .collect();
-    Ok(addresses
+    let prefix = format!(
+        "{}-net, net: {}, subnet: ",
+        network_hash(network),
+        network.replace('"', "")
+    );
+    let ours = |r: &&Rule| r.comment.starts_with(&prefix);
+    let t = format!("inet {TABLE}");
+    let mut transaction = String::new();
+    for rule in state.rules.iter().filter(|r| r.chain == CHECKS).filter(ours) {
+        transaction.push_str(&format!("delete rule {t} {CHECKS} handle {}\n", rule.handle));
+    }
+    let chains: BTreeSet<&str> = state
+        .rules
         .iter()
-        .map(|a| a.ip().to_string())
-        .filter(|ip| !present.contains(ip))
-        .map(|ip| format!("nft masquerade rule for {ip}"))
-        .collect())
+        .filter(|r| r.chain != CHECKS)
+        .filter(ours)
+        .map(|r| r.chain.as_str())
+        .collect();
+    for chain in chains {
+        transaction.push_str(&format!("flush chain {t} {chain}\ndelete chain {t} {chain}\n"));
+    }
+    if transaction.is_empty() {
+        Ok(())
+    } else {
+        apply(&transaction)
+    }
+}
+
+/// What CHECK finds missing for the subnets of `addresses`.
+pub fn missing(network: &str, addresses: &[IpNetwork]) -> Result<Vec<String>> {
+    let state = read()?;
+    let mut gaps = Vec::new();
+    for subnet in subnets_of(addresses) {
+        let chain = network_chain(network, &subnet);
+        let comment = network_comment(network, &subnet);
+        for (where_, what) in [(CHECKS, "jump"), (chain.as_str(), "masquerade")] {
+            if !state
+                .rules
+                .iter()
+                .any(|r| r.chain == where_ && r.comment == comment)
+            {
+                gaps.push(format!("nft {what} rule for {} in {where_}", network_of(&subnet)));
+            }
+        }
+    }
+    Ok(gaps)
 }
 
 #[cfg(test)]
@@ -264,26 +399,32 @@ mod tests {
     }
 
     #[test]
-    fn setup_creates_base_chains_only_when_missing() {
-        let addrs: Vec<IpNetwork> = vec![
-            "10.0.0.5/24".parse().expect("cidr"),
-            "fd00::5/64".parse().expect("cidr"),
-        ];
-        let fresh = render_setup(&Masquerade::default(), "net", "eth0", "c1", &addrs);
+    fn a_subnet_gets_its_chain_and_jump_and_base_chains_only_when_missing() {
+        let subnet: IpNetwork = "10.0.0.0/24".parse().expect("cidr");
+        let chain = network_chain("net", &"10.0.0.5/24".parse().expect("cidr"));
+        assert_eq!(chain, network_chain("net", &subnet));
+        assert_eq!(chain.len(), 24);
+        let fresh = render_network_setup(&Masquerade::default(), "net", &subnet);
         assert!(fresh.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }"));
-        assert!(fresh.contains("ip saddr == 10.0.0.5 ip daddr != 10.0.0.0/24 masquerade comment"));
-        assert!(fresh.contains("ip6 saddr == fd00::5 ip6 daddr != fd00::/64 masquerade comment"));
+        assert!(fresh.contains(&format!("create chain inet cni_plugins_masquerade {chain}\n")));
+        assert!(fresh.contains(&format!(
+            "add rule inet cni_plugins_masquerade {chain} ip daddr != 10.0.0.0/24 masquerade comment"
+        )));
+        assert!(fresh.contains(&format!("masq_checks ip saddr 10.0.0.0/24 jump {chain} comment")));
         let ready = Masquerade {
             table_exists: true,
             postrouting_rules: 3,
-            checks: vec![],
+            chains: [CHECKS.to_owned()].into(),
+            rules: vec![],
         };
-        let again = render_setup(&ready, "net", "eth0", "c1", &addrs);
-        assert!(
-            !again.contains("flush"),
-            "an ADD on a ready table deletes nothing"
-        );
-        assert_eq!(again.lines().count(), 2);
+        let again = render_network_setup(&ready, "net", &subnet);
+        assert!(!again.contains("flush"), "nothing is deleted on a ready table");
+        assert_eq!(again.lines().count(), 3);
+        let v6 = render_network_setup(&ready, "net", &"fd00::/64".parse().expect("cidr"));
+        assert!(v6.contains("ip6 daddr != fd00::/64 masquerade"));
+        let c = network_comment("net", &subnet);
+        assert!(is_network_comment(&c), "{c}");
+        assert!(!is_network_comment(&comment("net", "eth0", "c1")));
     }
 
     const LISTED: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
@@ -300,7 +441,8 @@ mod tests {
         let state = Masquerade::parse(LISTED).expect("parses");
         assert!(state.table_exists);
         assert_eq!(state.postrouting_rules, 1);
-        assert_eq!(state.checks[0].saddr.as_deref(), Some("10.0.0.5"));
+        assert_eq!(state.rules[0].saddr.as_deref(), Some("10.0.0.5"));
+        assert_eq!(state.rules[0].chain, "masq_checks");
         assert_eq!(
             render_delete(&state, |_| false, "HASH-A").as_deref(),
             Some("delete rule inet cni_plugins_masquerade masq_checks handle 7\n")
@@ -310,5 +452,42 @@ mod tests {
             Some("delete rule inet cni_plugins_masquerade masq_checks handle 7\n".into())
         );
         assert_eq!(render_delete(&state, |_| false, "NONE"), None);
+    }
+
+    #[test]
+    fn pods_share_the_subnet_chain_and_reference_rules_are_removed() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                let pods: Vec<IpNetwork> = ["10.0.0.5/24", "10.0.0.6/24", "fd00::5/64"]
+                    .iter()
+                    .map(|a| a.parse().expect("cidr"))
+                    .collect();
+                ensure_network("net", &pods[..1]).expect("first pod");
+                ensure_network("net", &pods).expect("later pods");
+                ensure_network("net", &pods).expect("again");
+                let state = read().expect("listed");
+                assert_eq!(
+                    state.with_prefix(&network_hash("net")).count(),
+                    2,
+                    "one jump per subnet"
+                );
+                assert!(missing("net", &pods).expect("checked").is_empty());
+                // A pod the reference plugin set up.
+                apply(&render_setup(&state, "net", "eth0", "ref", &pods[..1])).expect("reference rule");
+                assert!(!teardown("net", "eth0", "ours").expect("nothing to do"));
+                collect_garbage("net", &[("eth0".to_owned(), "ref".to_owned())].into()).expect("gc keeps it");
+                assert!(teardown("net", "eth0", "ref").expect("removed"));
+                collect_garbage("net", &BTreeSet::new()).expect("gc");
+                assert!(
+                    missing("net", &pods).expect("checked").is_empty(),
+                    "GC of pods keeps the subnets"
+                );
+                remove_network("net").expect("removed");
+                assert_eq!(missing("net", &pods).expect("checked").len(), 4);
+                assert!(read().expect("listed").rules.is_empty());
+            });
+        });
     }
 }

@@ -3,6 +3,7 @@
 
 mod config;
 mod host;
+mod lease;
 mod masq;
 mod plugin;
 mod pod;

@@ -14,21 +14,23 @@ pub fn firewall_error(e: firewall::Error) -> Error {
     Error::plugin(plugin_codes::FIREWALL, e.to_string())
 }
 
-pub fn setup(cfg: &BridgeConfig, network: &str, att: &Attachment, addresses: &[IpNetwork]) -> Result<()> {
+/// Masquerade for the pod's subnets: the first pod of a subnet creates its
+/// rules; every later pod only finds them (no process, nothing to undo).
+pub fn ensure(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Result<()> {
     match cfg.masq_backend {
-        MasqBackend::Iptables => masquerade::setup(network, &att.container_id, addresses),
-        MasqBackend::Nftables => nft::setup(network, &att.ifname, &att.container_id, addresses),
+        MasqBackend::Iptables => masquerade::ensure_network(network, addresses),
+        MasqBackend::Nftables => nft::ensure_network(network, addresses),
     }
     .map_err(|e| firewall_error(e).context("failed to set up IP masquerade"))
 }
 
-/// Removes a container's masquerade: from the configured backend, and from
-/// the other one only when the configured one had nothing (the
-/// configuration may have changed since ADD; the reference always tries
-/// both, which costs a read of each on every DEL). `families` are those the
-/// pod had, when known.
+/// DEL: the subnet rules stay for the network's other pods; what a pod may
+/// own is the reference plugin's per-container rules (a node switched from
+/// it), looked for in-process in the configured backend, and in the other
+/// one only when the configured one had none. `families` are those the pod
+/// had, when known.
 pub fn teardown(cfg: &BridgeConfig, network: &str, att: &Attachment, families: &[Family]) -> Result<()> {
-    let iptables = || masquerade::teardown(network, &att.container_id, families);
+    let iptables = || masquerade::teardown_container(network, &att.container_id, families);
     let nftables = || nft::teardown(network, &att.ifname, &att.container_id);
     let outcome = match cfg.masq_backend {
         MasqBackend::Iptables => iptables().and_then(|found| if found { Ok(true) } else { nftables() }),
@@ -39,26 +41,18 @@ pub fn teardown(cfg: &BridgeConfig, network: &str, att: &Attachment, families: &
         .map_err(|e| firewall_error(e).context("failed to tear down IP masquerade"))
 }
 
-/// CHECK: every rule ADD made is there.
-pub fn check(cfg: &BridgeConfig, network: &str, att: &Attachment, addresses: &[IpNetwork]) -> Result<()> {
+/// CHECK: the rules of the pod's subnets are there.
+pub fn check(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Result<()> {
     let missing: Vec<String> = match cfg.masq_backend {
         MasqBackend::Iptables => {
             let mut missing = Vec::new();
             for family in addresses.iter().map(Family::of).collect::<BTreeSet<_>>() {
                 let table = masquerade::read_nat(family).map_err(firewall_error)?;
-                missing.extend(masquerade::missing(
-                    &table,
-                    family,
-                    network,
-                    &att.container_id,
-                    addresses,
-                ));
+                missing.extend(masquerade::network_missing(&table, family, network, addresses));
             }
             missing
         }
-        MasqBackend::Nftables => {
-            nft::missing(network, &att.ifname, &att.container_id, addresses).map_err(firewall_error)?
-        }
+        MasqBackend::Nftables => nft::missing(network, addresses).map_err(firewall_error)?,
     };
     if missing.is_empty() {
         Ok(())
@@ -70,14 +64,22 @@ pub fn check(cfg: &BridgeConfig, network: &str, att: &Attachment, addresses: &[I
     }
 }
 
-/// GC: the masquerade of this network's attachments that are not valid.
+/// GC: per-container rules (the reference's) of attachments that are not
+/// valid, in both backends; and the network's subnet rules once none of
+/// its attachments is valid.
 pub fn collect_garbage(network: &str, valid: &[GcAttachment]) -> Result<()> {
     let containers: BTreeSet<String> = valid.iter().map(|a| a.container_id.clone()).collect();
     let attachments: BTreeSet<(String, String)> = valid
         .iter()
         .map(|a| (a.ifname.clone(), a.container_id.clone()))
         .collect();
-    masquerade::collect_garbage(network, &containers)
-        .and_then(|_| nft::collect_garbage(network, &attachments))
-        .map_err(|e| firewall_error(e).context("failed to collect stale IP masquerade rules"))
+    let mut outcome = masquerade::collect_garbage(network, &containers)
+        .map(drop)
+        .and_then(|()| nft::collect_garbage(network, &attachments));
+    if valid.is_empty() {
+        outcome = outcome
+            .and_then(|()| masquerade::remove_network(network))
+            .and_then(|()| nft::remove_network(network));
+    }
+    outcome.map_err(|e| firewall_error(e).context("failed to collect stale IP masquerade rules"))
 }

@@ -4,7 +4,6 @@ use std::net::IpAddr;
 
 use cni::conf::NetConf;
 use cni::error::plugin_codes;
-use cni::exec::{delegate, delegate_add};
 use cni::result::{Interface, IpConfig, Route};
 use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
@@ -15,6 +14,7 @@ use netns::NetNs;
 
 use crate::config::BridgeConfig;
 use crate::host::{self, netlink_error};
+use crate::lease;
 use crate::masq::{self, firewall_error};
 use crate::pod::{self, Gateways};
 use crate::undo::Undo;
@@ -168,9 +168,9 @@ impl Plugin for Bridge {
         let mut result = CniResult::default();
         let mut vlan_interface = None;
         if let Some(ipam) = &cfg.ipam_type {
-            let leased = delegate_add(ipam, &req.stdin, &req.env.path)?;
+            let leased = lease::add(ipam, req)?;
             undo.push("the IPAM lease", || {
-                delegate(ipam, Command::Del, &req.stdin, &req.env.path)
+                lease::call(ipam, Command::Del, req)
                     .map(drop)
                     .map_err(|e| e.to_string())
             });
@@ -209,12 +209,8 @@ impl Plugin for Bridge {
                 }
             }
             if cfg.ip_masq {
-                masq::setup(&cfg, &req.conf.name, att, &addresses)?;
-                let (cfg, network) = (&cfg, req.conf.name.as_str());
-                let families = families_of(&addresses);
-                undo.push("the masquerade rules", move || {
-                    masq::teardown(cfg, network, att, &families).map_err(|e| e.to_string())
-                });
+                // Shared by the subnet's pods: nothing to undo.
+                masq::ensure(&cfg, &req.conf.name, &addresses)?;
             }
             result.ips = plan.ips;
             result.routes = plan.routes;
@@ -260,7 +256,7 @@ impl Plugin for Bridge {
         // Teardown goes on past failures and reports all of them.
         let mut failures: Vec<Error> = Vec::new();
         if let Some(ipam) = &cfg.ipam_type
-            && let Err(e) = delegate(ipam, Command::Del, &req.stdin, &req.env.path)
+            && let Err(e) = lease::call(ipam, Command::Del, req)
         {
             failures.push(e);
         }
@@ -297,7 +293,7 @@ impl Plugin for Bridge {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
         let (pod_ns, sandbox) = open_netns(att)?;
         if let Some(ipam) = &cfg.ipam_type {
-            delegate(ipam, Command::Check, &req.stdin, &req.env.path)?;
+            lease::call(ipam, Command::Check, req)?;
         }
         let prev = req
             .conf
@@ -351,7 +347,7 @@ impl Plugin for Bridge {
             }
         }
         if cfg.ip_masq && !mine.is_empty() {
-            masq::check(&cfg, &req.conf.name, att, &mine)?;
+            masq::check(&cfg, &req.conf.name, &mine)?;
         }
         if cfg.macspoofchk {
             let allowed = spoofcheck::allowed_mac(&spoofcheck::reference_id(&att.container_id, &att.ifname))
@@ -371,7 +367,7 @@ impl Plugin for Bridge {
         let valid = req.conf.gc_valid_attachments()?;
         let mut failures = Vec::new();
         if let Some(ipam) = &cfg.ipam_type
-            && let Err(e) = delegate(ipam, Command::Gc, &req.stdin, &req.env.path)
+            && let Err(e) = lease::call(ipam, Command::Gc, req)
         {
             failures.push(e);
         }
@@ -385,7 +381,7 @@ impl Plugin for Bridge {
     fn status(&self, req: &Request<NoConfig>) -> Result<()> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
         match &cfg.ipam_type {
-            Some(ipam) => delegate(ipam, Command::Status, &req.stdin, &req.env.path).map(drop),
+            Some(ipam) => lease::call(ipam, Command::Status, req).map(drop),
             None => Ok(()),
         }
     }
