@@ -21,7 +21,7 @@ RELEASE_DIR = target/$(TARGET)/release
 # Debian packages the build, the tests and the demo use.
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
 	python3 containernetworking-plugins iptables nftables \
-	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler
+	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
 
 .PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install bench bench-smoke test unit integration lint demo clean
 
@@ -106,8 +106,13 @@ check-install: build
 # The suite and Debian's reference plugins side by side (see README):
 # medians, ratios, a chart and a report under bench-results/. Fails on a
 # failure, duplicate address or leak, never on a timing.
+# perf is best effort: Debian calls it linux-perf; elsewhere it may not
+# exist for the running kernel, and the report then says so.
 BENCH_ARGS ?=
 bench: build
+	@dpkg -s linux-perf >/dev/null 2>&1 || command -v perf >/dev/null 2>&1 || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf || \
+		echo "bench: perf is not installable here; its profiles are skipped"
 	cargo build --release --locked -p integration --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
 

@@ -55,6 +55,8 @@ pub struct Outcome {
     /// the chart.
     pub samples: BTreeMap<String, BTreeMap<Side, Vec<f64>>>,
     pub problems: Vec<String>,
+    /// (what was run, the profiler's report), for the markdown report.
+    pub profiles: Vec<(String, String)>,
 }
 
 impl Outcome {
@@ -166,16 +168,44 @@ impl Suite {
         json!({"cniVersion": "1.0.0", "name": self.network, "ipam": self.ipam()}).to_string()
     }
 
-    fn call(&self, plugin: &str, command: &str, id: &str, netns: &str, stdin: &str) -> Call {
-        let bins = self.bins.to_str().expect("UTF-8");
-        let env = [
+    fn env<'a>(&'a self, command: &'a str, id: &'a str, netns: &'a str) -> [(&'a str, &'a str); 5] {
+        [
             ("CNI_COMMAND", command),
             ("CNI_CONTAINERID", id),
             ("CNI_NETNS", netns),
             ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", bins),
-        ];
+            ("CNI_PATH", self.bins.to_str().expect("UTF-8")),
+        ]
+    }
+
+    fn call(&self, plugin: &str, command: &str, id: &str, netns: &str, stdin: &str) -> Call {
+        let env = self.env(command, id, netns);
         exec(&self.ns, &self.bins.join(plugin), &[], &env, stdin)
+    }
+
+    /// bridge `command` under `profiler args -o <file> --`: the call and
+    /// what the profiler wrote.
+    fn profiled(
+        &self,
+        profiler: &Path,
+        args: &[&str],
+        command: &str,
+        netns: &str,
+        prev: Option<&Value>,
+    ) -> (Call, String) {
+        let report = tempfile::NamedTempFile::new().expect("temporary file");
+        let plugin = self.bins.join("bridge");
+        let mut full = args.to_vec();
+        full.extend([
+            "-o",
+            report.path().to_str().expect("UTF-8"),
+            "--",
+            plugin.to_str().expect("UTF-8"),
+        ]);
+        let env = self.env(command, "profiled", netns);
+        let call = exec(&self.ns, profiler, &full, &env, &self.bridge_conf(prev));
+        let text = std::fs::read_to_string(report.path()).unwrap_or_default();
+        (call, text)
     }
 
     fn service_cpu(&self) -> Duration {
@@ -450,39 +480,41 @@ fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: u
     std::fs::write(dir.join("last_reserved_ip.0"), last).expect("write last reserved");
 }
 
+/// ADD-then-DEL pairs per suite and round in the full phase: one sample
+/// per round would leave the median to a single veth deletion's luck.
+const FULL_PAIRS: usize = 5;
+
 /// A /16 with the leases already held: one more ADD and DEL, through the
-/// chain and IPAM alone.
+/// chain and IPAM alone, `FULL_PAIRS` times (the count stays at the full
+/// mark, each pair releasing what it took).
 fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
-        let pod = Netns::new("full");
-        let id = format!("full-extra-{round}");
-        let add = suite.call("bridge", "ADD", &id, pod.path_str(), &suite.bridge_conf(None));
-        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-        let del = suite.call(
-            "bridge",
-            "DEL",
-            &id,
-            pod.path_str(),
-            &suite.bridge_conf(Some(&result)),
-        );
-        let ipam_id = format!("full-ipam-{round}");
-        let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
-        let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
-        for (what, call) in [
-            ("chain ADD", &add),
-            ("chain DEL", &del),
-            ("IPAM ADD", &ipam_add),
-            ("IPAM DEL", &ipam_del),
-        ] {
-            check_calls(
-                out,
-                &format!("full {what}"),
-                suite.side,
-                std::slice::from_ref(call),
-            );
-            out.record(&format!("full {what}"), suite.side, ms(call.wall));
-            out.sample(&format!("full {what}"), suite.side, std::slice::from_ref(call));
+        let mut calls: BTreeMap<&str, Vec<Call>> = BTreeMap::new();
+        for pair in 0..FULL_PAIRS {
+            let pod = Netns::new("full");
+            let id = format!("full-extra-{round}-{pair}");
+            let add = suite.call("bridge", "ADD", &id, pod.path_str(), &suite.bridge_conf(None));
+            let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+            let del_conf = suite.bridge_conf(Some(&result));
+            let del = suite.call("bridge", "DEL", &id, pod.path_str(), &del_conf);
+            let ipam_id = format!("full-ipam-{round}-{pair}");
+            let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
+            let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
+            for (what, call) in [
+                ("chain ADD", add),
+                ("chain DEL", del),
+                ("IPAM ADD", ipam_add),
+                ("IPAM DEL", ipam_del),
+            ] {
+                calls.entry(what).or_default().push(call);
+            }
+        }
+        for (what, calls) in &calls {
+            let name = format!("full {what}");
+            check_calls(out, &name, suite.side, calls);
+            out.record(&name, suite.side, median(&walls(calls)));
+            out.sample(&name, suite.side, calls);
         }
     }
 }
@@ -606,7 +638,142 @@ fn floors(out: &mut Outcome, n: usize) {
     ] {
         check_calls(out, name, Side::Ours, calls);
         out.record(name, Side::Ours, median(&walls(calls)));
+        out.record(
+            &format!("{name} cpu"),
+            Side::Ours,
+            median(&cpu_ms(calls, Duration::ZERO)),
+        );
     }
+}
+
+/// The floor of a bridge DEL as we ship it: one process (`ip`) deleting a
+/// pod's veth, with an address on it, its peer on a bridge. The kernel
+/// unregisters the pair within that one call (RCU grace periods under
+/// RTNL); no plugin can answer before it. Measured as in seq DEL (pods
+/// that have been up a while, `pods` of them on the bridge) and as in full
+/// (deleted right after it was made, which costs more: the kernel still
+/// has work queued for a new device).
+fn veth_floor(out: &mut Outcome, pods_on_bridge: usize, fresh: usize) {
+    let node = Node::new();
+    node.netns
+        .ip(&["link", "add", "floorbr0", "type", "bridge"])
+        .success();
+    node.netns.ip(&["link", "set", "floorbr0", "up"]).success();
+    let attach = |i: usize| {
+        let pod = Netns::new("floor");
+        let host = format!("floor{i}");
+        let address = format!("10.77.{}.{}/16", i / 250, i % 250 + 2);
+        node.netns
+            .ip(&[
+                "link",
+                "add",
+                &host,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                pod.name(),
+            ])
+            .success();
+        node.netns
+            .ip(&["link", "set", &host, "master", "floorbr0", "up"])
+            .success();
+        pod.ip(&["link", "set", "eth0", "up"]).success();
+        pod.ip(&["addr", "add", &address, "dev", "eth0"]).success();
+        pod
+    };
+    let delete = |pod: &Netns| {
+        let ns = NetNs::open(pod.path()).expect("pod netns");
+        exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "")
+    };
+    let aged: Vec<Netns> = (0..pods_on_bridge).map(attach).collect();
+    let aged: Vec<Call> = aged.iter().map(delete).collect();
+    let fresh: Vec<Call> = (0..fresh).map(|i| delete(&attach(i))).collect();
+    for (name, calls) in [("floor veth delete", &aged), ("floor veth delete fresh", &fresh)] {
+        check_calls(out, name, Side::Ours, calls);
+        out.record(name, Side::Ours, median(&walls(calls)));
+        out.record(
+            &format!("{name} cpu"),
+            Side::Ours,
+            median(&cpu_ms(calls, Duration::ZERO)),
+        );
+    }
+}
+
+/// Profilers for the report, each told where to write its summary with
+/// `-o`, so the plugin's stdout stays its own.
+const PROFILERS: [(&str, &[&str]); 2] = [
+    ("strace", &["-c", "-f", "-w"]),
+    (
+        "perf",
+        &[
+            "stat",
+            "-e",
+            "task-clock,context-switches,cpu-migrations,page-faults",
+        ],
+    ),
+];
+
+/// One more ADD and DEL per suite and profiler, for the report: where a
+/// call's time and CPU go, child processes included. A profiler that does
+/// not work here (perf without access to counters) is reported as such; a
+/// plain DEL afterwards and the leak check keep the suites honest anyway.
+fn profile(out: &mut Outcome, suites: &[Suite]) {
+    for suite in suites {
+        for (tool, args) in PROFILERS {
+            let title = |verb: &str| {
+                format!(
+                    "{} bridge {verb} under `{tool} {}`",
+                    suite.side.label(),
+                    args.join(" ")
+                )
+            };
+            let Some(program) = installed(tool) else {
+                out.profiles
+                    .push((title("ADD and DEL"), format!("{tool} is not installed")));
+                continue;
+            };
+            let pod = Netns::new("profile");
+            let (add, add_report) = suite.profiled(&program, args, "ADD", pod.path_str(), None);
+            let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+            let (del, del_report) = suite.profiled(&program, args, "DEL", pod.path_str(), Some(&result));
+            for (verb, call, report) in [("ADD", add, add_report), ("DEL", del, del_report)] {
+                let text = if call.ok {
+                    report
+                } else {
+                    format!(
+                        "failed under {tool}: {}{}",
+                        call.stdout.trim(),
+                        call.stderr.trim()
+                    )
+                };
+                out.profiles.push((title(verb), text));
+            }
+            let cleanup = suite.call(
+                "bridge",
+                "DEL",
+                "profiled",
+                pod.path_str(),
+                &suite.bridge_conf(Some(&result)),
+            );
+            check_calls(
+                out,
+                "DEL after profiling",
+                suite.side,
+                std::slice::from_ref(&cleanup),
+            );
+        }
+        check_leaks(out, "profile", suite);
+    }
+}
+
+fn installed(tool: &str) -> Option<PathBuf> {
+    ["/usr/local/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(tool))
+        .find(|path| path.is_file())
 }
 
 /// Runs every phase `repeats` times.
@@ -661,6 +828,8 @@ pub fn run(options: &Options) -> Outcome {
         loopback(&mut out, &suites, options.pods);
         istio(&mut out, &suites[0], options.pods);
         floors(&mut out, options.pods.min(20));
+        veth_floor(&mut out, options.pods, options.pods.min(10));
     }
+    profile(&mut out, &suites);
     out
 }
