@@ -337,6 +337,74 @@ fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], c
     out.sample(name, side, calls);
 }
 
+/// The floor of a bridge DEL as we ship it: one process (`ip`) deleting a
+/// pod's veth, with an address on it, its peer on a bridge. The kernel
+/// unregisters the pair within that one call (RCU grace periods under
+/// RTNL); no plugin can answer before it. Measured inside the phases it
+/// bounds, call by call beside the suites' DELs, so that machine noise hits
+/// floor and suites alike.
+struct VethFloor {
+    node: Node,
+    attached: usize,
+}
+
+impl VethFloor {
+    fn new() -> Self {
+        let node = Node::new();
+        node.netns
+            .ip(&["link", "add", "floorbr0", "type", "bridge"])
+            .success();
+        node.netns.ip(&["link", "set", "floorbr0", "up"]).success();
+        VethFloor { node, attached: 0 }
+    }
+
+    /// A pod as bridge ADD leaves it, as far as its veth goes.
+    fn attach(&mut self) -> Netns {
+        let i = self.attached;
+        self.attached += 1;
+        let pod = Netns::new("floor");
+        let host = format!("floor{i}");
+        let address = format!("10.77.{}.{}/16", i / 250 % 250, i % 250 + 2);
+        self.node
+            .netns
+            .ip(&[
+                "link",
+                "add",
+                &host,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                pod.name(),
+            ])
+            .success();
+        self.node
+            .netns
+            .ip(&["link", "set", &host, "master", "floorbr0", "up"])
+            .success();
+        pod.ip(&["link", "set", "eth0", "up"]).success();
+        pod.ip(&["addr", "add", &address, "dev", "eth0"]).success();
+        pod
+    }
+
+    fn delete(pod: &Netns) -> Call {
+        let ns = NetNs::open(pod.path()).expect("pod netns");
+        exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "")
+    }
+
+    fn record(out: &mut Outcome, name: &str, calls: &[Call]) {
+        check_calls(out, name, Side::Ours, calls);
+        out.record(name, Side::Ours, median(&walls(calls)));
+        out.record(
+            &format!("{name} cpu"),
+            Side::Ours,
+            median(&cpu_ms(calls, Duration::ZERO)),
+        );
+    }
+}
+
 /// Call order for `n` calls per suite, alternating which suite goes first
 /// so machine noise hits both alike: (call index, suite index).
 fn interleaved(n: usize, suites: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -350,8 +418,13 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let mut results: Vec<Vec<Value>> = vec![Vec::new(); suites.len()];
     let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
+    let mut floor = VethFloor::new();
+    let mut floor_pods = Vec::with_capacity(n);
     let cpu_before: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (i, s) in interleaved(n, suites.len()) {
+        if s == 0 {
+            floor_pods.push(floor.attach());
+        }
         let call = suites[s].call(
             "bridge",
             "ADD",
@@ -363,11 +436,16 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
         adds[s].push(call);
     }
     let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    let mut floor_dels = Vec::with_capacity(n);
     for (i, s) in interleaved(n, suites.len()) {
         let conf = suites[s].bridge_conf(Some(&results[s][i]));
         dels[s].push(suites[s].call("bridge", "DEL", &format!("seq-{i}"), pods[s][i].path_str(), &conf));
+        if s == 0 {
+            floor_dels.push(VethFloor::delete(&floor_pods[i]));
+        }
     }
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    VethFloor::record(out, "floor veth delete", &floor_dels);
     for (s, suite) in suites.iter().enumerate() {
         check_calls(out, "seq ADD", suite.side, &adds[s]);
         check_calls(out, "seq DEL", suite.side, &dels[s]);
@@ -488,6 +566,8 @@ const FULL_PAIRS: usize = 5;
 /// chain and IPAM alone, `FULL_PAIRS` times (the count stays at the full
 /// mark, each pair releasing what it took).
 fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
+    let mut floor = VethFloor::new();
+    let mut fresh = Vec::new();
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
         let mut calls: BTreeMap<&str, Vec<Call>> = BTreeMap::new();
@@ -498,6 +578,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
             let del_conf = suite.bridge_conf(Some(&result));
             let del = suite.call("bridge", "DEL", &id, pod.path_str(), &del_conf);
+            fresh.push(VethFloor::delete(&floor.attach()));
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
             let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
@@ -517,6 +598,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             out.sample(&name, suite.side, calls);
         }
     }
+    VethFloor::record(out, "floor veth delete fresh", &fresh);
 }
 
 /// Fresh pods, loopback ADD then DEL.
@@ -636,62 +718,6 @@ fn floors(out: &mut Outcome, n: usize) {
         ("floor restore add", &adds),
         ("floor restore delete", &dels),
     ] {
-        check_calls(out, name, Side::Ours, calls);
-        out.record(name, Side::Ours, median(&walls(calls)));
-        out.record(
-            &format!("{name} cpu"),
-            Side::Ours,
-            median(&cpu_ms(calls, Duration::ZERO)),
-        );
-    }
-}
-
-/// The floor of a bridge DEL as we ship it: one process (`ip`) deleting a
-/// pod's veth, with an address on it, its peer on a bridge. The kernel
-/// unregisters the pair within that one call (RCU grace periods under
-/// RTNL); no plugin can answer before it. Measured as in seq DEL (pods
-/// that have been up a while, `pods` of them on the bridge) and as in full
-/// (deleted right after it was made, which costs more: the kernel still
-/// has work queued for a new device).
-fn veth_floor(out: &mut Outcome, pods_on_bridge: usize, fresh: usize) {
-    let node = Node::new();
-    node.netns
-        .ip(&["link", "add", "floorbr0", "type", "bridge"])
-        .success();
-    node.netns.ip(&["link", "set", "floorbr0", "up"]).success();
-    let attach = |i: usize| {
-        let pod = Netns::new("floor");
-        let host = format!("floor{i}");
-        let address = format!("10.77.{}.{}/16", i / 250, i % 250 + 2);
-        node.netns
-            .ip(&[
-                "link",
-                "add",
-                &host,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                pod.name(),
-            ])
-            .success();
-        node.netns
-            .ip(&["link", "set", &host, "master", "floorbr0", "up"])
-            .success();
-        pod.ip(&["link", "set", "eth0", "up"]).success();
-        pod.ip(&["addr", "add", &address, "dev", "eth0"]).success();
-        pod
-    };
-    let delete = |pod: &Netns| {
-        let ns = NetNs::open(pod.path()).expect("pod netns");
-        exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "")
-    };
-    let aged: Vec<Netns> = (0..pods_on_bridge).map(attach).collect();
-    let aged: Vec<Call> = aged.iter().map(delete).collect();
-    let fresh: Vec<Call> = (0..fresh).map(|i| delete(&attach(i))).collect();
-    for (name, calls) in [("floor veth delete", &aged), ("floor veth delete fresh", &fresh)] {
         check_calls(out, name, Side::Ours, calls);
         out.record(name, Side::Ours, median(&walls(calls)));
         out.record(
@@ -828,7 +854,6 @@ pub fn run(options: &Options) -> Outcome {
         loopback(&mut out, &suites, options.pods);
         istio(&mut out, &suites[0], options.pods);
         floors(&mut out, options.pods.min(20));
-        veth_floor(&mut out, options.pods, options.pods.min(10));
     }
     profile(&mut out, &suites);
     out

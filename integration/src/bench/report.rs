@@ -263,11 +263,12 @@ pub fn markdown(options: &Options, outcome: &Outcome, medians: &Medians, machine
          column holds the measurement): `floor exec /bin/true` is a process start; `floor restore add` / \
          `delete` are one `iptables-restore` adding or deleting one pod's masquerade chain and rules, \
          the reference's design; `floor veth delete` is one `ip link del` of a pod's veth (with an \
-         address, its peer on a bridge with {} others), the kernel's share of every bridge DEL, which \
-         ours does as its only long step; `floor veth delete fresh` is the same right after the veth was \
-         made, as in the full phase (the kernel still has work queued for a new device). A target counts as met by floor when ours is within \
-         {FLOOR_MARGIN_MS} ms of the floor of the design we ship; the profiles below show where the \
-         time goes.\n",
+         address, its peer on a bridge with up to {} others), the kernel's share of every bridge DEL, \
+         measured call by call between the suites' seq DELs; `floor veth delete fresh` is the same right \
+         after the veth was made, between the full phase's DELs (the kernel still has work queued for a \
+         new device, which makes it dearer). A target counts as met by floor when ours is within \
+         {FLOOR_MARGIN_MS} ms of the floor of the design we ship; the profiles below show where the time \
+         goes.\n",
         options.pods
     );
     if !outcome.profiles.is_empty() {

@@ -177,10 +177,19 @@ impl NatTable {
     /// The subnet chains of `network`, found by their comments.
     pub fn network_chains_of(&self, network: &str) -> BTreeSet<String> {
         let prefix = format!("--comment \"name: \\\"{network}\\\" subnet: ");
+        // Named by the rules inside a chain or, for a chain someone has
+        // flushed, by the jump to it.
         self.rules
             .iter()
-            .filter(|(chain, line)| chain.starts_with("CNI-NET-") && line.contains(&prefix))
-            .map(|(chain, _)| chain.clone())
+            .filter(|(_, line)| line.contains(&prefix))
+            .filter_map(|(chain, line)| {
+                let target = line.rsplit_once(" -j ").map(|(_, t)| t.trim());
+                [Some(chain.as_str()), target]
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.starts_with("CNI-NET-"))
+                    .map(str::to_owned)
+            })
             .collect()
     }
 }
@@ -497,6 +506,16 @@ COMMIT
         assert!(network_missing(&table, Family::V4, "net", &addrs).is_empty());
         assert_eq!(table.network_chains_of("net").len(), 1);
         assert!(table.network_chains_of("other").is_empty());
+        let flushed: String = complete
+            .lines()
+            .filter(|l| !l.starts_with("-A CNI-NET-"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            NatTable::parse(&flushed).network_chains_of("net"),
+            table.network_chains_of("net"),
+            "a flushed chain is still found by its jump"
+        );
         assert!(table.containers_of("net").is_empty(), "not a container's chain");
         let without_jump: String = complete
             .lines()

@@ -337,13 +337,19 @@ pub fn remove_network(network: &str) -> Result<()> {
     for rule in state.rules.iter().filter(|r| r.chain == CHECKS).filter(ours) {
         transaction.push_str(&format!("delete rule {t} {CHECKS} handle {}\n", rule.handle));
     }
-    let chains: BTreeSet<&str> = state
-        .rules
-        .iter()
-        .filter(|r| r.chain != CHECKS)
-        .filter(ours)
-        .map(|r| r.chain.as_str())
-        .collect();
+    // Chains named by their rules or, for one someone has flushed, by the
+    // subnet in the jump's comment.
+    let mut chains: BTreeSet<String> = BTreeSet::new();
+    for rule in state.rules.iter().filter(ours) {
+        if rule.chain != CHECKS {
+            chains.insert(rule.chain.clone());
+        } else if let Some(Ok(subnet)) = rule.comment.strip_prefix(&prefix).map(str::parse::<IpNetwork>) {
+            let chain = network_chain(network, &subnet);
+            if state.chains.contains(&chain) {
+                chains.insert(chain);
+            }
+        }
+    }
     for chain in chains {
         transaction.push_str(&format!("flush chain {t} {chain}\ndelete chain {t} {chain}\n"));
     }

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::marker::PhantomData;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -114,6 +114,18 @@ impl NetNs {
         })
     }
 
+    /// Blocks until this process holds the namespace's exclusive lock: a
+    /// `flock` on the namespace itself (its nsfs inode, opened anew so the
+    /// lock is this call's alone). Every process that opens the same
+    /// namespace, from any path or mount namespace, contends for it, other
+    /// namespaces do not, and nothing is left on disk. Released when the
+    /// returned value is dropped.
+    pub fn lock(&self) -> std::io::Result<NetNsLock> {
+        let file = File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))?;
+        file.lock()?;
+        Ok(NetNsLock { _file: file })
+    }
+
     /// Runs `f` inside this namespace on the calling thread.
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
         let _guard = self.enter()?;
@@ -125,6 +137,13 @@ impl AsFd for NetNs {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
+}
+
+/// An exclusive lock on one network namespace; see [`NetNs::lock`].
+#[derive(Debug)]
+#[must_use = "the lock is released as soon as it is dropped"]
+pub struct NetNsLock {
+    _file: File,
 }
 
 /// While alive, the current thread is inside another namespace.
@@ -165,6 +184,28 @@ mod tests {
     fn new_private_netns() -> NetNs {
         nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET) needs root");
         NetNs::current().expect("the new namespace")
+    }
+
+    fn reopen(ns: &NetNs) -> File {
+        File::open(format!("/proc/self/fd/{}", ns.as_fd().as_raw_fd())).expect("reopen")
+    }
+
+    #[test]
+    fn the_lock_excludes_other_openers_of_the_same_namespace_only() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let node = new_private_netns();
+                let other = new_private_netns();
+                let held = node.lock().expect("lock");
+                assert!(matches!(
+                    reopen(&node).try_lock(),
+                    Err(std::fs::TryLockError::WouldBlock)
+                ));
+                assert!(reopen(&other).try_lock().is_ok());
+                drop(held);
+                assert!(reopen(&node).try_lock().is_ok());
+            });
+        });
     }
 
     #[test]
