@@ -70,29 +70,6 @@ impl Netlink {
         }
     }
 
-    /// The links enslaved to `master` (a bridge's ports). The kernel
-    /// filters the dump by IFLA_MASTER, so the cost follows the ports, not
-    /// every link of the namespace.
-    pub fn ports_of(&self, master: &Link) -> Result<Vec<Link>> {
-        let mut request = self.handle.link().get();
-        request
-            .message_mut()
-            .attributes
-            .push(rtnetlink::packet_route::link::LinkAttribute::Controller(
-                master.index,
-            ));
-        let messages: Vec<LinkMessage> = self.run(
-            format!("list the ports of {}", master.name),
-            request.execute().try_collect(),
-        )?;
-        // Old kernels ignore the filter: check it here too.
-        Ok(messages
-            .iter()
-            .map(link_from)
-            .filter(|link| link.master == Some(master.index))
-            .collect())
-    }
-
     /// Creates a bridge. Fails with EEXIST if a link of that name exists.
     pub fn create_bridge(&self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
         let mut builder = LinkBridge::new(name);

@@ -7,18 +7,16 @@ use cni::error::plugin_codes;
 use cni::{Attachment, Error, Result};
 use firewall::{Family, masquerade, nft};
 use ipnetwork::IpNetwork;
-use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
 
 use crate::config::{BridgeConfig, MasqBackend};
-use crate::host::netlink_error;
 
 pub fn firewall_error(e: firewall::Error) -> Error {
     Error::plugin(plugin_codes::FIREWALL, e.to_string())
 }
 
 /// The node namespace's lock, held while a network's subnet rules are
-/// looked for, created or removed: an ADD never counts on rules that a DEL
+/// looked for, created or removed: an ADD never counts on rules that a GC
 /// is removing.
 fn lock_node() -> Result<NetNsLock> {
     NetNs::current()
@@ -29,8 +27,6 @@ fn lock_node() -> Result<NetNsLock> {
 
 /// Masquerade for the pod's subnets: the first pod of a subnet creates its
 /// rules; every later pod only finds them (no process, nothing to undo).
-/// Called once the pod's port is on the bridge, which
-/// [`release_if_unused`] counts under the same lock.
 pub fn ensure(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Result<()> {
     let _lock = lock_node()?;
     match cfg.masq_backend {
@@ -38,27 +34,6 @@ pub fn ensure(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Res
         MasqBackend::Nftables => nft::ensure_network(network, addresses),
     }
     .map_err(|e| firewall_error(e).context("failed to set up IP masquerade"))
-}
-
-/// DEL, once the pod's veth is gone: with no port left on the bridge no pod
-/// of any network is attached to it, so the network's subnet rules go (in
-/// the configured backend, where ADD made them). With other ports they
-/// stay; GC removes them once the network has no valid attachment. ADD
-/// attaches its port before it takes the lock, so whichever of the two
-/// locks first, the other sees its work.
-pub fn release_if_unused(cfg: &BridgeConfig, network: &str) -> Result<()> {
-    let _lock = lock_node()?;
-    let nl = Netlink::connect().map_err(netlink_error)?;
-    if let Some(bridge) = nl.link_by_name(&cfg.bridge).map_err(netlink_error)?
-        && !nl.ports_of(&bridge).map_err(netlink_error)?.is_empty()
-    {
-        return Ok(());
-    }
-    match cfg.masq_backend {
-        MasqBackend::Iptables => masquerade::remove_network(network),
-        MasqBackend::Nftables => nft::remove_network(network),
-    }
-    .map_err(|e| firewall_error(e).context("failed to remove the network's IP masquerade"))
 }
 
 /// DEL: the subnet rules stay for the network's other pods; what a pod may
@@ -114,6 +89,7 @@ pub fn collect_garbage(network: &str, valid: &[GcAttachment]) -> Result<()> {
         .map(drop)
         .and_then(|()| nft::collect_garbage(network, &attachments));
     if valid.is_empty() {
+        let _lock = lock_node()?;
         outcome = outcome
             .and_then(|()| masquerade::remove_network(network))
             .and_then(|()| nft::remove_network(network));

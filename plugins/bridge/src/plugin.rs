@@ -286,11 +286,6 @@ impl Plugin for Bridge {
                 Err(_) => failures.insert(0, Error::internal("removing the container interface panicked")),
             }
         }
-        if cfg.ip_masq
-            && let Err(e) = masq::release_if_unused(&cfg, &req.conf.name)
-        {
-            failures.push(e);
-        }
         combine(failures)
     }
 
