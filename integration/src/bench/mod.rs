@@ -337,64 +337,62 @@ fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], c
     out.sample(name, side, calls);
 }
 
-/// The floor of a bridge DEL as we ship it: one process (`ip`) deleting a
-/// pod's veth, with an address on it, its peer on a bridge. The kernel
-/// unregisters the pair within that one call (RCU grace periods under
-/// RTNL); no plugin can answer before it. Measured inside the phases it
-/// bounds, call by call beside the suites' DELs, so that machine noise hits
-/// floor and suites alike.
+/// The floor of a bridge DEL: one process (`ip link del`) deleting a pod's
+/// interface, in the state a bridge ADD leaves it (set up here by our
+/// bridge on a node of its own; the reference's ADD leaves the same kernel
+/// state). The kernel unregisters the veth pair within that one call (RCU
+/// grace periods under RTNL); no plugin can answer before it. Measured
+/// inside the phases it bounds, call by call beside the suites' DELs, so
+/// that machine noise hits floor and suites alike.
 struct VethFloor {
-    node: Node,
+    suite: Suite,
     attached: usize,
+}
+
+struct FloorPod {
+    pod: Netns,
+    id: String,
+    result: Value,
 }
 
 impl VethFloor {
     fn new() -> Self {
-        let node = Node::new();
-        node.netns
-            .ip(&["link", "add", "floorbr0", "type", "bridge"])
-            .success();
-        node.netns.ip(&["link", "set", "floorbr0", "up"]).success();
-        VethFloor { node, attached: 0 }
+        VethFloor {
+            suite: Suite::new(Side::Ours, "bench-floor", "cnifloor0", "10.77.0.0/16"),
+            attached: 0,
+        }
     }
 
-    /// A pod as bridge ADD leaves it, as far as its veth goes.
-    fn attach(&mut self) -> Netns {
-        let i = self.attached;
-        self.attached += 1;
+    fn attach(&mut self, out: &mut Outcome) -> FloorPod {
         let pod = Netns::new("floor");
-        let host = format!("floor{i}");
-        let address = format!("10.77.{}.{}/16", i / 250 % 250, i % 250 + 2);
-        self.node
-            .netns
-            .ip(&[
-                "link",
-                "add",
-                &host,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                pod.name(),
-            ])
-            .success();
-        self.node
-            .netns
-            .ip(&["link", "set", &host, "master", "floorbr0", "up"])
-            .success();
-        pod.ip(&["link", "set", "eth0", "up"]).success();
-        pod.ip(&["addr", "add", &address, "dev", "eth0"]).success();
-        pod
+        let id = format!("floor-{}", self.attached);
+        self.attached += 1;
+        let add = self.suite.call(
+            "bridge",
+            "ADD",
+            &id,
+            pod.path_str(),
+            &self.suite.bridge_conf(None),
+        );
+        check_calls(out, "floor ADD", Side::Ours, std::slice::from_ref(&add));
+        let result = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+        FloorPod { pod, id, result }
     }
 
-    fn delete(pod: &Netns) -> Call {
-        let ns = NetNs::open(pod.path()).expect("pod netns");
-        exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "")
+    /// Times `ip link del` of the pod's interface, then releases the rest
+    /// (lease, cache) with a DEL that is not timed.
+    fn delete(&self, out: &mut Outcome, floor: &FloorPod) -> Call {
+        let ns = NetNs::open(floor.pod.path()).expect("pod netns");
+        let call = exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "");
+        let conf = self.suite.bridge_conf(Some(&floor.result));
+        let cleanup = self
+            .suite
+            .call("bridge", "DEL", &floor.id, floor.pod.path_str(), &conf);
+        check_calls(out, "floor DEL", Side::Ours, std::slice::from_ref(&cleanup));
+        call
     }
 
-    fn record(out: &mut Outcome, name: &str, calls: &[Call]) {
+    fn record(&self, out: &mut Outcome, name: &str, calls: &[Call]) {
         check_calls(out, name, Side::Ours, calls);
         out.record(name, Side::Ours, median(&walls(calls)));
         out.record(
@@ -402,6 +400,7 @@ impl VethFloor {
             Side::Ours,
             median(&cpu_ms(calls, Duration::ZERO)),
         );
+        check_leaks(out, name, &self.suite);
     }
 }
 
@@ -423,7 +422,7 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let cpu_before: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (i, s) in interleaved(n, suites.len()) {
         if s == 0 {
-            floor_pods.push(floor.attach());
+            floor_pods.push(floor.attach(out));
         }
         let call = suites[s].call(
             "bridge",
@@ -441,11 +440,11 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
         let conf = suites[s].bridge_conf(Some(&results[s][i]));
         dels[s].push(suites[s].call("bridge", "DEL", &format!("seq-{i}"), pods[s][i].path_str(), &conf));
         if s == 0 {
-            floor_dels.push(VethFloor::delete(&floor_pods[i]));
+            floor_dels.push(floor.delete(out, &floor_pods[i]));
         }
     }
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
-    VethFloor::record(out, "floor veth delete", &floor_dels);
+    floor.record(out, "floor veth delete", &floor_dels);
     for (s, suite) in suites.iter().enumerate() {
         check_calls(out, "seq ADD", suite.side, &adds[s]);
         check_calls(out, "seq DEL", suite.side, &dels[s]);
@@ -560,7 +559,7 @@ fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: u
 
 /// ADD-then-DEL pairs per suite and round in the full phase: one sample
 /// per round would leave the median to a single veth deletion's luck.
-const FULL_PAIRS: usize = 5;
+const FULL_PAIRS: usize = 8;
 
 /// A /16 with the leases already held: one more ADD and DEL, through the
 /// chain and IPAM alone, `FULL_PAIRS` times (the count stays at the full
@@ -578,7 +577,8 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
             let del_conf = suite.bridge_conf(Some(&result));
             let del = suite.call("bridge", "DEL", &id, pod.path_str(), &del_conf);
-            fresh.push(VethFloor::delete(&floor.attach()));
+            let floor_pod = floor.attach(out);
+            fresh.push(floor.delete(out, &floor_pod));
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
             let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
@@ -598,7 +598,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             out.sample(&name, suite.side, calls);
         }
     }
-    VethFloor::record(out, "floor veth delete fresh", &fresh);
+    floor.record(out, "floor veth delete fresh", &fresh);
 }
 
 /// Fresh pods, loopback ADD then DEL.

@@ -262,11 +262,11 @@ pub fn markdown(options: &Options, outcome: &Outcome, medians: &Medians, machine
         "Rows named `floor` are what this machine charges anyone, measured in the same run (the ours \
          column holds the measurement): `floor exec /bin/true` is a process start; `floor restore add` / \
          `delete` are one `iptables-restore` adding or deleting one pod's masquerade chain and rules, \
-         the reference's design; `floor veth delete` is one `ip link del` of a pod's veth (with an \
-         address, its peer on a bridge with up to {} others), the kernel's share of every bridge DEL, \
-         measured call by call between the suites' seq DELs; `floor veth delete fresh` is the same right \
-         after the veth was made, between the full phase's DELs (the kernel still has work queued for a \
-         new device, which makes it dearer). A target counts as met by floor when ours is within \
+         the reference's design; `floor veth delete` is one `ip link del` of a pod's interface in the state \
+         a bridge ADD leaves it (made by our bridge on a node of its own, up to {} pods on its bridge), the \
+         kernel's share of every bridge DEL, measured call by call between the suites' seq DELs; `floor \
+         veth delete fresh` is the same right after the ADD, between the full phase's DELs (the kernel \
+         still has work queued for a new device, which makes it dearer). A target counts as met by floor when ours is within \
          {FLOOR_MARGIN_MS} ms of the floor of the design we ship; the profiles below show where the time \
          goes.\n",
         options.pods
