@@ -1,6 +1,8 @@
 //! `cnictl`: runs a network configuration list against a namespace the way
 //! cnitool does, sharing libcni's result cache with it.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod output;
 mod runner;

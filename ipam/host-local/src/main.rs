@@ -1,6 +1,8 @@
 //! `host-local`: the CNI IPAM plugin, and (`host-local serve`) the node-local
 //! lease service that keeps its databases open.
 
+#![forbid(unsafe_code)]
+
 mod plugin;
 mod serve;
 

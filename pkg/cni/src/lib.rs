@@ -8,6 +8,8 @@
 //! - [`skel`]: the plugin skeleton; [`exec`]: running other plugins.
 //! - [`log`]: logging to stderr or a configured file, never stdout.
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod conf;
 pub mod env;

@@ -5,6 +5,8 @@
 //! process per rule. Commands run in the calling thread's network
 //! namespace, like every child process.
 
+#![forbid(unsafe_code)]
+
 pub mod exec;
 pub mod istio;
 pub mod masquerade;

@@ -8,6 +8,8 @@
 //! - [`reference`]: importing the reference plugin's lease files.
 //! - [`admin`] and [`service`]: operator commands and the lease service.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod config;
 pub mod fault;

@@ -174,8 +174,7 @@ impl Stores {
     fn new(keep_open: bool) -> Self {
         // Everything this process creates (sled's files among them) is the
         // owner's alone.
-        // SAFETY: umask only sets the process's file-mode creation mask.
-        unsafe { libc::umask(0o077) };
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         Stores {
             keep_open,
             open: Mutex::new(HashMap::new()),

@@ -3,6 +3,8 @@
 //! token or client certificate, and name resolution that never touches NSS
 //! (the binaries are static; glibc's NSS modules cannot be loaded there).
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod http;
 pub mod resolve;

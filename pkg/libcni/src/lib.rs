@@ -7,6 +7,8 @@
 //! - [`cache`]: libcni's result cache (`<cacheDir>/results/<net>-<id>-<if>`),
 //!   so Go tools and `cnictl` can delete each other's attachments.
 
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod conflist;
 pub mod runtime;

@@ -6,6 +6,8 @@
 //! the target namespace and stays bound to it afterwards, so no call needs
 //! to switch namespaces again.
 
+#![forbid(unsafe_code)]
+
 use std::net::IpAddr;
 
 use futures::TryStreamExt;

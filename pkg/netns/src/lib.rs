@@ -6,6 +6,10 @@
 //! one way: [`NetNs::enter`] returns a guard that switches the current thread
 //! back when dropped, even on `?` or panic, and that cannot leave the thread
 //! (it is `!Send`). Nothing async may hold it across an await.
+//!
+//! This is the suite's one crate with `unsafe` code (namespace switches,
+//! the child's private mount view, inherited descriptors); every other
+//! crate has `#![forbid(unsafe_code)]`.
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -16,6 +20,7 @@ use std::path::{Path, PathBuf};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::statfs::fstatfs;
 
+pub mod inherited;
 mod mount;
 
 pub use mount::hide_file_in_child;

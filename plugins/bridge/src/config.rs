@@ -172,6 +172,10 @@ impl BridgeConfig {
             .as_ref()
             .map(|i| i.plugin_type.clone())
             .filter(|t| !t.is_empty());
+        if let Some(plugin_type) = &ipam_type {
+            // Checked here so that ADD refuses it before changing anything.
+            cni::exec::validate_plugin_type(plugin_type)?;
+        }
         if ipam_type.is_some() && raw.disable_container_interface {
             return Err(invalid(
                 "cannot use IPAM when DisableContainerInterface flag is set",

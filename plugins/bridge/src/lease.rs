@@ -29,6 +29,17 @@ fn service_socket(ipam_type: &str, stdin: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// host-local's configuration, checked in-process before ADD changes
+/// anything: a bad range or CNI_ARGS then leaves no bridge or veth behind,
+/// with host-local's own error. Other IPAM plugins check theirs when they
+/// run (dhcp needs the pod's interface to exist first).
+pub fn validate(ipam_type: Option<&str>, req: &Request<NoConfig>) -> Result<()> {
+    if ipam_type == Some(HOST_LOCAL) {
+        ipam::config::IpamConfig::load(&req.conf, &req.env.args)?;
+    }
+    Ok(())
+}
+
 /// Runs `command` on the IPAM plugin; returns what it printed.
 /// The service gets the variables this process would pass to host-local:
 /// its own, with CNI_COMMAND set.

@@ -1,6 +1,8 @@
 //! `bridge`: the node bridge, a veth pair into the pod, addresses, routes
 //! and masquerade; addressing is delegated to an IPAM plugin.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod host;
 mod lease;

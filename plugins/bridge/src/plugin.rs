@@ -133,6 +133,7 @@ impl Plugin for Bridge {
 
     fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+        lease::validate(cfg.ipam_type.as_deref(), req)?;
         let (pod_ns, sandbox) = open_netns(att)?;
         let host_nl = Netlink::connect().map_err(netlink_error)?;
         let pod_nl = Netlink::connect_in(&pod_ns).map_err(netlink_error)?;

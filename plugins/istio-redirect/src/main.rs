@@ -2,6 +2,8 @@
 //! inside the pod's network namespace, so pods need no privileged
 //! `istio-init` container.
 
+#![forbid(unsafe_code)]
+
 mod annotations;
 mod config;
 mod kube;

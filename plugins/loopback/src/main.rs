@@ -1,5 +1,7 @@
 //! `loopback`: sets `lo` up in the pod's network namespace.
 
+#![forbid(unsafe_code)]
+
 mod loopback;
 
 use std::process::ExitCode;
