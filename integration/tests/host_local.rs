@@ -746,3 +746,144 @@ fn the_service_accepts_a_socket_from_the_service_manager() {
         "{stderr}"
     );
 }
+
+/// A database that lost committed leases (here its snapshot is gone and its
+/// log truncated, which sled opens as empty without a word) is refused with
+/// code 5, its path and the way out, instead of handing out an address
+/// that a pod already holds.
+#[test]
+fn a_damaged_database_is_refused_and_never_reset() {
+    let ipam = Ipam::direct();
+    let conf = v4_conf(&ipam, "1.0.0", "10.63.0.0/24");
+    assert_eq!(address(&ipam.add("c1", &conf)), "10.63.0.2/24");
+    assert_eq!(address(&ipam.add("c2", &conf)), "10.63.0.3/24");
+    let db = ipam.data_dir.join(".sled").join(NETWORK);
+    for entry in fs::read_dir(&db).expect("sled's directory").flatten() {
+        if entry.file_name().to_string_lossy().starts_with("snap.") {
+            fs::remove_file(entry.path()).expect("rm snapshot");
+        }
+    }
+    fs::File::options()
+        .write(true)
+        .open(db.join("db"))
+        .and_then(|f| f.set_len(0))
+        .expect("truncate");
+    let refused = ipam.run("ADD", "c3", &conf, &[]).failure().json();
+    assert_eq!(refused["code"], 5, "{refused}");
+    let msg = refused["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains(&format!("{} is damaged", db.display())), "{msg}");
+    assert!(
+        msg.contains(&format!("mv {0} {0}.damaged", db.display())),
+        "{msg}"
+    );
+    // DEL and CHECK are refused too: nothing works from a database that
+    // forgot what it held.
+    ipam.run("DEL", "c1", &conf, &[]).failure();
+    // The way out the message gives, then a fresh start.
+    fs::rename(&db, db.with_extension("damaged")).expect("mv");
+    fs::remove_file(ipam.data_dir.join(".sled").join(format!("{NETWORK}.generation"))).expect("rm");
+    assert_eq!(address(&ipam.add("c3", &conf)), "10.63.0.2/24");
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped (even when
+/// the test fails).
+struct SmallFs {
+    path: std::path::PathBuf,
+}
+
+impl SmallFs {
+    fn mount(path: std::path::PathBuf, size: &str) -> Self {
+        fs::create_dir_all(&path).expect("mkdir");
+        integration::run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+                path.to_str().expect("UTF-8"),
+            ],
+        )
+        .success();
+        SmallFs { path }
+    }
+
+    fn remount(&self, options: &str) {
+        integration::run(
+            "mount",
+            &[
+                "-o",
+                &format!("remount,{options}"),
+                self.path.to_str().expect("UTF-8"),
+            ],
+        )
+        .success();
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", self.path.to_str().unwrap_or_default()])
+            .status();
+    }
+}
+
+/// A data directory that is full or read-only: code 5 with the system's
+/// reason, nothing half-written, and the next call works once the
+/// filesystem is usable again, with no address handed out twice.
+#[test]
+fn a_full_or_read_only_data_dir_is_an_io_error_and_recovers() {
+    let mut ipam = Ipam::direct();
+    let small = SmallFs::mount(ipam.node.path("small"), "256k");
+    ipam.data_dir = small.path.clone();
+    let conf = v4_conf(&ipam, "1.0.0", "10.64.0.0/24");
+    let mut held = BTreeSet::new();
+    let mut refused = None;
+    for i in 0..50 {
+        let run = ipam.run("ADD", &format!("c{i}"), &conf, &[]);
+        if run.ok() {
+            assert!(held.insert(address(&run.json())), "a duplicate address");
+        } else {
+            refused = Some(run.json());
+            break;
+        }
+    }
+    let refused = refused.expect("256 KiB fill up");
+    assert_eq!(refused["code"], 5, "{refused}");
+    assert!(
+        refused["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("No space left on device")),
+        "{refused}"
+    );
+    small.remount("size=16m");
+    let more = ipam.add("after-full", &conf);
+    assert!(
+        held.insert(address(&more)),
+        "a duplicate address after the disk filled"
+    );
+    assert_eq!(
+        ipam.leased_ips().len(),
+        held.len(),
+        "what was answered is what is held"
+    );
+
+    small.remount("ro");
+    let refused = ipam.run("ADD", "while-ro", &conf, &[]).failure().json();
+    assert_eq!(refused["code"], 5, "{refused}");
+    assert!(
+        refused["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("Read-only file system")),
+        "{refused}"
+    );
+    small.remount("rw");
+    let after = ipam.add("after-ro", &conf);
+    assert!(
+        held.insert(address(&after)),
+        "a duplicate address after read-only"
+    );
+    assert_eq!(ipam.leased_ips().len(), held.len());
+}

@@ -91,6 +91,8 @@ fn owner_key(lease: &Lease) -> Vec<u8> {
 
 const LAST_RESERVED: &str = "last_reserved/";
 const REFERENCE_MTIME: &str = "reference_mtime";
+/// Committed changes, mirrored by the witness file (see `check_generation`).
+const GENERATION: &str = "generation";
 
 fn store_error(what: &str) -> impl Fn(sled::Error) -> Error + '_ {
     move |e| Error::Store(format!("{what}: {e}"))
@@ -118,6 +120,67 @@ impl Paths {
 
     pub fn lock_file(&self) -> PathBuf {
         self.reference_dir.join("lock")
+    }
+
+    /// `<dataDir>/.sled/<network>.generation`: how many changes the
+    /// database had committed, written after each flush, outside sled.
+    pub fn witness(&self) -> PathBuf {
+        let mut path = self.db_dir.clone().into_os_string();
+        path.push(".generation");
+        PathBuf::from(path)
+    }
+}
+
+/// sled treats what it cannot read back as a torn write and recovers to the
+/// last good point, silently: a damaged file comes back with fewer leases,
+/// or none, and its addresses would be handed out again. Every committed
+/// change bumps a generation inside the database and the witness file keeps
+/// a copy; a database behind its witness has lost changes and is refused.
+/// The witness is written without fsync after sled's own flush: after a
+/// crash it can only lag, never lead, so it never refuses a good database.
+fn check_generation(paths: &Paths, net: &Network) -> Result<(), Error> {
+    let witnessed = std::fs::read_to_string(paths.witness())
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    match witnessed {
+        Some(witnessed) if witnessed > net.generation.get() => Err(damaged(
+            paths,
+            &format!(
+                "it holds {} committed changes, {witnessed} were made",
+                net.generation.get()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The error for a database that lost what it had committed, with the way
+/// out. Nothing is handed out from it: its missing leases would be
+/// duplicated.
+fn damaged(paths: &Paths, detail: &str) -> Error {
+    let db = paths.db_dir.display();
+    Error::Store(format!(
+        "the lease database {db} is damaged ({detail}); leases may be missing, so no address is \
+         handed out. To start over, stop the lease service and run `mv {db} {db}.damaged && rm -f {}`: \
+         the next call creates an empty database and imports the reference plugin's files in {} \
+         again; addresses of running pods are then unknown to IPAM until they are deleted or re-added",
+        paths.witness().display(),
+        paths.reference_dir.display()
+    ))
+}
+
+/// Best effort: a witness that could not be written only lags.
+fn write_witness(paths: &Paths, generation: u64) {
+    let witness = paths.witness();
+    let mut temporary = witness.clone().into_os_string();
+    temporary.push(".new");
+    let written = std::fs::write(&temporary, format!("{generation}\n"))
+        .and_then(|()| std::fs::rename(&temporary, &witness));
+    if let Err(e) = written {
+        log::warn!(
+            "cannot record generation {generation} in {}: {e}",
+            witness.display()
+        );
     }
 }
 
@@ -192,12 +255,14 @@ impl Stores {
         let _lock = NetworkLock::acquire(&paths)?;
         let db = self.database(&paths)?;
         let net = Network::new(&db, &paths)?;
+        check_generation(&paths, &net)?;
         fault::pause("locked");
         reference::import_if_changed(&net)?;
         let outcome = op(&net);
         if net.dirty.get() {
             fault::pause("committed");
             db.flush().map_err(store_error("flush"))?;
+            write_witness(&paths, net.generation.get());
         }
         if !self.keep_open {
             drop(net);
@@ -230,6 +295,8 @@ impl Stores {
                         "the lease database {} is held by another process (the host-local lease service?)",
                         paths.db_dir.display()
                     ))
+                } else if text.contains("corrupt") {
+                    damaged(paths, &text)
                 } else {
                     Error::Store(format!("cannot open {}: {text}", paths.db_dir.display()))
                 }
@@ -287,6 +354,8 @@ pub struct Network {
     meta: sled::Tree,
     reference_dir: PathBuf,
     dirty: Cell<bool>,
+    /// Committed changes so far (see [`check_generation`]).
+    generation: Cell<u64>,
 }
 
 impl std::fmt::Debug for Network {
@@ -300,12 +369,19 @@ impl std::fmt::Debug for Network {
 impl Network {
     fn new(db: &sled::Db, paths: &Paths) -> Result<Self, Error> {
         let tree = |name: &str| db.open_tree(name).map_err(store_error("open tree"));
+        let meta = tree("meta")?;
+        let generation = meta
+            .get(GENERATION)
+            .map_err(store_error("read meta"))?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes);
         Ok(Network {
             leases: tree("leases")?,
             owners: tree("owners")?,
-            meta: tree("meta")?,
+            meta,
             reference_dir: paths.reference_dir.clone(),
             dirty: Cell::new(false),
+            generation: Cell::new(generation),
         })
     }
 
@@ -438,6 +514,7 @@ impl Network {
                 Ok((ip_key(l.ip), owner_key(l), value))
             })
             .collect::<Result<_, Error>>()?;
+        let next_generation = self.generation.get() + 1;
         (&self.leases, &self.owners, &self.meta)
             .transaction(|(leases, owners, meta)| {
                 for lease in &change.remove {
@@ -454,9 +531,11 @@ impl Network {
                 if let Some(m) = &mtime {
                     meta.insert(REFERENCE_MTIME, m.as_slice())?;
                 }
+                meta.insert(GENERATION, &next_generation.to_be_bytes())?;
                 Ok(())
             })
             .map_err(|e: sled::transaction::TransactionError<()>| Error::Store(format!("commit: {e:?}")))?;
+        self.generation.set(next_generation);
         self.dirty.set(true);
         Ok(())
     }
