@@ -952,3 +952,45 @@ fn with_the_lease_service_named_the_bridge_asks_it_without_a_host_local_process(
     node.cnictl(&["del", NETWORK, pod.path_str()]).success();
     assert_eq!(node.leases_in(NETWORK, &data_dir).matches("10.47.").count(), 0);
 }
+
+/// iptables or nft refusing the masquerade (here a PATH whose
+/// iptables-restore, ip6tables-restore and nft refuse everything) fails the
+/// ADD with the firewall code, and everything the ADD made is undone: the
+/// veth, the lease, and nothing is written in either backend.
+#[test]
+fn a_failing_firewall_fails_the_add_and_rolls_back() {
+    for backend in ["iptables", "nftables"] {
+        let net = Net::new();
+        net.v4(json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}));
+        let refusing = net.node.path("refusing-bin");
+        std::fs::create_dir(&refusing).expect("mkdir");
+        for tool in ["iptables-restore", "ip6tables-restore", "nft"] {
+            let script = refusing.join(tool);
+            std::fs::write(
+                &script,
+                "#!/bin/sh\necho \"$0: refused by the test\" >&2\nexit 1\n",
+            )
+            .expect("write");
+            let executable = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+            std::fs::set_permissions(&script, executable).expect("chmod");
+        }
+        let path = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            refusing.display()
+        );
+        let pod = net.node.pod("pod");
+        let err = net
+            .node
+            .cnictl_env(&["--json", "add", NETWORK, pod.path_str()], &[("PATH", &path)])
+            .failure()
+            .json();
+        assert_eq!(err["code"], 104, "{backend}: {err}");
+        assert!(
+            err["msg"].as_str().is_some_and(|m| m.contains("masquerade")),
+            "{backend}: {err}"
+        );
+        pod.ip(&["link", "show", "eth0"]).failure();
+        net.assert_clean();
+        assert_eq!(net.subnet_masquerade(), 0, "{backend}: nothing written");
+    }
+}
