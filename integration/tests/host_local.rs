@@ -395,28 +395,37 @@ fn burst(ipam: &Ipam, command: &str, count: usize, conf: &str) -> Vec<Run> {
     })
 }
 
-fn hundred_parallel(ipam: &Ipam) {
+/// 200 ADDs released at once on one network, then 200 DELs: distinct
+/// addresses, all of them held, then none.
+fn two_hundred_parallel(ipam: &Ipam) {
+    const COUNT: usize = 200;
     let conf = v4_conf(ipam, "1.0.0", "10.80.0.0/24");
-    let added = burst(ipam, "ADD", 100, &conf);
+    let added = burst(ipam, "ADD", COUNT, &conf);
     let addresses: BTreeSet<String> = added.into_iter().map(|r| address(&r.success().json())).collect();
-    assert_eq!(addresses.len(), 100, "100 distinct addresses");
-    assert_eq!(ipam.leased_ips().len(), 100);
-    for run in burst(ipam, "DEL", 100, &conf) {
+    assert_eq!(addresses.len(), COUNT, "distinct addresses");
+    assert_eq!(
+        ipam.leased_ips(),
+        addresses
+            .iter()
+            .map(|a| a.trim_end_matches("/24").to_owned())
+            .collect()
+    );
+    for run in burst(ipam, "DEL", COUNT, &conf) {
         run.success();
     }
-    assert!(ipam.leases().is_empty(), "100 parallel DELs leave no lease");
+    assert!(ipam.leases().is_empty(), "parallel DELs leave no lease");
 }
 
 #[test]
-fn a_hundred_processes_at_once_without_the_service() {
-    hundred_parallel(&Ipam::direct());
+fn two_hundred_processes_at_once_without_the_service() {
+    two_hundred_parallel(&Ipam::direct());
 }
 
 #[test]
-fn a_hundred_processes_at_once_through_the_service() {
+fn two_hundred_processes_at_once_through_the_service() {
     let node = Node::new();
     let service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
-    hundred_parallel(&Ipam::with_service(&service, node));
+    two_hundred_parallel(&Ipam::with_service(&service, node));
 }
 
 /// Runs the fault-injection build's ADD until it pauses at `point`, kills
