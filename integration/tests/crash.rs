@@ -1,0 +1,227 @@
+//! SIGKILL at random moments of the full chain's ADD and DEL (bridge, and
+//! host-local opening its sled database in the same process group, as a
+//! runtime's timeout or the OOM killer would take them), a hundred times on
+//! one node. After each kill the runtime's next step (a DEL, as containerd
+//! sends after a failed ADD, or the retried DEL) must succeed and leave
+//! nothing of that pod; pods that got a successful reply keep their leases
+//! throughout, and no address is ever handed out twice.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use integration::{Netns, Node, Run, bin, bin_dir};
+use serde_json::{Value, json};
+
+const NETWORK: &str = "crash-net";
+const KILLS: usize = 100;
+
+/// Deterministic kill moments (xorshift64*), so a failure can be replayed.
+struct Moments(u64);
+
+impl Moments {
+    fn next_delay(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        max.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+struct Chain {
+    node: Node,
+}
+
+impl Chain {
+    fn new() -> Self {
+        let node = Node::new();
+        Chain { node }
+    }
+
+    fn data_dir(&self) -> std::path::PathBuf {
+        self.node.path("ipam")
+    }
+
+    fn conf(&self, prev: Option<&Value>) -> String {
+        let mut conf = json!({"cniVersion": "1.0.0", "name": NETWORK, "type": "bridge",
+            "bridge": "cnicrash0", "isGateway": true, "ipMasq": true,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.65.0.0/24"}]],
+                     "dataDir": self.data_dir(), "socket": ""}});
+        if let Some(prev) = prev {
+            conf["prevResult"] = prev.clone();
+        }
+        conf.to_string()
+    }
+
+    /// The bridge in its own process group inside the node namespace, so a
+    /// kill takes host-local with it.
+    fn spawn(&self, command: &str, id: &str, pod: &Netns, prev: Option<&Value>) -> Child {
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let env: BTreeMap<&str, String> = BTreeMap::from([
+            ("CNI_COMMAND", command.to_owned()),
+            ("CNI_CONTAINERID", id.to_owned()),
+            ("CNI_NETNS", pod.path_str().to_owned()),
+            ("CNI_IFNAME", "eth0".to_owned()),
+            ("CNI_PATH", bin_dir().to_str().expect("UTF-8").to_owned()),
+        ]);
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", self.node.netns.path().display()))
+            .arg("--")
+            .arg(bin("bridge"))
+            .envs(env)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the bridge");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(self.conf(prev).as_bytes()).expect("stdin");
+        }
+        child
+    }
+
+    fn run(&self, command: &str, id: &str, pod: &Netns, prev: Option<&Value>) -> Run {
+        let child = self.spawn(command, id, pod, prev);
+        integration::finish(&format!("bridge {command} {id}"), child)
+    }
+
+    /// Kills the process group after `delay` unless it finished; returns
+    /// its answer when it finished first.
+    fn kill_after(&self, mut child: Child, delay: Duration) -> Option<Run> {
+        let deadline = Instant::now() + delay;
+        while Instant::now() < deadline {
+            if child.try_wait().expect("try_wait").is_some() {
+                return Some(integration::finish("bridge", child));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let group = format!("-{}", child.id());
+        Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status()
+            .expect("kill");
+        let _ = child.wait();
+        None
+    }
+
+    /// Leases by container ID, read with the database opened afresh.
+    fn leases(&self) -> BTreeMap<String, String> {
+        let data_dir = self.data_dir();
+        let listed = self
+            .node
+            .cnictl(&[
+                "--json",
+                "ipam",
+                "ls",
+                NETWORK,
+                "--socket",
+                "",
+                "--data-dir",
+                data_dir.to_str().expect("UTF-8"),
+            ])
+            .success()
+            .json();
+        listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                (
+                    l["containerID"].as_str().unwrap_or_default().to_owned(),
+                    l["ip"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn address(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
+    let chain = Chain::new();
+    // Pods that were answered before the campaign: their leases must
+    // survive every kill, and nobody else may get their addresses.
+    let anchors: Vec<(Netns, String, Value)> = (0..3)
+        .map(|i| {
+            let pod = chain.node.pod("anchor");
+            let id = format!("anchor-{i}");
+            let result = chain.run("ADD", &id, &pod, None).success().json();
+            (pod, id, result)
+        })
+        .collect();
+    let anchor_leases: BTreeMap<String, String> = anchors
+        .iter()
+        .map(|(_, id, result)| (id.clone(), address(result)))
+        .collect();
+    let mut moments = Moments(0x00c0_ffee);
+    let mut killed = [0_usize; 2];
+    for i in 0..KILLS {
+        let pod = chain.node.pod("victim");
+        let id = format!("victim-{i}");
+        let during_del = i % 2 == 1;
+        let mut answered = None;
+        if during_del {
+            answered = Some(chain.run("ADD", &id, &pod, None).success().json());
+            let child = chain.spawn("DEL", &id, &pod, answered.as_ref());
+            if chain
+                .kill_after(child, moments.next_delay(Duration::from_millis(40)))
+                .is_none()
+            {
+                killed[1] += 1;
+            }
+        } else {
+            let child = chain.spawn("ADD", &id, &pod, None);
+            match chain.kill_after(child, moments.next_delay(Duration::from_millis(60))) {
+                None => killed[0] += 1,
+                Some(run) if run.ok() => {
+                    let result = run.json();
+                    // A successful reply is a lease on disk.
+                    assert_eq!(chain.leases().get(&id), Some(&address(&result)), "{i}");
+                    answered = Some(result);
+                }
+                Some(run) => panic!("{i}: ADD failed without being killed: {run:?}"),
+            }
+        }
+        // The runtime's next step: DEL, with the result when it has one
+        // (CRI sends none after a failed ADD).
+        chain.run("DEL", &id, &pod, answered.as_ref()).success();
+        let leases = chain.leases();
+        assert!(!leases.contains_key(&id), "{i}: {id} keeps a lease: {leases:?}");
+        for (anchor, ip) in &anchor_leases {
+            assert_eq!(leases.get(anchor), Some(ip), "{i}: an answered lease was lost");
+        }
+        let mut seen: Vec<&String> = leases.values().collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), leases.len(), "{i}: an address held twice: {leases:?}");
+        pod.ip(&["link", "show", "eth0"]).failure();
+    }
+    // Enough kills landed inside the calls, not after them.
+    assert!(
+        killed[0] >= KILLS / 4 && killed[1] >= KILLS / 4,
+        "kills that landed: {killed:?}"
+    );
+    assert_eq!(
+        chain.node.veths().len(),
+        anchors.len(),
+        "{:?}",
+        chain.node.veths()
+    );
+    for (pod, id, result) in &anchors {
+        chain.run("DEL", id, pod, Some(result)).success();
+    }
+    let left = chain.node.leftovers(NETWORK, &chain.data_dir());
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(Path::new(&chain.data_dir()).exists());
+}
