@@ -23,7 +23,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
 
-.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install bench bench-smoke test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install bench bench-smoke soak test unit integration lint demo clean
 
 all: build
 
@@ -121,6 +121,13 @@ bench-smoke: build
 	cargo build --release --locked -p integration --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --pods 4 --repeats 1 --full-leases 300 \
 		--out target/bench-smoke > /dev/null
+
+# Long runs: the churn soak with 1000 pods, then the crash campaign
+# (make test runs both, the soak with 300 pods).
+SOAK_PODS ?= 1000
+soak: build
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
+		cargo test --locked -p integration --test soak --test crash -- --nocapture
 
 test: lint unit integration check-install bench-smoke
 
