@@ -46,11 +46,12 @@ toolchain:
 build: deps
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS))
 
-# host-local with pause points for the crash tests; a debug build in its own
-# target directory, never installed.
+# host-local and bridge with named pause points for the crash tests
+# (cni::fault); debug builds in their own target directory, never installed.
 FAULT_DIR := target/fault
 fault-bin: deps
-	cargo build --locked -p host-local --features fault-injection --target-dir $(FAULT_DIR)
+	cargo build --locked -p host-local -p bridge --features host-local/fault-injection,bridge/fault-injection \
+		--target-dir $(FAULT_DIR)
 
 # Go's cnitool, built from Debian's source package of the installed libcni
 # (no binary package ships it), for the interop tests.
@@ -125,8 +126,8 @@ bench-smoke: build
 # Long runs: the churn soak with 1000 pods, then the crash campaign
 # (make test runs both, the soak with 300 pods).
 SOAK_PODS ?= 1000
-soak: build
-	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
+soak: build fault-bin
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
 		cargo test --locked -p integration --test soak --test crash -- --nocapture
 
 test: lint unit integration check-install bench-smoke

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::{Netns, Node, Run, bin, bin_dir};
+use integration::{Netns, Node, Run, bin_dir, fault_bin, wait_for};
 use serde_json::{Value, json};
 
 const NETWORK: &str = "crash-net";
@@ -58,20 +58,34 @@ impl Chain {
     /// The bridge in its own process group inside the node namespace, so a
     /// kill takes host-local with it.
     fn spawn(&self, command: &str, id: &str, pod: &Netns, prev: Option<&Value>) -> Child {
+        self.spawn_from(&bin_dir(), &[], command, id, pod, prev)
+    }
+
+    /// The same with the plugins of `plugins` (the fault-injection builds)
+    /// and extra variables.
+    fn spawn_from(
+        &self,
+        plugins: &Path,
+        extra: &[(&str, &str)],
+        command: &str,
+        id: &str,
+        pod: &Netns,
+        prev: Option<&Value>,
+    ) -> Child {
         use std::io::Write;
         use std::os::unix::process::CommandExt;
-        let env: BTreeMap<&str, String> = BTreeMap::from([
-            ("CNI_COMMAND", command.to_owned()),
-            ("CNI_CONTAINERID", id.to_owned()),
-            ("CNI_NETNS", pod.path_str().to_owned()),
-            ("CNI_IFNAME", "eth0".to_owned()),
-            ("CNI_PATH", bin_dir().to_str().expect("UTF-8").to_owned()),
-        ]);
         let mut child = Command::new("nsenter")
             .arg(format!("--net={}", self.node.netns.path().display()))
             .arg("--")
-            .arg(bin("bridge"))
-            .envs(env)
+            .arg(plugins.join("bridge"))
+            .envs([
+                ("CNI_COMMAND", command),
+                ("CNI_CONTAINERID", id),
+                ("CNI_NETNS", pod.path_str()),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_PATH", plugins.to_str().expect("UTF-8")),
+            ])
+            .envs(extra.iter().copied())
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -99,13 +113,27 @@ impl Chain {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        let group = format!("-{}", child.id());
-        Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .status()
-            .expect("kill");
-        let _ = child.wait();
+        kill_group(child);
         None
+    }
+
+    /// The leases after a kill and the runtime's next DEL: that pod has
+    /// none, the anchors keep theirs, no address is held twice.
+    fn assert_after_recovery(&self, what: &str, id: &str, pod: &Netns, anchors: &BTreeMap<String, String>) {
+        let leases = self.leases();
+        assert!(!leases.contains_key(id), "{what}: {id} keeps a lease: {leases:?}");
+        for (anchor, ip) in anchors {
+            assert_eq!(leases.get(anchor), Some(ip), "{what}: an answered lease was lost");
+        }
+        let mut seen: Vec<&String> = leases.values().collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            leases.len(),
+            "{what}: an address held twice: {leases:?}"
+        );
+        pod.ip(&["link", "show", "eth0"]).failure();
     }
 
     /// Leases by container ID, read with the database opened afresh.
@@ -137,6 +165,17 @@ impl Chain {
             })
             .collect()
     }
+}
+
+/// SIGKILL to the whole process group, as a runtime's timeout or the OOM
+/// killer delivers it.
+fn kill_group(mut child: Child) {
+    let group = format!("-{}", child.id());
+    Command::new("kill")
+        .args(["-KILL", "--", &group])
+        .status()
+        .expect("kill");
+    let _ = child.wait();
 }
 
 fn address(result: &Value) -> String {
@@ -196,16 +235,7 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         // The runtime's next step: DEL, with the result when it has one
         // (CRI sends none after a failed ADD).
         chain.run("DEL", &id, &pod, answered.as_ref()).success();
-        let leases = chain.leases();
-        assert!(!leases.contains_key(&id), "{i}: {id} keeps a lease: {leases:?}");
-        for (anchor, ip) in &anchor_leases {
-            assert_eq!(leases.get(anchor), Some(ip), "{i}: an answered lease was lost");
-        }
-        let mut seen: Vec<&String> = leases.values().collect();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), leases.len(), "{i}: an address held twice: {leases:?}");
-        pod.ip(&["link", "show", "eth0"]).failure();
+        chain.assert_after_recovery(&format!("kill {i}"), &id, &pod, &anchor_leases);
     }
     // Enough kills landed inside the calls, not after them.
     assert!(
@@ -224,4 +254,44 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     let left = chain.node.leftovers(NETWORK, &chain.data_dir());
     assert!(left.is_empty(), "left behind: {left:?}");
     assert!(Path::new(&chain.data_dir()).exists());
+}
+
+/// The same, at each named point of the fault-injection builds
+/// (`cni::fault::POINTS`, `make fault-bin`): the kill lands exactly there.
+#[test]
+fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
+    let chain = Chain::new();
+    let fault_dir = fault_bin()
+        .parent()
+        .expect("the fault builds' directory")
+        .to_path_buf();
+    let anchor = chain.node.pod("anchor");
+    let anchor_result = chain.run("ADD", "anchor", &anchor, None).success().json();
+    let anchors = BTreeMap::from([("anchor".to_owned(), address(&anchor_result))]);
+    for point in cni::fault::POINTS {
+        let pod = chain.node.pod("victim");
+        let id = format!("victim-{}", point.replace(':', "-"));
+        let ready = chain.node.path(&format!("ready-{id}"));
+        let pause = [
+            ("CNI_SUITE_FAULT_PAUSE", point),
+            ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ];
+        let in_del = point.starts_with("bridge:del-");
+        let answered = in_del.then(|| chain.run("ADD", &id, &pod, None).success().json());
+        let command = if in_del { "DEL" } else { "ADD" };
+        let child = chain.spawn_from(&fault_dir, &pause, command, &id, &pod, answered.as_ref());
+        wait_for(
+            &format!("{command} to reach {point}"),
+            Duration::from_secs(20),
+            || ready.exists(),
+        );
+        kill_group(child);
+        chain.run("DEL", &id, &pod, answered.as_ref()).success();
+        chain.assert_after_recovery(point, &id, &pod, &anchors);
+    }
+    chain
+        .run("DEL", "anchor", &anchor, Some(&anchor_result))
+        .success();
+    let left = chain.node.leftovers(NETWORK, &chain.data_dir());
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

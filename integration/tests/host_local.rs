@@ -431,15 +431,16 @@ fn two_hundred_processes_at_once_through_the_service() {
 /// Runs the fault-injection build's ADD until it pauses at `point`, kills
 /// it, and returns the ID it used.
 fn kill_inside(ipam: &Ipam, point: &str, conf: &str) -> String {
-    let ready = ipam.node.path(&format!("ready-{point}"));
-    let id = format!("killed-{point}");
+    let name = point.replace(':', "-");
+    let ready = ipam.node.path(&format!("ready-{name}"));
+    let id = format!("killed-{name}");
     let env = [
         ("CNI_COMMAND", "ADD"),
         ("CNI_CONTAINERID", id.as_str()),
         ("CNI_IFNAME", "eth0"),
         ("CNI_NETNS", "/var/run/netns/unused"),
-        ("IPAM_FAULT_PAUSE", point),
-        ("IPAM_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ("CNI_SUITE_FAULT_PAUSE", point),
+        ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
     ];
     let mut child = spawn_in(ipam.node.netns.path(), &fault_bin(), &[], &env, conf);
     wait_for(
@@ -467,9 +468,9 @@ fn a_process_killed_inside_the_lock_loses_nothing() {
     let ipam = Ipam::direct();
     let conf = v4_conf(&ipam, "1.0.0", "10.90.0.0/24");
     let first = address(&ipam.add("before", &conf));
-    for point in ["locked", "committed"] {
+    for point in ["host-local:locked", "host-local:committed"] {
         let killed = kill_inside(&ipam, point, &conf);
-        let after = address(&ipam.add(&format!("after-{point}"), &conf));
+        let after = address(&ipam.add(&format!("after-{}", point.replace(':', "-")), &conf));
         assert_ne!(after, first);
         let leases = ipam.leases();
         assert!(
@@ -477,7 +478,7 @@ fn a_process_killed_inside_the_lock_loses_nothing() {
                 .iter()
                 .any(|l| l["containerID"] == "before" && l["ip"] == first.trim_end_matches("/24"))
         );
-        if point == "locked" {
+        if point == "host-local:locked" {
             assert!(
                 !leases.iter().any(|l| l["containerID"] == killed.as_str()),
                 "nothing was written before the kill"
@@ -505,8 +506,8 @@ fn a_service_killed_mid_request_hands_over_to_direct_use() {
         &fault_bin(),
         node.path("hl.sock"),
         &[
-            ("IPAM_FAULT_PAUSE", "committed"),
-            ("IPAM_FAULT_READY", ready.to_str().expect("UTF-8")),
+            ("CNI_SUITE_FAULT_PAUSE", "host-local:committed"),
+            ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
         ],
     );
     let ipam = Ipam::with_service(&service, node);

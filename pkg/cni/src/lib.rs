@@ -15,6 +15,7 @@ pub mod conf;
 pub mod env;
 pub mod error;
 pub mod exec;
+pub mod fault;
 pub mod log;
 pub mod result;
 pub mod skel;

@@ -12,7 +12,6 @@
 
 pub mod admin;
 pub mod config;
-pub mod fault;
 pub mod pool;
 pub mod range;
 pub mod reference;

@@ -21,7 +21,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 
-use crate::{Error, fault, reference};
+use cni::fault;
+
+use crate::{Error, reference};
 
 /// A lease: one address held by one attachment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,11 +258,11 @@ impl Stores {
         let db = self.database(&paths)?;
         let net = Network::new(&db, &paths)?;
         check_generation(&paths, &net)?;
-        fault::pause("locked");
+        fault::pause("host-local:locked");
         reference::import_if_changed(&net)?;
         let outcome = op(&net);
         if net.dirty.get() {
-            fault::pause("committed");
+            fault::pause("host-local:committed");
             db.flush().map_err(store_error("flush"))?;
             write_witness(&paths, net.generation.get());
         }

@@ -6,7 +6,7 @@ use cni::conf::NetConf;
 use cni::error::plugin_codes;
 use cni::result::{Interface, IpConfig, Route};
 use cni::skel::NoConfig;
-use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
+use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result, fault};
 use firewall::{Family, spoofcheck};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
@@ -155,6 +155,7 @@ impl Plugin for Bridge {
             });
         }
         host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
+        fault::pause("bridge:veth");
         host::pin_mac(&host_nl, &bridge)?;
         let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
         if cfg.macspoofchk {
@@ -175,6 +176,7 @@ impl Plugin for Bridge {
                     .map(drop)
                     .map_err(|e| e.to_string())
             });
+            fault::pause("bridge:leased");
             if leased.ips.is_empty() {
                 return Err(Error::plugin(
                     plugin_codes::ADDRESS_UNAVAILABLE,
@@ -192,6 +194,7 @@ impl Plugin for Bridge {
                 plan.gateways,
                 cfg.enable_dad,
             )?;
+            fault::pause("bridge:configured");
             if cfg.is_gateway {
                 let holder = if cfg.vlan != 0 && !plan.bridge_addresses.is_empty() {
                     let vlan_gateway = host::ensure_vlan_gateway(&host_nl, &bridge, &cfg)?;
@@ -212,6 +215,7 @@ impl Plugin for Bridge {
             if cfg.ip_masq {
                 // Shared by the subnet's pods: nothing to undo.
                 masq::ensure(&cfg, &req.conf.name, &addresses)?;
+                fault::pause("bridge:masqueraded");
             }
             result.ips = plan.ips;
             result.routes = plan.routes;
@@ -261,6 +265,7 @@ impl Plugin for Bridge {
         {
             failures.push(e);
         }
+        fault::pause("bridge:del-released");
         if cfg.ip_masq {
             // The cached result says which families the pod had; CRI's last
             // DEL and `ctr run --rm` may not send it, then both are looked at.
@@ -286,6 +291,7 @@ impl Plugin for Bridge {
                 Ok(Err(e)) => failures.insert(0, e),
                 Err(_) => failures.insert(0, Error::internal("removing the container interface panicked")),
             }
+            fault::pause("bridge:del-unlinked");
         }
         combine(failures)
     }
