@@ -540,25 +540,9 @@ impl Node {
         let mut left: Vec<String> = self.veths();
         left.extend(self.container_nat_chains());
         if data_dir.exists() {
-            let data_dir = data_dir.to_str().expect("UTF-8 path");
-            let listed = self
-                .cnictl(&[
-                    "--json",
-                    "ipam",
-                    "ls",
-                    network,
-                    "--socket",
-                    "",
-                    "--data-dir",
-                    data_dir,
-                ])
-                .success()
-                .json();
             left.extend(
-                listed
-                    .as_array()
-                    .into_iter()
-                    .flatten()
+                self.lease_records(network, data_dir, "")
+                    .iter()
                     .map(|lease| format!("lease {lease}")),
             );
         }
@@ -568,6 +552,27 @@ impl Node {
                 .map(|e| format!("cache entry {e}")),
         );
         left
+    }
+
+    /// `cnictl --json ipam ls`: the leases of `network` whose host-local
+    /// `dataDir` is `data_dir`, through the lease service at `socket` (""
+    /// opens the database directly).
+    pub fn lease_records(&self, network: &str, data_dir: &Path, socket: &str) -> Vec<Value> {
+        let data_dir = data_dir.to_str().expect("UTF-8 path");
+        let listed = self
+            .cnictl(&[
+                "--json",
+                "ipam",
+                "ls",
+                network,
+                "--socket",
+                socket,
+                "--data-dir",
+                data_dir,
+            ])
+            .success()
+            .json();
+        listed.as_array().cloned().unwrap_or_default()
     }
 
     /// `cnictl ipam ls` of `network` whose host-local `dataDir` is

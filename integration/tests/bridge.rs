@@ -84,22 +84,9 @@ impl Net {
     }
 
     fn leases(&self) -> usize {
-        let data = self.node.path("ipam");
-        let listed = self
-            .node
-            .cnictl(&[
-                "--json",
-                "ipam",
-                "--data-dir",
-                data.to_str().expect("UTF-8"),
-                "--socket",
-                "",
-                "ls",
-                NETWORK,
-            ])
-            .success()
-            .json();
-        listed.as_array().map_or(0, Vec::len)
+        self.node
+            .lease_records(NETWORK, &self.node.path("ipam"), "")
+            .len()
     }
 
     /// Nothing of any attachment is left: no veth, no per-container chain

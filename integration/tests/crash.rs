@@ -138,25 +138,9 @@ impl Chain {
 
     /// Leases by container ID, read with the database opened afresh.
     fn leases(&self) -> BTreeMap<String, String> {
-        let data_dir = self.data_dir();
-        let listed = self
-            .node
-            .cnictl(&[
-                "--json",
-                "ipam",
-                "ls",
-                NETWORK,
-                "--socket",
-                "",
-                "--data-dir",
-                data_dir.to_str().expect("UTF-8"),
-            ])
-            .success()
-            .json();
-        listed
-            .as_array()
-            .into_iter()
-            .flatten()
+        self.node
+            .lease_records(NETWORK, &self.data_dir(), "")
+            .iter()
             .map(|l| {
                 (
                     l["containerID"].as_str().unwrap_or_default().to_owned(),

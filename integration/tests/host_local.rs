@@ -79,21 +79,7 @@ impl Ipam {
 
     /// `cnictl ipam ls --json`, through the service when there is one.
     fn leases(&self) -> Vec<Value> {
-        let listed = self
-            .node
-            .cnictl(&[
-                "--json",
-                "ipam",
-                "--data-dir",
-                self.data_dir(),
-                "--socket",
-                &self.socket,
-                "ls",
-                NETWORK,
-            ])
-            .success()
-            .json();
-        listed.as_array().cloned().unwrap_or_default()
+        self.node.lease_records(NETWORK, &self.data_dir, &self.socket)
     }
 
     fn leased_ips(&self) -> BTreeSet<String> {

@@ -118,20 +118,8 @@ fn churn_by_sixteen_workers_never_duplicates_and_leaves_nothing() {
         "soak: {wanted} pods by {WORKERS} workers in {:?}",
         started.elapsed()
     );
-    let listed = node
-        .cnictl(&[
-            "--json",
-            "ipam",
-            "ls",
-            NETWORK,
-            "--socket",
-            service.socket.to_str().expect("UTF-8"),
-            "--data-dir",
-            data_dir.to_str().expect("UTF-8"),
-        ])
-        .success()
-        .json();
-    assert_eq!(listed, json!([]), "leases left");
+    let listed = node.lease_records(NETWORK, &data_dir, service.socket.to_str().expect("UTF-8"));
+    assert!(listed.is_empty(), "leases left: {listed:?}");
     assert!(node.veths().is_empty(), "veths left: {:?}", node.veths());
     assert!(node.container_nat_chains().is_empty());
 }

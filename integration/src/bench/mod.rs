@@ -237,26 +237,10 @@ impl Suite {
                     .service
                     .as_ref()
                     .map(|s| s.socket.to_str().expect("UTF-8").to_owned());
-                let data_dir = self.data_dir();
-                let listed = self
-                    .node
-                    .cnictl(&[
-                        "--json",
-                        "ipam",
-                        "ls",
-                        &self.network,
-                        "--socket",
-                        socket.as_deref().unwrap_or(""),
-                        "--data-dir",
-                        data_dir.to_str().expect("UTF-8"),
-                    ])
-                    .success()
-                    .json();
                 left.extend(
-                    listed
-                        .as_array()
-                        .into_iter()
-                        .flatten()
+                    self.node
+                        .lease_records(&self.network, &self.data_dir(), socket.as_deref().unwrap_or(""))
+                        .iter()
                         .map(|l| format!("lease {l}")),
                 );
             }
