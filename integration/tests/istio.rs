@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use firewall::Family;
-use firewall::istio::{Mode, Redirect, Selection, render};
+use firewall::istio::{Mode, Redirect, Selection, render, render_nft};
 use integration::api_server::ApiServer;
 use integration::probe::Probe;
 use integration::{Netns, Node, Run, bin_dir, run_in};
@@ -387,8 +387,7 @@ fn the_legacy_backend_is_used_where_the_pod_already_uses_it() {
     add(&node, &pod, &entry(json!({"redirect": {}}))).success();
     assert_holds(&pod, &Redirect::default(), &[Family::V4], "legacy");
     assert!(no_istio_rules(&pod));
-    // native_nftables: one nf_tables transaction (through iptables-nft)
-    // whatever the pod had.
+    // native_nftables: Istio's own inet tables, whatever the pod had.
     let pod = addressed_pod(&node, &["10.60.0.2/24"]);
     run_in(
         pod.path(),
@@ -398,14 +397,139 @@ fn the_legacy_backend_is_used_where_the_pod_already_uses_it() {
         "",
     )
     .success();
-    let run = add(
+    add(
         &node,
         &pod,
         &entry(json!({"redirect": {}, "native_nftables": true})),
     )
     .success();
-    assert!(run.stderr.contains("native_nftables"), "{run:?}");
-    assert_holds(&pod, &Redirect::default(), &[Family::V4], "nft");
+    assert_capture_layout(&pod, true);
+    assert!(
+        pod_chains(&pod, Family::V4, "legacy")
+            .keys()
+            .all(|(_, chain)| !chain.starts_with("ISTIO")),
+        "nothing through legacy iptables"
+    );
+}
+
+fn nft_listing(ns: &Netns) -> String {
+    run_in(ns.path(), Path::new("nft"), &["-n", "list", "ruleset"], &[], "")
+        .success()
+        .stdout
+}
+
+/// How the kernel lists Istio's own transaction for `redirect`, loaded by
+/// nft into an empty namespace.
+fn istio_nft_listing(node: &Node, redirect: &Redirect, ipv6: bool) -> String {
+    let reference = node.pod("nft-reference");
+    let transaction = render_nft(redirect, ipv6).istio_transaction();
+    run_in(
+        reference.path(),
+        Path::new("nft"),
+        &["-f", "-"],
+        &[],
+        &transaction,
+    )
+    .success();
+    nft_listing(&reference)
+}
+
+#[test]
+fn native_nftables_is_one_transaction_rerun_unchanged_replaced_and_checked() {
+    let node = Node::new();
+    let pod = addressed_pod(&node, &["10.60.0.2/24"]);
+    let wrappers = Wrappers::new(
+        &[
+            "nft",
+            "iptables-restore",
+            "iptables-nft-restore",
+            "iptables-legacy-restore",
+        ],
+        "call",
+    );
+    let path = wrappers.path();
+    let conf = entry(
+        json!({"redirect": {"excludeOutboundPorts": "5432"}, "native_nftables": true,
+                            "plugin_log_level": "info"}),
+    );
+    let mut exec = Exec::new("ADD", &pod);
+    exec.path = Some(&path);
+    exec.run(&node, &conf).success();
+    assert_eq!(wrappers.seen(), ["nft call"], "one nft process, no iptables");
+    let redirect = Redirect {
+        exclude_outbound_ports: vec![5432],
+        ..Redirect::default()
+    };
+    let listing = nft_listing(&pod);
+    assert_eq!(listing, istio_nft_listing(&node, &redirect, false));
+    assert!(listing.contains("tcp dport 5432 return"), "{listing}");
+    assert!(no_istio_rules(&pod), "nothing through iptables-nft");
+
+    let again = add(&node, &pod, &conf).success();
+    assert!(again.stderr.contains("already in place"), "{again:?}");
+    assert_eq!(nft_listing(&pod), listing, "a re-run changes nothing");
+
+    let tproxy = entry(
+        json!({"redirect": {"excludeOutboundPorts": "6379", "interceptionMode": "TPROXY"},
+                              "native_nftables": true}),
+    );
+    let replaced = add(&node, &pod, &tproxy).success();
+    assert!(replaced.stderr.contains("replaced"), "{replaced:?}");
+    let tproxy_redirect = Redirect {
+        mode: Mode::Tproxy,
+        exclude_outbound_ports: vec![6379],
+        ..Redirect::default()
+    };
+    assert_eq!(
+        nft_listing(&pod),
+        istio_nft_listing(&node, &tproxy_redirect, false)
+    );
+    // Back to REDIRECT: the mangle table TPROXY needed goes.
+    add(&node, &pod, &conf).success();
+    assert_eq!(nft_listing(&pod), listing);
+
+    Exec::new("CHECK", &pod).run(&node, &conf).success();
+    let handles = run_in(
+        pod.path(),
+        Path::new("nft"),
+        &["-a", "list", "chain", "inet", "istio-proxy-nat", "istio-output"],
+        &[],
+        "",
+    )
+    .success()
+    .stdout;
+    let handle = handles
+        .lines()
+        .find(|l| l.trim().starts_with("jump istio-redirect"))
+        .and_then(|l| l.rsplit("handle ").next())
+        .unwrap_or_else(|| panic!("no jump to istio-redirect: {handles}"))
+        .trim()
+        .to_owned();
+    run_in(
+        pod.path(),
+        Path::new("nft"),
+        &[
+            "delete",
+            "rule",
+            "inet",
+            "istio-proxy-nat",
+            "istio-output",
+            "handle",
+            &handle,
+        ],
+        &[],
+        "",
+    )
+    .success();
+    let check = Exec::new("CHECK", &pod).run(&node, &conf).failure();
+    assert_eq!(error_code(&check), 100, "{check:?}");
+    assert!(
+        check.json()["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("inet istio-proxy-nat istio-output: jump istio-redirect"),
+        "{check:?}"
+    );
 }
 
 /// Wrappers for `tools` first on PATH: each appends "<tool> <what>" (shell
@@ -720,6 +844,27 @@ fn cnictl_add(node: &Node, pod: &Netns) -> Value {
 
 #[test]
 fn traffic_lands_where_istio_sends_it() {
+    traffic_lands_where_istio_sends_it_with(false);
+}
+
+#[test]
+fn traffic_lands_where_istio_sends_it_with_native_nftables() {
+    traffic_lands_where_istio_sends_it_with(true);
+}
+
+/// With `native_nftables` the capture lives in Istio's own inet tables and
+/// nothing goes through iptables.
+fn assert_capture_layout(app: &Netns, native_nftables: bool) {
+    let tables = run_in(app.path(), Path::new("nft"), &["list", "tables"], &[], "").success();
+    assert_eq!(
+        tables.stdout.contains("table inet istio-proxy-nat"),
+        native_nftables,
+        "{tables:?}"
+    );
+    assert_eq!(no_istio_rules(app), native_nftables);
+}
+
+fn traffic_lands_where_istio_sends_it_with(native_nftables: bool) {
     let node = Node::new();
     let probe = Probe::new();
     mesh_conf(&node, "1.1.0", None);
@@ -728,12 +873,15 @@ fn traffic_lands_where_istio_sends_it() {
     mesh_conf(
         &node,
         "1.1.0",
-        Some(json!({"dual_stack": true, "dns_capture": true,
+        Some(
+            json!({"dual_stack": true, "dns_capture": true, "native_nftables": native_nftables,
                     "redirect": {"excludeOutboundIPRanges": "10.50.0.1/32", "excludeOutboundPorts": "9000",
-                                 "excludeInboundPorts": "9100"}})),
+                                 "excludeInboundPorts": "9100"}}),
+        ),
     );
     let app = node.pod("app");
     let result = cnictl_add(&node, &app);
+    assert_capture_layout(&app, native_nftables);
     let addresses: Vec<&str> = result["ips"]
         .as_array()
         .into_iter()
@@ -832,6 +980,15 @@ fn traffic_lands_where_istio_sends_it() {
 
 #[test]
 fn tproxy_delivers_inbound_with_the_original_destination() {
+    tproxy_delivers_inbound_with_the_original_destination_with(false);
+}
+
+#[test]
+fn tproxy_delivers_inbound_with_the_original_destination_with_native_nftables() {
+    tproxy_delivers_inbound_with_the_original_destination_with(true);
+}
+
+fn tproxy_delivers_inbound_with_the_original_destination_with(native_nftables: bool) {
     let node = Node::new();
     let probe = Probe::new();
     mesh_conf(&node, "1.1.0", None);
@@ -840,10 +997,12 @@ fn tproxy_delivers_inbound_with_the_original_destination() {
     mesh_conf(
         &node,
         "1.1.0",
-        Some(json!({"dual_stack": true, "redirect": {"interceptionMode": "TPROXY"}})),
+        Some(json!({"dual_stack": true, "native_nftables": native_nftables,
+                    "redirect": {"interceptionMode": "TPROXY"}})),
     );
     let app = node.pod("app");
     cnictl_add(&node, &app);
+    assert_capture_layout(&app, native_nftables);
     let app_rx = probe.listen(&app, &[15001, 15006, 8080]);
     let _other_rx = probe.listen(&other, &[8080]);
 

@@ -93,6 +93,23 @@ impl NetNs {
         NetNs::open(THREAD_NETNS)
     }
 
+    /// A new, empty namespace that lives as long as the handle: for
+    /// loading rules somewhere harmless to see how the kernel stores them.
+    /// A short-lived thread unshares so no caller's thread changes
+    /// namespace; its path is this process's descriptor for it.
+    pub fn scratch() -> Result<Self> {
+        let unshared = std::thread::spawn(|| -> std::io::Result<File> {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET)?;
+            File::open(THREAD_NETNS)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the unsharing thread panicked")));
+        let path = PathBuf::from("scratch network namespace");
+        let file = unshared.map_err(|source| Error::Open { path, source })?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        Ok(NetNs { file, path })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -176,6 +193,19 @@ impl Drop for NetNsGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_namespace_is_new_and_reopens_by_its_path() {
+        let here = NetNs::current().expect("current");
+        let scratch = NetNs::scratch().expect("scratch needs root");
+        assert!(!scratch.same_as(&here));
+        let again = NetNs::open(scratch.path()).expect("its path names it");
+        assert!(again.same_as(&scratch));
+        assert!(
+            NetNs::current().expect("current").same_as(&here),
+            "the caller stays put"
+        );
+    }
 
     #[test]
     fn refuses_files_that_are_not_namespaces() {

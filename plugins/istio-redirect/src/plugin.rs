@@ -8,7 +8,7 @@ use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
 use firewall::istio::apply::{self, Backend, Outcome};
-use firewall::istio::{Mode, Redirect, TPROXY_MARK, TPROXY_TABLE, render};
+use firewall::istio::{Mode, Redirect, TPROXY_MARK, TPROXY_TABLE, nft, render, render_nft};
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::NetNs;
@@ -129,7 +129,9 @@ fn open_netns(att: &Attachment) -> Result<NetNs> {
 struct Target {
     ns: NetNs,
     families: Vec<Family>,
-    backend: Option<Backend>,
+    /// `None`: Istio's native nftables tables; otherwise the iptables
+    /// flavour (`Some(None)`: detect it in the pod).
+    iptables: Option<Option<Backend>>,
 }
 
 fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(Target, Netlink)> {
@@ -139,37 +141,71 @@ fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(T
     if ipv6_enabled(&nl, redirect.dual_stack)? {
         families.push(Family::V6);
     }
-    let backend = if cfg.native_nftables {
-        // The capture is the same through iptables-nft; Istio's own nft
-        // table layout is not reproduced.
-        log::warn!("native_nftables: programming the capture through iptables-nft");
-        Some(Backend::Nft)
-    } else {
-        cfg.backend
-    };
+    let iptables = (!cfg.native_nftables).then_some(cfg.backend);
     Ok((
         Target {
             ns,
             families,
-            backend,
+            iptables,
         },
         nl,
     ))
 }
 
+impl Target {
+    fn ipv6(&self) -> bool {
+        self.families.contains(&Family::V6)
+    }
+
+    /// Programs the rules: one nft transaction, or one restore per family.
+    fn program(&self, redirect: &Redirect) -> Result<()> {
+        let outcomes = match self.iptables {
+            None => vec![(
+                "nftables".to_owned(),
+                nft::apply_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error)?,
+            )],
+            Some(forced) => {
+                let mut outcomes = Vec::new();
+                for family in &self.families {
+                    let backend = apply::backend_for(&self.ns, *family, forced).map_err(firewall_error)?;
+                    let outcome = apply::apply(&self.ns, *family, &render(redirect, *family), backend)
+                        .map_err(firewall_error)?;
+                    outcomes.push((format!("{family:?}"), outcome));
+                }
+                outcomes
+            }
+        };
+        for (what, outcome) in outcomes {
+            match outcome {
+                Outcome::Applied => {}
+                Outcome::Unchanged => log::info!("capture rules already in place ({what})"),
+                Outcome::Replaced => log::warn!("replaced conflicting Istio rules in the pod ({what})"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The expected rules the pod lacks.
+    fn missing(&self, redirect: &Redirect) -> Result<Vec<String>> {
+        let Some(forced) = self.iptables else {
+            return nft::missing_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error);
+        };
+        let mut missing = Vec::new();
+        for family in &self.families {
+            let rules = render(redirect, *family);
+            let backend = apply::backend_for(&self.ns, *family, forced).map_err(firewall_error)?;
+            let saved = apply::read(&self.ns, *family, backend).map_err(firewall_error)?;
+            missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
+        }
+        Ok(missing)
+    }
+}
+
 fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<()> {
     let (target, nl) = target(att, cfg, redirect)?;
-    for family in &target.families {
-        let rules = render(redirect, *family);
-        let backend = apply::backend_for(&target.ns, *family, target.backend).map_err(firewall_error)?;
-        match apply::apply(&target.ns, *family, &rules, backend).map_err(firewall_error)? {
-            Outcome::Applied => {}
-            Outcome::Unchanged => log::info!("capture rules already in place ({family:?})"),
-            Outcome::Replaced => log::warn!("replaced conflicting Istio rules in the pod ({family:?})"),
-        }
-    }
+    target.program(redirect)?;
     let lo = nl.require_link("lo").map_err(netlink_error)?;
-    if target.families.contains(&Family::V6) {
+    if target.ipv6() {
         // Envoy binds ::6 for inbound forwarding; IPv6 lo only has ::1.
         let inbound_source: IpAddr = "::6".parse().map_err(|_| Error::internal("::6"))?;
         nl.add_address(
@@ -213,13 +249,7 @@ impl Plugin for IstioRedirect {
             return Ok(());
         };
         let (target, _) = target(att, &cfg, &redirect)?;
-        let mut missing = Vec::new();
-        for family in &target.families {
-            let rules = render(&redirect, *family);
-            let backend = apply::backend_for(&target.ns, *family, target.backend).map_err(firewall_error)?;
-            let saved = apply::read(&target.ns, *family, backend).map_err(firewall_error)?;
-            missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
-        }
+        let missing = target.missing(&redirect)?;
         if missing.is_empty() {
             Ok(())
         } else {

@@ -7,8 +7,10 @@
 //! `iptables-restore` text out.
 
 pub mod apply;
+pub mod nft;
 mod render;
 
+pub use nft::{NftCapture, render_nft};
 pub use render::{IstioRules, render};
 
 use ipnetwork::IpNetwork;
