@@ -46,11 +46,13 @@ toolchain:
 build: deps
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS))
 
-# host-local and bridge with named pause points for the crash tests
-# (cni::fault); debug builds in their own target directory, never installed.
+# host-local, bridge and istio-redirect with named pause points for the
+# crash tests (cni::fault); debug builds in their own target directory,
+# never installed.
 FAULT_DIR := target/fault
 fault-bin: deps
-	cargo build --locked -p host-local -p bridge --features host-local/fault-injection,bridge/fault-injection \
+	cargo build --locked -p host-local -p bridge -p istio-redirect \
+		--features host-local/fault-injection,bridge/fault-injection,istio-redirect/fault-injection \
 		--target-dir $(FAULT_DIR)
 
 # Go's cnitool, built from Debian's source package of the installed libcni

@@ -342,9 +342,23 @@ fn direct_del_with_empty_netns(net: &Net, container_id: &str) {
 
 #[test]
 fn fifty_parallel_adds_from_a_cold_bridge_then_fifty_dels() {
+    parallel_adds_from_a_cold_bridge_then_dels(50);
+}
+
+/// The whole chain (cnictl → bridge → host-local, each opening the lease
+/// database itself) two hundred times at once on one network.
+#[test]
+fn two_hundred_parallel_adds_through_the_chain_then_two_hundred_dels() {
+    parallel_adds_from_a_cold_bridge_then_dels(200);
+}
+
+/// `count` ADDs released together, then as many DELs: no failure, no
+/// address twice (in the results or in the pods), one masquerade jump,
+/// nothing left.
+fn parallel_adds_from_a_cold_bridge_then_dels(count: usize) {
     let net = Net::new();
     net.v4(json!({"isGateway": true, "ipMasq": true}));
-    let pods: Vec<Netns> = (0..50).map(|i| net.node.pod(&format!("p{i}"))).collect();
+    let pods: Vec<Netns> = (0..count).map(|i| net.node.pod(&format!("p{i}"))).collect();
     let barrier = Barrier::new(pods.len());
     let run_all = |command: &str| -> Vec<Run> {
         std::thread::scope(|s| {
@@ -363,7 +377,7 @@ fn fifty_parallel_adds_from_a_cold_bridge_then_fifty_dels() {
     };
     let added: Vec<Value> = run_all("add").into_iter().map(|r| r.success().json()).collect();
     let in_results: BTreeSet<String> = added.iter().map(|r| address_of(r, 0)).collect();
-    assert_eq!(in_results.len(), 50, "no duplicate address in the results");
+    assert_eq!(in_results.len(), count, "no duplicate address in the results");
     let in_pods: BTreeSet<String> = pods
         .iter()
         .map(|p| {
@@ -376,12 +390,16 @@ fn fifty_parallel_adds_from_a_cold_bridge_then_fifty_dels() {
                 .to_owned()
         })
         .collect();
-    assert_eq!(in_pods.len(), 50, "no duplicate address in the pods: {in_pods:?}");
-    net.ping(&pods[0], &address_of(&added[49], 0)).success();
+    assert_eq!(
+        in_pods.len(),
+        count,
+        "no duplicate address in the pods: {in_pods:?}"
+    );
+    net.ping(&pods[0], &address_of(&added[count - 1], 0)).success();
     assert_eq!(
         net.nat_rules().matches("-A POSTROUTING").count(),
         1,
-        "fifty pods, one masquerade jump for their subnet"
+        "{count} pods, one masquerade jump for their subnet"
     );
     for run in run_all("del") {
         run.success();

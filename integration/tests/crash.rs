@@ -72,16 +72,34 @@ impl Chain {
         pod: &Netns,
         prev: Option<&Value>,
     ) -> Child {
+        let call = Call {
+            command,
+            id,
+            netns: pod.path_str(),
+        };
+        self.spawn_plugin(plugins, "bridge", &self.conf(prev), extra, &call)
+    }
+
+    /// `plugin` from `plugins` with `conf`, in its own process group inside
+    /// the node namespace.
+    fn spawn_plugin(
+        &self,
+        plugins: &Path,
+        plugin: &str,
+        conf: &str,
+        extra: &[(&str, &str)],
+        call: &Call,
+    ) -> Child {
         use std::io::Write;
         use std::os::unix::process::CommandExt;
         let mut child = Command::new("nsenter")
             .arg(format!("--net={}", self.node.netns.path().display()))
             .arg("--")
-            .arg(plugins.join("bridge"))
+            .arg(plugins.join(plugin))
             .envs([
-                ("CNI_COMMAND", command),
-                ("CNI_CONTAINERID", id),
-                ("CNI_NETNS", pod.path_str()),
+                ("CNI_COMMAND", call.command),
+                ("CNI_CONTAINERID", call.id),
+                ("CNI_NETNS", call.netns),
                 ("CNI_IFNAME", "eth0"),
                 ("CNI_PATH", plugins.to_str().expect("UTF-8")),
             ])
@@ -91,11 +109,32 @@ impl Chain {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("start the bridge");
+            .unwrap_or_else(|e| panic!("start {plugin}: {e}"));
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(self.conf(prev).as_bytes()).expect("stdin");
+            stdin.write_all(conf.as_bytes()).expect("stdin");
         }
         child
+    }
+
+    /// istio-redirect after the bridge, as the Istio chain runs it: dual
+    /// stack, static redirect, logging what it decides.
+    fn istio(&self, command: &str, id: &str, pod: &Netns, prev: &Value) -> Run {
+        let call = Call {
+            command,
+            id,
+            netns: pod.path_str(),
+        };
+        let child = self.spawn_plugin(&bin_dir(), "istio-redirect", &istio_conf(prev), &[], &call);
+        integration::finish(&format!("istio-redirect {command} {id}"), child)
+    }
+
+    /// The bridge's ADD, with an IPv6 address added on the pod's eth0 so
+    /// that istio-redirect programs both families.
+    fn add_dual_stack(&self, id: &str, pod: &Netns) -> Value {
+        let added = self.run("ADD", id, pod, None).success().json();
+        pod.ip(&["addr", "add", "fd65::5/64", "dev", "eth0", "nodad"])
+            .success();
+        added
     }
 
     fn run(&self, command: &str, id: &str, pod: &Netns, prev: Option<&Value>) -> Run {
@@ -149,6 +188,19 @@ impl Chain {
             })
             .collect()
     }
+}
+
+/// One plugin call's CNI_COMMAND, CNI_CONTAINERID and CNI_NETNS.
+struct Call<'a> {
+    command: &'a str,
+    id: &'a str,
+    netns: &'a str,
+}
+
+fn istio_conf(prev: &Value) -> String {
+    json!({"cniVersion": "1.0.0", "name": NETWORK, "type": "istio-redirect", "dual_stack": true,
+           "plugin_log_level": "info", "redirect": {}, "prevResult": prev})
+    .to_string()
 }
 
 /// SIGKILL to the whole process group, as a runtime's timeout or the OOM
@@ -252,7 +304,10 @@ fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
     let anchor = chain.node.pod("anchor");
     let anchor_result = chain.run("ADD", "anchor", &anchor, None).success().json();
     let anchors = BTreeMap::from([("anchor".to_owned(), address(&anchor_result))]);
-    for point in cni::fault::POINTS {
+    for point in cni::fault::POINTS
+        .into_iter()
+        .filter(|p| !p.starts_with("istio-redirect:"))
+    {
         let pod = chain.node.pod("victim");
         let id = format!("victim-{}", point.replace(':', "-"));
         let ready = chain.node.path(&format!("ready-{id}"));
@@ -278,4 +333,104 @@ fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
         .success();
     let left = chain.node.leftovers(NETWORK, &chain.data_dir());
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// istio-redirect killed at each of its named points, chained after the
+/// bridge: the runtime's DEL of the chain (last plugin first) succeeds and
+/// leaves nothing, and the ADD retried in the same namespace converges on
+/// exactly the expected rules in both families (a further ADD finds them
+/// all in place, CHECK passes).
+#[test]
+fn a_kill_inside_istio_redirect_is_undone_by_del_and_a_retry_converges() {
+    let chain = Chain::new();
+    let fault_dir = fault_bin()
+        .parent()
+        .expect("the fault builds' directory")
+        .to_path_buf();
+    for point in cni::fault::POINTS
+        .into_iter()
+        .filter(|p| p.starts_with("istio-redirect:"))
+    {
+        let pod = chain.node.pod("istio-victim");
+        let id = format!("victim-{}", point.replace(':', "-"));
+        let added = chain.add_dual_stack(&id, &pod);
+        let ready = chain.node.path(&format!("ready-{id}"));
+        let pause = [
+            ("CNI_SUITE_FAULT_PAUSE", point),
+            ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ];
+        let call = Call {
+            command: "ADD",
+            id: &id,
+            netns: pod.path_str(),
+        };
+        let child = chain.spawn_plugin(&fault_dir, "istio-redirect", &istio_conf(&added), &pause, &call);
+        wait_for(&format!("ADD to reach {point}"), Duration::from_secs(20), || {
+            ready.exists()
+        });
+        kill_group(child);
+        chain.istio("DEL", &id, &pod, &added).success();
+        chain.run("DEL", &id, &pod, Some(&added)).success();
+        chain.assert_after_recovery(point, &id, &pod, &BTreeMap::new());
+
+        let added = chain.add_dual_stack(&id, &pod);
+        chain.istio("ADD", &id, &pod, &added).success();
+        let again = chain.istio("ADD", &id, &pod, &added).success();
+        for family in ["V4", "V6"] {
+            assert!(
+                again
+                    .stderr
+                    .contains(&format!("capture rules already in place ({family})")),
+                "{point}: {again:?}"
+            );
+        }
+        chain.istio("CHECK", &id, &pod, &added).success();
+        chain.istio("DEL", &id, &pod, &added).success();
+        chain.run("DEL", &id, &pod, Some(&added)).success();
+    }
+    let left = chain.node.leftovers(NETWORK, &chain.data_dir());
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// The runtime gives up on a pod and removes its namespace while the bridge
+/// is still adding it (paused after configuring the pod, then resumed):
+/// the ADD fails naming the namespace, and undoes the veth and the lease.
+#[test]
+fn a_namespace_removed_during_add_fails_it_and_rolls_it_back() {
+    let chain = Chain::new();
+    let fault_dir = fault_bin()
+        .parent()
+        .expect("the fault builds' directory")
+        .to_path_buf();
+    let pod = chain.node.pod("vanishing");
+    let ready = chain.node.path("ready-vanishing");
+    let resume = chain.node.path("resume-vanishing");
+    let pause = [
+        ("CNI_SUITE_FAULT_PAUSE", "bridge:configured"),
+        ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ("CNI_SUITE_FAULT_RESUME", resume.to_str().expect("UTF-8")),
+    ];
+    let child = chain.spawn_from(&fault_dir, &pause, "ADD", "vanishing", &pod, None);
+    wait_for("ADD to configure the pod", Duration::from_secs(20), || {
+        ready.exists()
+    });
+    assert_eq!(chain.leases().len(), 1, "the lease is taken");
+    let path = pod.path_str().to_owned();
+    drop(pod);
+    std::fs::write(&resume, "").expect("resume");
+    let failed = integration::finish("bridge ADD vanishing", child).failure();
+    let err = failed.json();
+    assert_eq!(err["code"], 4, "{err}");
+    assert!(err["msg"].as_str().unwrap_or_default().contains(&path), "{err}");
+    assert!(chain.leases().is_empty(), "the lease is released");
+    let left = chain.node.leftovers(NETWORK, &chain.data_dir());
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // The runtime's DEL afterwards, with the namespace gone, succeeds.
+    let call = Call {
+        command: "DEL",
+        id: "vanishing",
+        netns: &path,
+    };
+    let del = chain.spawn_plugin(&bin_dir(), "bridge", &chain.conf(None), &[], &call);
+    integration::finish("bridge DEL vanishing", del).success();
 }

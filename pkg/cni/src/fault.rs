@@ -3,11 +3,12 @@
 //! Makefile builds separate test binaries with it). With
 //! `CNI_SUITE_FAULT_PAUSE=<point>`, the process that reaches the point
 //! writes its name to the file named by `CNI_SUITE_FAULT_READY` and waits
-//! there to be killed.
+//! there to be killed, or, with `CNI_SUITE_FAULT_RESUME=<file>`, until that
+//! file exists (for changing the world under a running plugin).
 
 /// Every point, in the order an ADD (then a DEL) reaches them. The crash
 /// tests kill the chain at each.
-pub const POINTS: [&str; 8] = [
+pub const POINTS: [&str; 11] = [
     // host-local: the network's lock held and sled open; the transaction
     // committed but not flushed.
     "host-local:locked",
@@ -22,6 +23,12 @@ pub const POINTS: [&str; 8] = [
     // veth gone.
     "bridge:del-released",
     "bridge:del-unlinked",
+    // istio-redirect ADD: the pod decided on, nothing programmed; the
+    // first family's rules in place, the second's not; every rule in place,
+    // lo's ::6 and the TPROXY routes not yet.
+    "istio-redirect:decided",
+    "istio-redirect:first-family",
+    "istio-redirect:programmed",
 ];
 
 #[cfg(feature = "fault-injection")]
@@ -33,8 +40,13 @@ pub fn pause(point: &str) {
     if let Ok(ready) = std::env::var("CNI_SUITE_FAULT_READY") {
         let _ = std::fs::write(ready, point);
     }
+    let resume = std::env::var_os("CNI_SUITE_FAULT_RESUME").map(std::path::PathBuf::from);
     loop {
-        std::thread::sleep(std::time::Duration::from_secs(3600));
+        match &resume {
+            Some(file) if file.exists() => return,
+            Some(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            None => std::thread::sleep(std::time::Duration::from_secs(3600)),
+        }
     }
 }
 

@@ -48,6 +48,19 @@ fn open_netns(att: &Attachment) -> Result<(NetNs, String)> {
     Ok((ns, path.display().to_string()))
 }
 
+/// The runtime removes a pod's namespace when it gives up on the pod. The
+/// handle this ADD holds keeps the namespace alive, so the work would
+/// succeed into a namespace nobody can reach and hold its lease until a
+/// DEL; checked last, so such an ADD fails and undoes itself instead.
+fn still_at_its_path(pod_ns: &NetNs, sandbox: &str) -> Result<()> {
+    match NetNs::open(sandbox) {
+        Ok(now) if now.same_as(pod_ns) => Ok(()),
+        _ => Err(Error::invalid_env(format!(
+            "the network namespace {sandbox} vanished during ADD"
+        ))),
+    }
+}
+
 /// What the L3 part of ADD programs, computed from the IPAM result before
 /// anything is changed (the reference's `calcGateways`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +259,7 @@ impl Plugin for Bridge {
         if let Some(dns) = configured_dns(&req.conf) {
             result.dns = dns;
         }
+        still_at_its_path(&pod_ns, &sandbox)?;
         undo.commit();
         Ok(result)
     }

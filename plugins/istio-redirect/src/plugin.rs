@@ -4,6 +4,7 @@ use std::net::IpAddr;
 
 use cni::conf::POD_ANNOTATIONS_KEY;
 use cni::error::plugin_codes;
+use cni::fault;
 use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
@@ -171,6 +172,7 @@ impl Target {
                     let outcome = apply::apply(&self.ns, *family, &render(redirect, *family), backend)
                         .map_err(firewall_error)?;
                     outcomes.push((format!("{family:?}"), outcome));
+                    fault::pause("istio-redirect:first-family");
                 }
                 outcomes
             }
@@ -203,7 +205,9 @@ impl Target {
 
 fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<()> {
     let (target, nl) = target(att, cfg, redirect)?;
+    fault::pause("istio-redirect:decided");
     target.program(redirect)?;
+    fault::pause("istio-redirect:programmed");
     let lo = nl.require_link("lo").map_err(netlink_error)?;
     if target.ipv6() {
         // Envoy binds ::6 for inbound forwarding; IPv6 lo only has ::1.
