@@ -23,7 +23,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
 
-.PHONY: all deps toolchain build fault-bin cnitool install install-service uninstall check-install bench bench-smoke soak test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-smoke soak test unit integration lint demo clean
 
 all: build
 
@@ -54,6 +54,30 @@ fault-bin: deps
 	cargo build --locked -p host-local -p bridge -p istio-redirect \
 		--features host-local/fault-injection,bridge/fault-injection,istio-redirect/fault-injection \
 		--target-dir $(FAULT_DIR)
+
+# Coverage-guided fuzzing with libFuzzer on the stable toolchain: the
+# sanitizer-coverage instrumentation is plain -C flags (no -Z, no nightly,
+# no RUSTC_BOOTSTRAP); safe Rust needs no AddressSanitizer. Each target runs
+# FUZZ_SECONDS from the seeds and the corpus it grew before; a crash fails
+# the run and leaves its input in target/fuzz-artifacts.
+FUZZ_TARGETS := cni_args config result
+FUZZ_SECONDS ?= 20
+FUZZ_RUSTFLAGS := -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+	-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+	-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks
+fuzz: deps
+	cd fuzz && RUSTFLAGS="$(FUZZ_RUSTFLAGS)" cargo build --locked --release --target $(TARGET) \
+		--target-dir $(CURDIR)/target/fuzz-build
+	@mkdir -p target/fuzz-artifacts
+	@for t in $(FUZZ_TARGETS); do \
+		corpus=target/fuzz-corpus/$$t; mkdir -p $$corpus; cp fuzz/seeds/$$t/* $$corpus/; \
+		[ $$t = config ] && cp conf-examples/*.conf* $$corpus/; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		target/fuzz-build/$(TARGET)/release/$$t $$corpus -max_total_time=$(FUZZ_SECONDS) \
+			-artifact_prefix=target/fuzz-artifacts/$$t- -print_final_stats=1 2>&1 \
+			| grep -E '^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done)|panicked' ; \
+		[ $${PIPESTATUS[0]} -eq 0 ] || { echo "fuzz: $$t found a failing input (target/fuzz-artifacts)"; exit 1; }; \
+	done
 
 # Go's cnitool, built from Debian's source package of the installed libcni
 # (no binary package ships it), for the interop tests.
@@ -132,7 +156,7 @@ soak: build fault-bin
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
 		cargo test --locked -p integration --test soak --test crash -- --nocapture
 
-test: lint unit integration check-install bench-smoke
+test: lint unit integration check-install bench-smoke fuzz
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

@@ -984,18 +984,66 @@ fn a_failing_firewall_fails_the_add_and_rolls_back() {
             refusing.display()
         );
         let pod = net.node.pod("pod");
-        let err = net
+        let run = net
             .node
-            .cnictl_env(&["--json", "add", NETWORK, pod.path_str()], &[("PATH", &path)])
-            .failure()
-            .json();
-        assert_eq!(err["code"], 104, "{backend}: {err}");
-        assert!(
-            err["msg"].as_str().is_some_and(|m| m.contains("masquerade")),
-            "{backend}: {err}"
-        );
-        pod.ip(&["link", "show", "eth0"]).failure();
-        net.assert_clean();
-        assert_eq!(net.subnet_masquerade(), 0, "{backend}: nothing written");
+            .cnictl_env(&["--json", "add", NETWORK, pod.path_str()], &[("PATH", &path)]);
+        assert_refused_and_undone(&net, &pod, run, backend, "refused by the test");
     }
+}
+
+/// The same with the tools absent: cnictl and the plugins run in a private
+/// mount namespace where a tmpfs hides /usr/sbin (and /sbin, its link).
+#[test]
+fn a_missing_firewall_tool_fails_the_add_and_rolls_back() {
+    for backend in ["iptables", "nftables"] {
+        let net = Net::new();
+        net.v4(json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}));
+        let pod = net.node.pod("pod");
+        let conf = net.node.conf_dir();
+        let bins = bin_dir();
+        let cache = net.node.cache_dir();
+        let hide = "mount -t tmpfs none /usr/sbin && exec \"$@\"";
+        let run = integration::run_in(
+            net.node.netns.path(),
+            std::path::Path::new("unshare"),
+            &[
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                hide,
+                "sh",
+                integration::bin("cnictl").to_str().expect("UTF-8"),
+                "--cache-dir",
+                cache.to_str().expect("UTF-8"),
+                "--json",
+                "add",
+                NETWORK,
+                pod.path_str(),
+            ],
+            &[
+                ("NETCONFPATH", conf.to_str().expect("UTF-8")),
+                ("CNI_PATH", bins.to_str().expect("UTF-8")),
+                ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            ],
+            "",
+        );
+        assert_refused_and_undone(&net, &pod, run, backend, "not found");
+    }
+}
+
+/// ADD failed with code 104 naming the masquerade and `reason`, and left
+/// no veth, lease or rule.
+fn assert_refused_and_undone(net: &Net, pod: &Netns, run: Run, backend: &str, reason: &str) {
+    let err = run.failure().json();
+    assert_eq!(err["code"], 104, "{backend}: {err}");
+    let msg = err["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("masquerade") && msg.contains(reason),
+        "{backend}: {err}"
+    );
+    pod.ip(&["link", "show", "eth0"]).failure();
+    net.assert_clean();
+    assert_eq!(net.subnet_masquerade(), 0, "{backend}: nothing written");
 }

@@ -1,7 +1,7 @@
-//! SIGKILL at random moments of the full chain's ADD and DEL (bridge, and
-//! host-local opening its sled database in the same process group, as a
-//! runtime's timeout or the OOM killer would take them), a hundred times on
-//! one node. After each kill the runtime's next step (a DEL, as containerd
+//! SIGKILL at random moments of the full chain's ADD and DEL (cnictl
+//! running the bridge, host-local opening its sled database, and
+//! istio-redirect, all in one process group, as a runtime's timeout or the
+//! OOM killer would take them), a hundred times on one node. After each kill the runtime's next step (a DEL, as containerd
 //! sends after a failed ADD, or the retried DEL) must succeed and leave
 //! nothing of that pod; pods that got a successful reply keep their leases
 //! throughout, and no address is ever handed out twice.
@@ -116,6 +116,40 @@ impl Chain {
         child
     }
 
+    /// The full chain as a runtime configures it: the bridge (host-local
+    /// opening its database in each process), then istio-redirect.
+    fn write_istio_conflist(&self) {
+        let bridge: Value = serde_json::from_str(&self.conf(None)).expect("the bridge entry");
+        let list = json!({"cniVersion": "1.0.0", "name": NETWORK,
+            "plugins": [bridge, {"type": "istio-redirect", "redirect": {}}]});
+        self.node.write_conf("10-crash.conflist", &list);
+    }
+
+    /// `cnictl VERB` of the conflist for container `id`, in its own process
+    /// group inside the node namespace: a kill takes every plugin it runs.
+    fn spawn_cnictl(&self, verb: &str, id: &str, pod: &Netns) -> Child {
+        use std::os::unix::process::CommandExt;
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.node.netns.path().display()))
+            .arg("--")
+            .arg(bin_dir().join("cnictl"))
+            .args(["--cache-dir", self.node.cache_dir().to_str().expect("UTF-8")])
+            .args(["--json", verb, "--container-id", id, NETWORK, pod.path_str()])
+            .env("NETCONFPATH", self.node.conf_dir())
+            .env("CNI_PATH", bin_dir())
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cnictl")
+    }
+
+    fn cnictl(&self, verb: &str, id: &str, pod: &Netns) -> Run {
+        let child = self.spawn_cnictl(verb, id, pod);
+        integration::finish(&format!("cnictl {verb} {id}"), child)
+    }
+
     /// istio-redirect after the bridge, as the Istio chain runs it: dual
     /// stack, static redirect, logging what it decides.
     fn istio(&self, command: &str, id: &str, pod: &Netns, prev: &Value) -> Run {
@@ -225,13 +259,14 @@ fn address(result: &Value) -> String {
 #[test]
 fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     let chain = Chain::new();
+    chain.write_istio_conflist();
     // Pods that were answered before the campaign: their leases must
     // survive every kill, and nobody else may get their addresses.
     let anchors: Vec<(Netns, String, Value)> = (0..3)
         .map(|i| {
             let pod = chain.node.pod("anchor");
             let id = format!("anchor-{i}");
-            let result = chain.run("ADD", &id, &pod, None).success().json();
+            let result = chain.cnictl("add", &id, &pod).success().json();
             (pod, id, result)
         })
         .collect();
@@ -244,33 +279,30 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     for i in 0..KILLS {
         let pod = chain.node.pod("victim");
         let id = format!("victim-{i}");
-        let during_del = i % 2 == 1;
-        let mut answered = None;
-        if during_del {
-            answered = Some(chain.run("ADD", &id, &pod, None).success().json());
-            let child = chain.spawn("DEL", &id, &pod, answered.as_ref());
+        if i % 2 == 1 {
+            chain.cnictl("add", &id, &pod).success();
+            let child = chain.spawn_cnictl("del", &id, &pod);
             if chain
-                .kill_after(child, moments.next_delay(Duration::from_millis(40)))
+                .kill_after(child, moments.next_delay(Duration::from_millis(50)))
                 .is_none()
             {
                 killed[1] += 1;
             }
         } else {
-            let child = chain.spawn("ADD", &id, &pod, None);
-            match chain.kill_after(child, moments.next_delay(Duration::from_millis(60))) {
+            let child = chain.spawn_cnictl("add", &id, &pod);
+            match chain.kill_after(child, moments.next_delay(Duration::from_millis(50))) {
                 None => killed[0] += 1,
                 Some(run) if run.ok() => {
-                    let result = run.json();
                     // A successful reply is a lease on disk.
+                    let result = run.json();
                     assert_eq!(chain.leases().get(&id), Some(&address(&result)), "{i}");
-                    answered = Some(result);
                 }
                 Some(run) => panic!("{i}: ADD failed without being killed: {run:?}"),
             }
         }
-        // The runtime's next step: DEL, with the result when it has one
-        // (CRI sends none after a failed ADD).
-        chain.run("DEL", &id, &pod, answered.as_ref()).success();
+        // The runtime's next step: DEL through the chain, with the cached
+        // result when the ADD was answered.
+        chain.cnictl("del", &id, &pod).success();
         chain.assert_after_recovery(&format!("kill {i}"), &id, &pod, &anchor_leases);
     }
     // Enough kills landed inside the calls, not after them.
@@ -284,8 +316,8 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         "{:?}",
         chain.node.veths()
     );
-    for (pod, id, result) in &anchors {
-        chain.run("DEL", id, pod, Some(result)).success();
+    for (pod, id, _) in &anchors {
+        chain.cnictl("del", id, pod).success();
     }
     let left = chain.node.leftovers(NETWORK, &chain.data_dir());
     assert!(left.is_empty(), "left behind: {left:?}");
