@@ -152,9 +152,15 @@ bench-smoke: build
 # Long runs: the churn soak with 1000 pods, then the crash campaign
 # (make test runs both, the soak with 300 pods).
 SOAK_PODS ?= 1000
+# Further seeds of the random crash campaign (each 100 kills of the chain).
+SOAK_CRASH_SEEDS ?= 1 2 3 4 5
 soak: build fault-bin
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
 		cargo test --locked -p integration --test soak --test crash -- --nocapture
+	for seed in $(SOAK_CRASH_SEEDS); do \
+		CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_CRASH_SEED=$$seed \
+			cargo test --locked -p integration --test crash -- --nocapture hundred_kills || exit 1; \
+	done
 
 test: lint unit integration check-install bench-smoke fuzz
 

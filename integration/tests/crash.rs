@@ -120,7 +120,7 @@ impl Chain {
     /// opening its database in each process), then istio-redirect.
     fn write_istio_conflist(&self) {
         let bridge: Value = serde_json::from_str(&self.conf(None)).expect("the bridge entry");
-        let list = json!({"cniVersion": "1.0.0", "name": NETWORK,
+        let list = json!({"cniVersion": "1.1.0", "name": NETWORK,
             "plugins": [bridge, {"type": "istio-redirect", "redirect": {}}]});
         self.node.write_conf("10-crash.conflist", &list);
     }
@@ -274,7 +274,14 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         .iter()
         .map(|(_, id, result)| (id.clone(), address(result)))
         .collect();
-    let mut moments = Moments(0x00c0_ffee);
+    // `make soak` runs further seeds (CNI_SUITE_CRASH_SEED); the seed is
+    // printed so a failure can be replayed.
+    let seed = std::env::var("CNI_SUITE_CRASH_SEED")
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0x00c0_ffee);
+    eprintln!("crash campaign seed {seed:#x}");
+    let mut moments = Moments(seed);
     let mut killed = [0_usize; 2];
     for i in 0..KILLS {
         let pod = chain.node.pod("victim");
@@ -322,6 +329,18 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     let left = chain.node.leftovers(NETWORK, &chain.data_dir());
     assert!(left.is_empty(), "left behind: {left:?}");
     assert!(Path::new(&chain.data_dir()).exists());
+    // The subnet's masquerade outlives its pods until GC finds none valid.
+    chain.node.cnictl(&["gc", NETWORK, "--all"]).success();
+    let nat = integration::run_in(
+        chain.node.netns.path(),
+        Path::new("iptables-save"),
+        &["-t", "nat"],
+        &[],
+        "",
+    )
+    .success()
+    .stdout;
+    assert!(!nat.contains("CNI-"), "masquerade left after GC: {nat}");
 }
 
 /// The same, at each named point of the fault-injection builds

@@ -285,6 +285,7 @@ impl Stores {
         if let Some(parent) = paths.db_dir.parent() {
             private_dir(parent)?;
         }
+        discard_unfinished_snapshots(&paths.db_dir);
         let db = sled::Config::new()
             .path(&paths.db_dir)
             .flush_every_ms(None)
@@ -307,6 +308,48 @@ impl Stores {
             open.insert(paths.db_dir.clone(), db.clone());
         }
         Ok(db)
+    }
+}
+
+/// sled 0.34 writes a snapshot (it takes one whenever a database closes)
+/// to `snap.<lsn>.generating` and renames it once complete, but on open it
+/// reads the newest `snap.*` file, `.generating` included: a process killed
+/// while writing one leaves a database that no longer opens ("empty/corrupt
+/// snapshot file found"). Such a file never became the snapshot, so the
+/// database is what it was before the file was started; it is removed
+/// before opening, and only while sled's own lock is free (no process has
+/// the database open, so none can still be writing it). The network lock,
+/// held by the caller, keeps anyone from opening it meanwhile.
+fn discard_unfinished_snapshots(db_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(db_dir) else {
+        return;
+    };
+    let unfinished: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("snap.") && n.ends_with(".generating"))
+        })
+        .collect();
+    if unfinished.is_empty() {
+        return;
+    }
+    let Ok(sled_lock) = File::open(db_dir.join("db")) else {
+        return;
+    };
+    if sled_lock.try_lock().is_err() {
+        return;
+    }
+    for path in unfinished {
+        log::warn!(
+            "removing {}: a snapshot sled never finished writing",
+            path.display()
+        );
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!("could not remove {}: {e}", path.display());
+        }
     }
 }
 

@@ -389,6 +389,40 @@ fn a_damaged_database_is_refused_with_the_way_out_never_reset() {
     }
 }
 
+/// A process killed while sled wrote its closing snapshot leaves a partial
+/// `snap.<lsn>.generating`, which sled 0.34 would read as the newest
+/// snapshot and refuse as corrupt; the store discards it and the leases are
+/// all there.
+#[test]
+fn a_snapshot_left_half_written_by_a_killed_process_is_not_damage() {
+    let net = Net::new(&["10.8.0.0/29"]);
+    assert_eq!(net.add("a", &[]).expect("add"), [ip("10.8.0.2")]);
+    assert_eq!(net.add("b", &[]).expect("add"), [ip("10.8.0.3")]);
+    let sled_dir = net.data_dir().join(".sled/net");
+    let complete = fs::read_dir(&sled_dir)
+        .expect("sled's directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+        })
+        .expect("sled wrote a snapshot on close");
+    let bytes = fs::read(&complete).expect("read the snapshot");
+    // Newer than the complete one, and cut short as a kill leaves it.
+    fs::write(
+        sled_dir.join("snap.FFFFFFFFFFFFFFF0.generating"),
+        &bytes[..bytes.len() / 2],
+    )
+    .expect("write");
+    assert_eq!(net.add("c", &[]).expect("opens"), [ip("10.8.0.4")]);
+    assert_eq!(net.leases().len(), 3, "{:?}", net.leases());
+    assert!(
+        !sled_dir.join("snap.FFFFFFFFFFFFFFF0.generating").exists(),
+        "the unfinished snapshot is gone"
+    );
+}
+
 fn witness(net: &Net) -> u64 {
     fs::read_to_string(net.data_dir().join(".sled/net.generation"))
         .expect("witness")

@@ -80,6 +80,15 @@ mod base64_bytes {
     }
 }
 
+/// Staging files of an entry are `.<entry>.<pid>.tmp`: hidden, and never
+/// read as entries.
+fn staging_prefix(entry: &Path) -> String {
+    format!(
+        ".{}.",
+        entry.file_name().and_then(|n| n.to_str()).unwrap_or("entry")
+    )
+}
+
 /// The cache under one `CacheDir`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultCache {
@@ -107,11 +116,7 @@ impl ResultCache {
             .create(&self.results)
             .map_err(cache_err)?;
         let target = self.path_of(&entry.network_name, &entry.container_id, &entry.ifname);
-        let staging = target.with_file_name(format!(
-            ".{}.{}.tmp",
-            target.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
-            std::process::id()
-        ));
+        let staging = target.with_file_name(format!("{}{}.tmp", staging_prefix(&target), std::process::id()));
         let bytes = serde_json::to_vec(entry).map_err(|e| Error::Cache(e.to_string()))?;
         let written = OpenOptions::new()
             .write(true)
@@ -140,8 +145,21 @@ impl ResultCache {
             .map_err(|e| Error::Cache(format!("{}: {e}", path.display())))
     }
 
+    /// Removes the entry, and the staging files of writers of the same
+    /// entry that were killed between writing and renaming.
     pub fn remove(&self, network: &str, container_id: &str, ifname: &str) -> Result<()> {
         let path = self.path_of(network, container_id, ifname);
+        let prefix = staging_prefix(&path);
+        for stale in fs::read_dir(&self.results).into_iter().flatten().flatten() {
+            let name = stale.file_name();
+            let name = name.to_string_lossy();
+            let pid = name
+                .strip_prefix(prefix.as_str())
+                .and_then(|rest| rest.strip_suffix(".tmp"));
+            if pid.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+                let _ = fs::remove_file(stale.path());
+            }
+        }
         match fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(Error::Cache(format!("{}: {e}", path.display())))
@@ -189,6 +207,24 @@ mod tests {
             capability_args: Map::new(),
             result: Some(json!({"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24"}]})),
         }
+    }
+
+    #[test]
+    fn removing_an_entry_sweeps_its_killed_writers_staging_files_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = ResultCache::new(dir.path());
+        cache.store(&entry("c1", "net")).expect("stored");
+        let results = dir.path().join("results");
+        fs::write(results.join(".net-c1-eth0.4242.tmp"), "{").expect("a killed writer's file");
+        fs::write(results.join(".net-c2-eth0.4243.tmp"), "{").expect("another entry's");
+        fs::write(results.join(".net-c1-eth0.x-y.4244.tmp"), "{").expect("container c1-eth0.x's");
+        cache.remove("net", "c1", "eth0").expect("removed");
+        let mut left: Vec<String> = fs::read_dir(&results)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".net-c1-eth0.x-y.4244.tmp", ".net-c2-eth0.4243.tmp"]);
     }
 
     #[test]
