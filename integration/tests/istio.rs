@@ -342,13 +342,15 @@ fn check_names_missing_rules() {
         "",
     )
     .success();
-    let check = Exec::new("CHECK", &pod).run(&node, &conf).failure();
+    assert_check_names(&node, &pod, &conf, "-A ISTIO_OUTPUT -j ISTIO_REDIRECT");
+}
+
+/// CHECK fails with code 100 and names `missing`.
+fn assert_check_names(node: &Node, pod: &Netns, conf: &Value, missing: &str) {
+    let check = Exec::new("CHECK", pod).run(node, conf).failure();
     assert_eq!(error_code(&check), 100, "{check:?}");
     assert!(
-        check.json()["msg"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"),
+        check.json()["msg"].as_str().unwrap_or_default().contains(missing),
         "{check:?}"
     );
 }
@@ -521,14 +523,11 @@ fn native_nftables_is_one_transaction_rerun_unchanged_replaced_and_checked() {
         "",
     )
     .success();
-    let check = Exec::new("CHECK", &pod).run(&node, &conf).failure();
-    assert_eq!(error_code(&check), 100, "{check:?}");
-    assert!(
-        check.json()["msg"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("inet istio-proxy-nat istio-output: jump istio-redirect"),
-        "{check:?}"
+    assert_check_names(
+        &node,
+        &pod,
+        &conf,
+        "inet istio-proxy-nat istio-output: jump istio-redirect",
     );
 }
 

@@ -127,12 +127,20 @@ fn open_netns(att: &Attachment) -> Result<NetNs> {
     })
 }
 
+/// Where the capture rules go.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// Istio's own `inet istio-proxy-*` tables (`native_nftables`).
+    NativeNftables,
+    /// iptables tables, in the operator's flavour or (None) the one
+    /// detected in the pod.
+    Iptables(Option<Backend>),
+}
+
 struct Target {
     ns: NetNs,
     families: Vec<Family>,
-    /// `None`: Istio's native nftables tables; otherwise the iptables
-    /// flavour (`Some(None)`: detect it in the pod).
-    iptables: Option<Option<Backend>>,
+    layout: Layout,
 }
 
 fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(Target, Netlink)> {
@@ -142,15 +150,12 @@ fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(T
     if ipv6_enabled(&nl, redirect.dual_stack)? {
         families.push(Family::V6);
     }
-    let iptables = (!cfg.native_nftables).then_some(cfg.backend);
-    Ok((
-        Target {
-            ns,
-            families,
-            iptables,
-        },
-        nl,
-    ))
+    let layout = if cfg.native_nftables {
+        Layout::NativeNftables
+    } else {
+        Layout::Iptables(cfg.backend)
+    };
+    Ok((Target { ns, families, layout }, nl))
 }
 
 impl Target {
@@ -160,12 +165,12 @@ impl Target {
 
     /// Programs the rules: one nft transaction, or one restore per family.
     fn program(&self, redirect: &Redirect) -> Result<()> {
-        let outcomes = match self.iptables {
-            None => vec![(
+        let outcomes = match self.layout {
+            Layout::NativeNftables => vec![(
                 "nftables".to_owned(),
                 nft::apply_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error)?,
             )],
-            Some(forced) => {
+            Layout::Iptables(forced) => {
                 let mut outcomes = Vec::new();
                 for family in &self.families {
                     let backend = apply::backend_for(&self.ns, *family, forced).map_err(firewall_error)?;
@@ -189,7 +194,7 @@ impl Target {
 
     /// The expected rules the pod lacks.
     fn missing(&self, redirect: &Redirect) -> Result<Vec<String>> {
-        let Some(forced) = self.iptables else {
+        let Layout::Iptables(forced) = self.layout else {
             return nft::missing_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error);
         };
         let mut missing = Vec::new();

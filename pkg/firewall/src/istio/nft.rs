@@ -454,13 +454,14 @@ fn tproxy_marks(redirect: &Redirect, ipv6: bool, mangle: &mut Table) {
     );
 }
 
+/// `nft args` inside `ns`, with NSS hidden like the iptables tools.
 fn nft(ns: &NetNs, args: &[&str], input: &str) -> Result<String> {
     let _inside = ns.enter().map_err(|e| Error::Invalid(e.to_string()))?;
-    // `-n`: ids stay numbers (no user lookups, and both listings alike).
     exec::run_with("nft", args, input, &[], true)
 }
 
-/// The pod's Istio tables as the kernel lists them (empty if none).
+/// The pod's Istio tables as the kernel lists them (empty if none); `-n`
+/// keeps ids as numbers, so no user lookup and both listings alike.
 fn istio_listing(ns: &NetNs) -> Result<String> {
     let ruleset = nft(ns, &["-n", "list", "ruleset"], "")?;
     let mut out = String::new();
