@@ -80,17 +80,21 @@ in_pod "${pods[0]}" iptables-save -t nat | grep -E '^(:ISTIO|-A (OUTPUT|PREROUTI
 step "cnictl ipam ls demo: the leases, served by the lease service"
 ipam ls demo
 
-step "masquerade, one chain per pod in the node's nat table"
-in_node iptables-save -t nat | grep -- '-A POSTROUTING' || true
+step "masquerade: one chain for the subnet, made by the first pod and shared by the rest"
+in_node iptables-save -t nat | grep -E -- '^(:CNI-|-A (POSTROUTING|CNI-))' || true
 
 step "cnictl check and status"
 cnictl check demo "/run/netns/${pods[0]}"
 cnictl status demo
 
-step "cnictl del: veths, leases, masquerade and cache entries all go (the capture rules go with the pods' namespaces)"
+step "cnictl del: veths, leases and cache entries go (the capture rules go with the pods' namespaces)"
 for pod in "${pods[@]}"; do cnictl del demo "/run/netns/$pod"; done
 ip -n "$node" -o link show type veth | wc -l | xargs echo "veths left in the node:"
-in_node iptables-save -t nat | grep -c 'CNI-' | xargs echo "masquerade rules left:" || true
 ipam ls demo
 ls -A "$work/cache/results" | wc -l | xargs echo "cache entries left:"
+in_node iptables-save -t nat | grep -c 'CNI-' | xargs echo "subnet masquerade rules, kept for the next pod:" || true
+
+step "cnictl gc demo --all: no attachment is valid any more, so the subnet's masquerade goes too"
+cnictl gc demo --all
+in_node iptables-save -t nat | grep -c 'CNI-' | xargs echo "masquerade rules left:" || true
 echo "demo finished; the service and the namespaces are removed on exit"
