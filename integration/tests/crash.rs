@@ -91,11 +91,8 @@ impl Chain {
         call: &Call,
     ) -> Child {
         use std::io::Write;
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net={}", self.node.netns.path().display()))
-            .arg("--")
-            .arg(plugins.join(plugin))
+        let mut child = self
+            .in_node_group(&plugins.join(plugin))
             .envs([
                 ("CNI_COMMAND", call.command),
                 ("CNI_CONTAINERID", call.id),
@@ -104,16 +101,28 @@ impl Chain {
                 ("CNI_PATH", plugins.to_str().expect("UTF-8")),
             ])
             .envs(extra.iter().copied())
-            .process_group(0)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("start {plugin}: {e}"));
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(conf.as_bytes()).expect("stdin");
         }
         child
+    }
+
+    /// `program` inside the node namespace, in a process group of its own
+    /// (so a kill takes every process it starts), its output piped.
+    fn in_node_group(&self, program: &Path) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net={}", self.node.netns.path().display()))
+            .arg("--")
+            .arg(program)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
     }
 
     /// The full chain as a runtime configures it: the bridge (host-local
@@ -128,19 +137,12 @@ impl Chain {
     /// `cnictl VERB` of the conflist for container `id`, in its own process
     /// group inside the node namespace: a kill takes every plugin it runs.
     fn spawn_cnictl(&self, verb: &str, id: &str, pod: &Netns) -> Child {
-        use std::os::unix::process::CommandExt;
-        Command::new("nsenter")
-            .arg(format!("--net={}", self.node.netns.path().display()))
-            .arg("--")
-            .arg(bin_dir().join("cnictl"))
+        self.in_node_group(&bin_dir().join("cnictl"))
             .args(["--cache-dir", self.node.cache_dir().to_str().expect("UTF-8")])
             .args(["--json", verb, "--container-id", id, NETWORK, pod.path_str()])
             .env("NETCONFPATH", self.node.conf_dir())
             .env("CNI_PATH", bin_dir())
-            .process_group(0)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start cnictl")
     }

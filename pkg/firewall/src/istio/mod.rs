@@ -89,6 +89,12 @@ impl Default for Redirect {
     }
 }
 
+/// A CIDR as iptables-save and nft print it: the network address, never
+/// the host bits a user wrote.
+pub(crate) fn cidr(net: &IpNetwork) -> String {
+    format!("{}/{}", net.network(), net.prefix())
+}
+
 impl Redirect {
     pub fn captures_inbound(&self) -> bool {
         !matches!(&self.include_inbound_ports, Selection::Only(ports) if ports.is_empty())

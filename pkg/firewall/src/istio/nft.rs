@@ -13,10 +13,13 @@
 
 use std::collections::BTreeMap;
 
+use ipnetwork::IpNetwork;
 use netns::NetNs;
 
 use super::apply::Outcome;
-use super::{DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT};
+use super::{
+    DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
+};
 use crate::{Error, Result, exec};
 
 const NAT: &str = "istio-proxy-nat";
@@ -171,17 +174,14 @@ pub fn render_nft(redirect: &Redirect, ipv6: bool) -> NftCapture {
     let mut raw = Table::new(RAW, RAW_CHAINS);
     let tproxy = redirect.mode == Mode::Tproxy;
     let owners = [("skuid", redirect.proxy_uid), ("skgid", redirect.proxy_gid)];
-    let (v4_includes, v6_includes) = match &redirect.include_cidrs {
-        Selection::All => (None, None),
-        Selection::Only(list) => (
-            Some(list.iter().filter(|c| c.is_ipv4()).collect::<Vec<_>>()),
-            Some(list.iter().filter(|c| c.is_ipv6()).collect::<Vec<_>>()),
-        ),
+    // Include CIDRs split by family; `None` for `*`.
+    let includes: Option<(Vec<&IpNetwork>, Vec<&IpNetwork>)> = match &redirect.include_cidrs {
+        Selection::All => None,
+        Selection::Only(list) => Some(list.iter().partition(|c| c.is_ipv4())),
     };
-    let includes_loopback = v4_includes
+    let includes_loopback = includes
         .iter()
-        .chain(v6_includes.iter())
-        .flatten()
+        .flat_map(|(v4, v6)| v4.iter().chain(v6))
         .any(|net| net.ip().is_loopback());
 
     for iface in &redirect.exclude_interfaces {
@@ -272,15 +272,15 @@ pub fn render_nft(redirect: &Redirect, ipv6: bool) -> NftCapture {
     for port in &redirect.include_outbound_ports {
         nat.append("istio-output", format!("tcp dport {port} jump istio-redirect"));
     }
-    match (&v4_includes, &v6_includes) {
-        (None, _) | (_, None) => {
+    match &includes {
+        None => {
             nat.append("istio-output", "jump istio-redirect");
             for iface in &redirect.reroute_interfaces {
                 nat.insert("prerouting", 0, format!("iifname {iface} jump istio-redirect"));
             }
         }
-        (Some(v4), Some(v6)) => {
-            let v6: &[&ipnetwork::IpNetwork] = if ipv6 { v6 } else { &[] };
+        Some((v4, v6)) => {
+            let v6: &[&IpNetwork] = if ipv6 { v6 } else { &[] };
             for (matcher, nets) in [("ip", v4.as_slice()), ("ip6", v6)] {
                 for net in nets {
                     let dst = format!("{matcher} daddr {}", cidr(net));
@@ -302,10 +302,6 @@ pub fn render_nft(redirect: &Redirect, ipv6: bool) -> NftCapture {
     NftCapture {
         tables: vec![nat, mangle, raw],
     }
-}
-
-fn cidr(net: &ipnetwork::IpNetwork) -> String {
-    format!("{}/{}", net.network(), net.prefix())
 }
 
 /// Inbound capture: REDIRECT in nat, or TPROXY in mangle.

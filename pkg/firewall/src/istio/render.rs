@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use ipnetwork::IpNetwork;
 
-use super::{DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT};
+use super::{
+    DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
+};
 use crate::Family;
 
 const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
@@ -104,10 +106,6 @@ fn addresses(family: Family) -> Addresses {
             any: "::",
         },
     }
-}
-
-fn cidr(net: &IpNetwork) -> String {
-    format!("{}/{}", net.network(), net.prefix())
 }
 
 /// An include CIDR that covers loopback makes app-to-loopback traffic
