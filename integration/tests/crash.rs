@@ -1,10 +1,12 @@
 //! SIGKILL at random moments of the full chain's ADD and DEL (cnictl
 //! running the bridge, host-local opening its sled database, and
 //! istio-redirect, all in one process group, as a runtime's timeout or the
-//! OOM killer would take them), a hundred times on one node. After each kill the runtime's next step (a DEL, as containerd
-//! sends after a failed ADD, or the retried DEL) must succeed and leave
-//! nothing of that pod; pods that got a successful reply keep their leases
-//! throughout, and no address is ever handed out twice.
+//! OOM killer would take them), a hundred times on one node. After each
+//! kill the runtime's next step (a DEL, as containerd sends after a failed
+//! ADD, or the retried DEL) must succeed and leave nothing of that pod;
+//! pods that got a successful reply keep their leases throughout, and no
+//! address is ever handed out twice. Then the same at every named fault
+//! point, and a namespace removed under a running ADD.
 
 use std::collections::BTreeMap;
 use std::path::Path;
