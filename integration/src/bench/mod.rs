@@ -616,17 +616,33 @@ fn addressed_pod() -> Netns {
 }
 
 /// istio-redirect ADD with annotations from runtimeConfig (no API call),
-/// next to one bare iptables-restore of the same rules into a fresh pod.
-fn istio(out: &mut Outcome, ours: &Suite, n: usize) {
+/// next to one bare apply of the same rules into a fresh pod: an
+/// `iptables-nft-restore`, or with `native_nftables` one `nft -f`.
+fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
     let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#;
     let conf = json!({"cniVersion": "1.0.0", "name": "mesh", "type": "istio-redirect",
+        "native_nftables": native_nftables,
         "capabilities": {"io.kubernetes.cri.pod-annotations": true},
         "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {
             "sidecar.istio.io/status": status, "sidecar.istio.io/interceptionMode": "REDIRECT"}},
         "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.79.0.2/24"}]}})
     .to_string();
-    let rules =
-        firewall::istio::render(&firewall::istio::Redirect::default(), firewall::Family::V4).restore_fresh();
+    let redirect = firewall::istio::Redirect::default();
+    let (metric, tool, tool_args, rules): (&str, &str, &[&str], String) = if native_nftables {
+        (
+            report::ISTIO_NATIVE_METRIC,
+            "/usr/sbin/nft",
+            &["-f", "-"],
+            firewall::istio::render_nft(&redirect, false).fresh(),
+        )
+    } else {
+        (
+            report::ISTIO_METRIC,
+            "/usr/sbin/iptables-nft-restore",
+            &["--noflush"],
+            firewall::istio::render(&redirect, firewall::Family::V4).restore_fresh(),
+        )
+    };
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=u";
     let bins = ours.bins.to_str().expect("UTF-8");
     let mut adds = Vec::new();
@@ -651,18 +667,12 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize) {
         ));
         let fresh = addressed_pod();
         let fresh_ns = NetNs::open(fresh.path()).expect("pod netns");
-        bare.push(exec(
-            &fresh_ns,
-            Path::new("/usr/sbin/iptables-nft-restore"),
-            &["--noflush"],
-            &[],
-            &rules,
-        ));
+        bare.push(exec(&fresh_ns, Path::new(tool), tool_args, &[], &rules));
     }
-    check_calls(out, "istio-redirect ADD", Side::Ours, &adds);
-    check_calls(out, "bare iptables-restore", Side::Reference, &bare);
-    record_latencies(out, "istio-redirect ADD", Side::Ours, &adds, Duration::ZERO);
-    record_latencies(out, "istio-redirect ADD", Side::Reference, &bare, Duration::ZERO);
+    check_calls(out, metric, Side::Ours, &adds);
+    check_calls(out, &format!("bare {tool}"), Side::Reference, &bare);
+    record_latencies(out, metric, Side::Ours, &adds, Duration::ZERO);
+    record_latencies(out, metric, Side::Reference, &bare, Duration::ZERO);
 }
 
 /// What this machine charges anyone: a process, and one pod's masquerade
@@ -836,7 +846,8 @@ pub fn run(options: &Options) -> Outcome {
         burst(&mut out, &suites, options.pods, round);
         full_round(&mut out, &full_suites, round);
         loopback(&mut out, &suites, options.pods);
-        istio(&mut out, &suites[0], options.pods);
+        istio(&mut out, &suites[0], options.pods, false);
+        istio(&mut out, &suites[0], options.pods, true);
         floors(&mut out, options.pods.min(20));
     }
     profile(&mut out, &suites);
