@@ -290,6 +290,13 @@ fn walls(calls: &[Call]) -> Vec<f64> {
     calls.iter().map(|c| ms(c.wall)).collect()
 }
 
+/// Ours' excess over the floor: the median of per-call differences, each
+/// of our calls against the floor call measured beside it.
+fn record_excess(out: &mut Outcome, name: &str, ours: &[f64], floor: &[f64]) {
+    let excess: Vec<f64> = ours.iter().zip(floor).map(|(o, f)| o - f).collect();
+    out.record(&format!("{name} above floor"), Side::Ours, median(&excess));
+}
+
 fn check_calls(out: &mut Outcome, what: &str, side: Side, calls: &[Call]) {
     for call in calls.iter().filter(|c| !c.ok) {
         out.problem(format!(
@@ -442,6 +449,15 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
         }
         record_latencies(out, "seq ADD", suite.side, &adds[s], cpu_mid[s] - cpu_before[s]);
         record_latencies(out, "seq DEL", suite.side, &dels[s], cpu_after[s] - cpu_mid[s]);
+        if suite.side == Side::Ours {
+            record_excess(out, "seq DEL p50", &walls(&dels[s]), &walls(&floor_dels));
+            record_excess(
+                out,
+                "seq DEL cpu p50",
+                &cpu_ms(&dels[s], cpu_after[s] - cpu_mid[s]),
+                &cpu_ms(&floor_dels, Duration::ZERO),
+            );
+        }
         check_leaks(out, "seq", suite);
     }
 }
@@ -543,7 +559,7 @@ fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: u
 
 /// ADD-then-DEL pairs per suite and round in the full phase: one sample
 /// per round would leave the median to a single veth deletion's luck.
-const FULL_PAIRS: usize = 8;
+const FULL_PAIRS: usize = 16;
 
 /// A /16 with the leases already held: one more ADD and DEL, through the
 /// chain and IPAM alone, `FULL_PAIRS` times (the count stays at the full
@@ -554,6 +570,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
         let mut calls: BTreeMap<&str, Vec<Call>> = BTreeMap::new();
+        let mut floor_beside = Vec::with_capacity(FULL_PAIRS);
         for pair in 0..FULL_PAIRS {
             let pod = Netns::new("full");
             let id = format!("full-extra-{round}-{pair}");
@@ -562,7 +579,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             let del_conf = suite.bridge_conf(Some(&result));
             let del = suite.call("bridge", "DEL", &id, pod.path_str(), &del_conf);
             let floor_pod = floor.attach(out);
-            fresh.push(floor.delete(out, &floor_pod));
+            floor_beside.push(floor.delete(out, &floor_pod));
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam_add = suite.call("host-local", "ADD", &ipam_id, pod.path_str(), &suite.ipam_conf());
             let ipam_del = suite.call("host-local", "DEL", &ipam_id, pod.path_str(), &suite.ipam_conf());
@@ -581,6 +598,15 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             out.record(&name, suite.side, median(&walls(calls)));
             out.sample(&name, suite.side, calls);
         }
+        if suite.side == Side::Ours {
+            record_excess(
+                out,
+                "full chain DEL",
+                &walls(&calls["chain DEL"]),
+                &walls(&floor_beside),
+            );
+        }
+        fresh.extend(floor_beside);
     }
     floor.record(out, "floor veth delete fresh", &fresh);
 }

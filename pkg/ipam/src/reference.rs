@@ -50,19 +50,19 @@ fn address_of(name: &str) -> Option<IpAddr> {
         .map(|ip| ip.to_canonical())
 }
 
-pub(crate) fn import_if_changed(net: &Network) -> Result<(), Error> {
+pub(crate) fn import_if_changed(net: &Network) -> Result<bool, Error> {
     let Some(mtime) = dir_mtime(net.reference_dir()) else {
-        return Ok(());
+        return Ok(false);
     };
     if net.reference_mtime()?.as_deref() == Some(mtime.as_slice()) {
-        return Ok(());
+        return Ok(false);
     }
     let dir = net.reference_dir().to_path_buf();
     let report = import_dir(net, &dir, Some(mtime))?;
     for conflict in &report.conflicts {
         log::warn!("reference lease not imported: {conflict}");
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Imports the reference-format leases in `dir`. Files there are the
