@@ -200,6 +200,9 @@ pub fn serve(listener: UnixListener, stores: Arc<Stores>, plugin: Arc<PluginHand
     Ok(())
 }
 
+/// How many answering threads may wait for work; a burst's others end.
+const MAX_IDLE_WORKERS: usize = 16;
+
 /// Threads that answer connections and then wait for the next one.
 struct Workers {
     stores: Arc<Stores>,
@@ -244,9 +247,17 @@ impl Workers {
                     log::warn!("lease service: {e}");
                 }
                 // Counted idle before the client sees the connection close,
-                // so its next call finds this thread rather than a new one.
-                idle.fetch_add(1, Ordering::AcqRel);
+                // so its next call finds this thread rather than a new one;
+                // past `MAX_IDLE_WORKERS` (after a burst) the thread ends.
+                let stays = idle
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < MAX_IDLE_WORKERS).then_some(n + 1)
+                    })
+                    .is_ok();
                 drop(stream);
+                if !stays {
+                    break;
+                }
                 next = waiting.lock().unwrap_or_else(PoisonError::into_inner).recv().ok();
             }
         });
@@ -323,11 +334,14 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&wire).expect("decode"), plugin);
     }
 
-    /// A service whose plugin answers with the id of the thread it ran on.
-    fn thread_reporting_service(dir: &Path) -> PathBuf {
+    /// A service whose plugin answers with the id of the thread it ran on,
+    /// once `together` calls have reached it.
+    fn thread_reporting_service(dir: &Path, together: usize) -> PathBuf {
         let socket = dir.join("svc.sock");
         let listener = bind(&socket).expect("bind");
-        let plugin: Arc<PluginHandler> = Arc::new(|_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
+        let all_in = std::sync::Barrier::new(together);
+        let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
+            all_in.wait();
             Reply::Document(serde_json::json!({"thread": format!("{:?}", std::thread::current().id())}))
         });
         std::thread::spawn(move || serve(listener, Arc::new(Stores::resident()), plugin));
@@ -349,7 +363,7 @@ mod tests {
     #[test]
     fn threads_are_reused_and_a_silent_client_holds_up_nobody() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let socket = thread_reporting_service(dir.path());
+        let socket = thread_reporting_service(dir.path(), 1);
         // Connected, never finishing its request: one thread waits on it.
         let _silent = UnixStream::connect(&socket).expect("connect");
         let sequential: std::collections::BTreeSet<String> = (0..20).map(|_| thread_of(&socket)).collect();
@@ -358,11 +372,27 @@ mod tests {
             1,
             "one thread answers calls that come one by one: {sequential:?}"
         );
-        let at_once: Vec<String> = std::thread::scope(|scope| {
-            let calls: Vec<_> = (0..8).map(|_| scope.spawn(|| thread_of(&socket))).collect();
+    }
+
+    fn burst(socket: &Path, calls: usize) -> std::collections::BTreeSet<String> {
+        std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..calls).map(|_| scope.spawn(|| thread_of(socket))).collect();
             calls.into_iter().map(|c| c.join().expect("call")).collect()
-        });
-        assert_eq!(at_once.len(), 8);
+        })
+    }
+
+    #[test]
+    fn a_burst_is_answered_at_once_and_leaves_sixteen_threads_waiting() {
+        const BURST: usize = 40;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Every call waits until all of the burst have reached the plugin,
+        // so the burst is only answered if each gets a thread at once.
+        let socket = thread_reporting_service(dir.path(), BURST);
+        let first = burst(&socket, BURST);
+        assert_eq!(first.len(), BURST);
+        let second = burst(&socket, BURST);
+        assert_eq!(second.len(), BURST);
+        assert_eq!(first.intersection(&second).count(), MAX_IDLE_WORKERS);
     }
 
     #[test]
