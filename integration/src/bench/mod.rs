@@ -325,6 +325,15 @@ fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], c
         side,
         median(&cpu_ms(calls, cpu_extra)),
     );
+    if !cpu_extra.is_zero() && !calls.is_empty() {
+        // The lease service's share, already in the CPU row: shown apart
+        // so a change in the CPU row says which process it came from.
+        out.record(
+            &format!("{name} cpu service share"),
+            side,
+            ms(cpu_extra) / calls.len() as f64,
+        );
+    }
     out.sample(name, side, calls);
 }
 
