@@ -445,4 +445,18 @@ fn the_generation_witness_only_lags_never_leads() {
     assert_eq!(witness(&net), after_b);
     assert_eq!(net.del("a"), 1);
     assert_eq!(witness(&net), after_b + 1);
+    // Overwritten in place: a shorter or unreadable witness (an older
+    // release's, a torn sector) lags and is replaced whole by the next
+    // change, never read as a bigger number.
+    let path = net.data_dir().join(".sled/net.generation");
+    for stale in ["1\n", "\0\0\0", ""] {
+        fs::write(&path, stale).expect("write");
+        let before = fs::read_to_string(&path).expect("read");
+        net.add("c", &[]).expect("a lagging witness is not damage");
+        let now = fs::read_to_string(&path).expect("read");
+        assert_ne!(now, before);
+        assert_eq!(now.len(), 21, "{now:?}");
+        net.del("c");
+    }
+    assert_eq!(witness(&net), after_b + 7);
 }
