@@ -484,6 +484,31 @@ fn a_process_killed_inside_the_lock_loses_nothing() {
     }
 }
 
+/// One configuration's `logLevel`/`logFile` hold for its own request in the
+/// lease service: adopted by the service, they would send every later
+/// request's records, from any network, into that pod's file.
+#[test]
+fn a_request_does_not_change_where_the_service_logs() {
+    let node = Node::new();
+    let service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
+    let ipam = Ipam::with_service(&service, node);
+    let log_file = ipam.node.path("pod.log");
+    let quiet = v4_conf(&ipam, "1.0.0", "10.31.0.0/24");
+    let mut chatty: Value = serde_json::from_str(&quiet).expect("JSON");
+    chatty["logLevel"] = json!("debug");
+    chatty["logFile"] = json!(log_file.to_str().expect("UTF-8"));
+    ipam.add("chatty", &chatty.to_string());
+    ipam.add("quiet", &quiet);
+    ipam.run("DEL", "quiet", &quiet, &[]).success();
+    let logged = fs::read_to_string(&log_file).unwrap_or_default();
+    let service_records = format!(
+        "host-local[{}]: ADD container=chatty",
+        service.pid().expect("running")
+    );
+    assert!(logged.contains(&service_records), "{logged}");
+    assert!(!logged.contains("container=quiet"), "{logged}");
+}
+
 #[test]
 fn a_service_killed_mid_request_hands_over_to_direct_use() {
     let node = Node::new();

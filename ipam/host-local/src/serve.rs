@@ -19,6 +19,7 @@ const USAGE: &str = "usage: host-local serve [--socket PATH]   (default /run/cni
 
 pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     cni::log::init("host-local");
+    cni::log::keep_own_settings();
     let mut socket = PathBuf::from(DEFAULT_SOCKET);
     while let Some(arg) = args.next() {
         match arg.to_str() {
@@ -51,7 +52,10 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
         },
     };
     let plugin = HostLocal::new(Arc::clone(&stores));
-    let handler = move |env: &BTreeMap<String, String>, stdin: Vec<u8>| dispatch(&plugin, env, || Ok(stdin));
+    let handler = move |env: &BTreeMap<String, String>, stdin: Vec<u8>| {
+        let _request_log = cni::log::request_scope();
+        dispatch(&plugin, env, || Ok(stdin))
+    };
     match service::serve(listener, stores, Arc::new(handler)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,10 +1,12 @@
 //! Plugin logging: never stdout. Records go to stderr (which libcni passes on
 //! to the runtime's log) or, when the configuration names one, to `logFile`.
 
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::{LevelFilter, Log, Metadata, Record};
@@ -17,15 +19,31 @@ struct Logger {
 
 struct State {
     plugin: &'static str,
+    /// The process's own level (records of other threads in a service).
+    level: LevelFilter,
     file: Option<File>,
 }
 
 static LOGGER: Logger = Logger {
     state: Mutex::new(State {
         plugin: "cni",
+        level: LevelFilter::Warn,
         file: None,
     }),
 };
+
+/// Set by a process that serves many requests: see [`keep_own_settings`].
+static OWN_SETTINGS: AtomicBool = AtomicBool::new(false);
+
+/// One request's `logLevel` and `logFile` in a process serving many.
+struct RequestLog {
+    level: Option<LevelFilter>,
+    file: Option<File>,
+}
+
+thread_local! {
+    static REQUEST: RefCell<Option<RequestLog>> = const { RefCell::new(None) };
+}
 
 /// Installs the logger at `warn` on stderr. Safe to call more than once.
 pub fn init(plugin: &'static str) {
@@ -37,21 +55,72 @@ pub fn init(plugin: &'static str) {
     }
 }
 
+/// For a long-lived process answering requests from many configurations
+/// (host-local's lease service): from now on a request's `logLevel` and
+/// `logFile` apply to the records of that request's thread until its
+/// [`RequestScope`] ends, not to the process, or one pod's `logLevel:
+/// debug` would send every later request, from any network, into that
+/// pod's file.
+pub fn keep_own_settings() {
+    OWN_SETTINGS.store(true, Ordering::Relaxed);
+}
+
+/// Ends the calling thread's request settings when dropped (a serving
+/// thread takes the next request with the process's own).
+#[must_use]
+#[derive(Debug)]
+pub struct RequestScope(());
+
+impl Drop for RequestScope {
+    fn drop(&mut self) {
+        REQUEST.with(|request| request.borrow_mut().take());
+    }
+}
+
+/// Opens a request scope on the calling thread (see [`keep_own_settings`]).
+pub fn request_scope() -> RequestScope {
+    REQUEST.with(|request| request.borrow_mut().take());
+    RequestScope(())
+}
+
+fn open_log_file(path: &Path) -> Option<File> {
+    match OpenOptions::new().create(true).append(true).open(path) {
+        Ok(file) => Some(file),
+        Err(e) => {
+            log::warn!("cannot open logFile {}: {e}; logging to stderr", path.display());
+            None
+        }
+    }
+}
+
 /// Applies the configuration's `logLevel` and `logFile`. An unknown level is
 /// a configuration error; a log file that cannot be opened is reported on
 /// stderr and logging stays there, since logs must never fail an ADD.
 pub fn configure(file: Option<&Path>, level: Option<&str>) -> Result<()> {
-    if let Some(level) = level {
-        log::set_max_level(parse_level(level)?);
+    let level = level.map(parse_level).transpose()?;
+    if let Some(level) = level
+        && level > log::max_level()
+    {
+        // The `log` macros drop what is above this before any logger sees
+        // it; records of threads without the request's level are still
+        // held to the process's own in `Logger::log`.
+        log::set_max_level(level);
     }
-    if let Some(path) = file {
-        match OpenOptions::new().create(true).append(true).open(path) {
-            Ok(f) => {
-                if let Ok(mut state) = LOGGER.state.lock() {
-                    state.file = Some(f);
-                }
-            }
-            Err(e) => log::warn!("cannot open logFile {}: {e}; logging to stderr", path.display()),
+    if OWN_SETTINGS.load(Ordering::Relaxed) {
+        let file = file.and_then(open_log_file);
+        REQUEST.with(|request| *request.borrow_mut() = Some(RequestLog { level, file }));
+        return Ok(());
+    }
+    if let Some(level) = level {
+        log::set_max_level(level);
+    }
+    let file = file.and_then(open_log_file);
+    if let Ok(mut state) = LOGGER.state.lock() {
+        if let Some(level) = level {
+            state.level = level;
+        }
+        if file.is_some() {
+            state.file = file;
         }
     }
     Ok(())
@@ -77,20 +146,30 @@ impl Log for Logger {
     }
 
     fn log(&self, record: &Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        let line = format!(
-            "{} {:<5} {}[{}]: {}\n",
-            utc_timestamp(SystemTime::now()),
-            record.level(),
-            state.plugin,
-            std::process::id(),
-            record.args()
-        );
+        let line = REQUEST.with(|request| {
+            let mut request = request.borrow_mut();
+            let level = request.as_ref().and_then(|r| r.level).unwrap_or(state.level);
+            if record.level() > level {
+                return None;
+            }
+            let line = format!(
+                "{} {:<5} {}[{}]: {}\n",
+                utc_timestamp(SystemTime::now()),
+                record.level(),
+                state.plugin,
+                std::process::id(),
+                record.args()
+            );
+            let own_file = request.as_mut().and_then(|r| r.file.as_mut());
+            match own_file.map(|f| f.write_all(line.as_bytes())) {
+                Some(Ok(())) => None,
+                _ => Some(line),
+            }
+        });
+        let Some(line) = line else { return };
         let written = state.file.as_mut().map(|f| f.write_all(line.as_bytes()));
         if !matches!(written, Some(Ok(()))) {
             let _ = std::io::stderr().write_all(line.as_bytes());
