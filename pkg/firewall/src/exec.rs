@@ -1,16 +1,32 @@
 //! Running the iptables and nft tools, found on PATH or in the usual sbin
 //! directories (runtimes do not always pass a PATH that has them).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::{Error, Result};
 
 const FALLBACK_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-/// The full path of `program`, if it exists.
+/// The full path of `program`, if it exists. Looked up once per process:
+/// one ADD asks for the same tool several times (to refuse early, to pick
+/// the backend, to run it), and each walk stats every PATH entry.
 pub fn find(program: &str) -> Option<PathBuf> {
+    static FOUND: OnceLock<Mutex<HashMap<String, Option<PathBuf>>>> = OnceLock::new();
+    let mut found = FOUND
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    found
+        .entry(program.to_owned())
+        .or_insert_with(|| search_path(program))
+        .clone()
+}
+
+fn search_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(FALLBACK_DIRS.iter().map(PathBuf::from))

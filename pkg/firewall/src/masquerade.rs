@@ -21,6 +21,7 @@
 //! that ran it before, are still found by name and removed by DEL and GC.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
@@ -227,11 +228,19 @@ pub fn restore(family: Family, input: &str) -> Result<()> {
 
 /// Whether `iptables-restore` here is iptables-nft (rules in nf_tables,
 /// which [`nfnl`] can read in-process) rather than iptables-legacy.
+/// Decided once per process (the alternatives symlinks are resolved).
 fn uses_nf_tables(family: Family) -> bool {
-    exec::find(family.restore())
-        .and_then(|tool| std::fs::canonicalize(tool).ok())
-        .and_then(|real| real.file_name().map(|n| n.to_string_lossy().contains("nft")))
-        .unwrap_or(false)
+    static DECIDED: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = match family {
+        Family::V4 => &DECIDED[0],
+        Family::V6 => &DECIDED[1],
+    };
+    *slot.get_or_init(|| {
+        exec::find(family.restore())
+            .and_then(|tool| std::fs::canonicalize(tool).ok())
+            .and_then(|real| real.file_name().map(|n| n.to_string_lossy().contains("nft")))
+            .unwrap_or(false)
+    })
 }
 
 /// Whether a nat chain exists: asked in-process with iptables-nft, read

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use netns::NetNs;
+use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 
@@ -169,12 +170,27 @@ impl Netlink {
 
     /// Every address on `link`, with its prefix length.
     pub fn addresses(&self, link: &Link) -> Result<Vec<IpNetwork>> {
-        let request = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(link.index)
-            .execute();
+        self.dump_addresses(link, AddressFamily::Unspec)
+    }
+
+    /// [`Netlink::addresses`] of one family. The kernel dumps only that
+    /// family: a node's IPv4 addresses stay few however many pods it runs,
+    /// where every host veth adds an IPv6 link-local one.
+    pub fn addresses_of_family(&self, link: &Link, v4: bool) -> Result<Vec<IpNetwork>> {
+        let family = if v4 {
+            AddressFamily::Inet
+        } else {
+            AddressFamily::Inet6
+        };
+        let mut addresses = self.dump_addresses(link, family)?;
+        addresses.retain(|a| a.is_ipv4() == v4);
+        Ok(addresses)
+    }
+
+    fn dump_addresses(&self, link: &Link, family: AddressFamily) -> Result<Vec<IpNetwork>> {
+        let mut request = self.handle.address().get().set_link_index_filter(link.index);
+        request.message_mut().header.family = family;
+        let request = request.execute();
         let messages: Vec<AddressMessage> = self
             .runtime
             .block_on(request.try_collect())

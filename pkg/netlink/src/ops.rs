@@ -7,7 +7,9 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use netns::NetNs;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
-use rtnetlink::packet_route::link::{BridgeVlanInfoFlags, InfoData, InfoKind, InfoVeth, LinkMessage};
+use rtnetlink::packet_route::link::{
+    BridgeVlanInfoFlags, InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage,
+};
 use rtnetlink::{LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec};
 
 use crate::{Link, Netlink, Result, link_from, netlink_err};
@@ -44,6 +46,13 @@ pub fn vlan_add_request(port: u32, vid: u16, pvid_untagged: bool) -> LinkMessage
 /// The request that removes `vid` (with the given flags) from a port.
 pub fn vlan_del_request(port: u32, vid: u16, pvid_untagged: bool) -> LinkMessage {
     vlan_add_request(port, vid, pvid_untagged)
+}
+
+/// RTM_DELLINK naming the link instead of indexing it.
+pub fn delete_by_name_request(name: &str) -> LinkMessage {
+    let mut message = LinkMessage::default();
+    message.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    message
 }
 
 impl Netlink {
@@ -125,6 +134,18 @@ impl Netlink {
         ) {
             Err(e) if e.errno() == Some(crate::ENODEV) => Ok(()),
             other => other,
+        }
+    }
+
+    /// Deletes the link called `name` in one request (the kernel looks the
+    /// name up), without asking for it first. Returns whether there was one.
+    pub fn delete_link_named(&self, name: &str) -> Result<bool> {
+        let request =
+            rtnetlink::LinkDelRequest::new_with_message(self.handle.clone(), delete_by_name_request(name));
+        match self.run(format!("delete link {name:?}"), request.execute()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(crate::ENODEV) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -284,7 +305,7 @@ pub fn is_global_unicast(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use rtnetlink::packet_route::AddressFamily;
-    use rtnetlink::packet_route::link::{AfSpecBridge, BridgeVlanInfo, LinkAttribute};
+    use rtnetlink::packet_route::link::{AfSpecBridge, BridgeVlanInfo};
 
     use super::*;
 
@@ -296,6 +317,13 @@ mod tests {
         );
         assert_eq!(parse_mac("0a:58:0a:01:00"), None);
         assert_eq!(parse_mac("zz:58:0a:01:00:05"), None);
+    }
+
+    #[test]
+    fn a_delete_by_name_carries_the_name_and_no_index() {
+        let request = delete_by_name_request("eth0");
+        assert_eq!(request.header.index, 0);
+        assert_eq!(request.attributes, [LinkAttribute::IfName("eth0".into())]);
     }
 
     #[test]

@@ -51,17 +51,16 @@ pub fn ensure_bridge(nl: &Netlink, cfg: &BridgeConfig) -> Result<Link> {
     if cfg.promisc && !bridge.promisc {
         nl.set_promisc(&bridge, true).map_err(netlink_error)?;
     }
-    if sysctl::has_ipv6() {
-        // Router advertisements must not give the node addresses on the
-        // pods' bridge; and the gateway address is ours by configuration,
-        // so it must answer at once instead of after DAD.
-        let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
-        let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_dad"), "0");
-    }
+    // Router advertisements must not give the node addresses on the pods'
+    // bridge; and the gateway address is ours by configuration, so it must
+    // answer at once instead of after DAD. (Without IPv6 the keys are
+    // missing: nothing to do.)
+    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_dad"), "0");
     if !bridge.up {
         nl.set_up(&bridge).map_err(netlink_error)?;
     }
-    nl.require_link(name).map_err(netlink_error)
+    Ok(bridge)
 }
 
 fn random_veth_name() -> String {
@@ -90,9 +89,7 @@ pub fn create_veth(nl: &Netlink, peer: &NetNs, ifname: &str, cfg: &BridgeConfig)
 
 /// The host end: enslaved, port flags, VLANs, `accept_ra=0`, up.
 pub fn attach_port(nl: &Netlink, port: &Link, bridge: &Link, cfg: &BridgeConfig) -> Result<()> {
-    if sysctl::has_ipv6() {
-        let _ = sysctl::write(&format!("net/ipv6/conf/{}/accept_ra", port.name), "0");
-    }
+    let _ = sysctl::write(&format!("net/ipv6/conf/{}/accept_ra", port.name), "0");
     nl.set_master(port, bridge).map_err(netlink_error)?;
     if cfg.hairpin || cfg.port_isolation {
         nl.set_port_flags(port, cfg.hairpin, cfg.port_isolation)
@@ -131,10 +128,11 @@ pub fn wait_port_up(nl: &Netlink, port: &Link) -> Result<Link> {
 /// another IPv4 address, or an overlapping IPv6 one, is an error unless
 /// `forceAddress` replaces it.
 pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, force: bool) -> Result<()> {
-    let present = nl.addresses(bridge).map_err(netlink_error)?;
-    let same_family = present.iter().filter(|a| a.is_ipv4() == gateway.is_ipv4());
+    let same_family = nl
+        .addresses_of_family(bridge, gateway.is_ipv4())
+        .map_err(netlink_error)?;
     let mut already = false;
-    for address in same_family {
+    for address in &same_family {
         if *address == gateway {
             already = true;
             continue;
@@ -165,19 +163,18 @@ pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, f
 /// all went away before it was pinned has none (all zeros), which the
 /// kernel refuses (the reference's "could not set bridge's mac",
 /// plugins#620). The reference pins only gateways; every bridge is pinned
-/// here.
-pub fn pin_mac(nl: &Netlink, bridge: &Link) -> Result<()> {
-    let current = nl.link_by_index(bridge.index).map_err(netlink_error)?;
-    let mac = current
-        .as_ref()
-        .and_then(|l| netlink::ops::parse_mac(&l.mac))
-        .filter(|m| m.iter().any(|b| *b != 0));
-    match mac {
-        Some(mac) => nl
-            .set_mac(bridge, mac)
-            .map_err(|e| netlink_error(e).context("could not set bridge's mac")),
-        None => Ok(()),
+/// here. Returns the bridge as read, which the result shows: nothing later
+/// in ADD changes its name or MAC.
+pub fn pin_mac(nl: &Netlink, bridge: &Link) -> Result<Link> {
+    let current = nl
+        .link_by_index(bridge.index)
+        .map_err(netlink_error)?
+        .ok_or_else(|| state_error(format!("the bridge {:?} vanished during ADD", bridge.name)))?;
+    if let Some(mac) = netlink::ops::parse_mac(&current.mac).filter(|m| m.iter().any(|b| *b != 0)) {
+        nl.set_mac(bridge, mac)
+            .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
     }
+    Ok(current)
 }
 
 /// The name of the host interface that holds the gateway of an access
