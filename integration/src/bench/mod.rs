@@ -156,12 +156,16 @@ impl Suite {
     }
 
     fn bridge_conf(&self, prev: Option<&Value>) -> String {
+        self.bridge_value(prev).to_string()
+    }
+
+    fn bridge_value(&self, prev: Option<&Value>) -> Value {
         let mut conf = json!({"cniVersion": "1.0.0", "name": self.network, "type": "bridge",
             "bridge": self.bridge, "isGateway": true, "ipMasq": true, "ipam": self.ipam()});
         if let Some(prev) = prev {
             conf["prevResult"] = prev.clone();
         }
-        conf.to_string()
+        conf
     }
 
     /// A bridge DEL. Ours runs at `logLevel` debug into a file of the
@@ -169,7 +173,7 @@ impl Suite {
     /// how long the kernel took to delete the veth (the floor of the call,
     /// see [`kernel_deletion_ms`]).
     fn bridge_del(&self, id: &str, netns: &str, prev: &Value) -> Call {
-        let mut conf: Value = serde_json::from_str(&self.bridge_conf(Some(prev))).expect("JSON");
+        let mut conf = self.bridge_value(Some(prev));
         let log = (self.side == Side::Ours).then(|| self.node.path(&format!("del-{id}.log")));
         if let Some(log) = &log {
             conf["logLevel"] = json!("debug");

@@ -140,36 +140,43 @@ fn parse_level(level: &str) -> Result<LevelFilter> {
     }
 }
 
+/// The level records of the calling thread are held to: its request's, if
+/// it serves one that set a level, else the process's own.
+fn level_here(own: LevelFilter) -> LevelFilter {
+    REQUEST
+        .with(|request| request.borrow().as_ref().and_then(|r| r.level))
+        .unwrap_or(own)
+}
+
 impl Log for Logger {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        metadata.level() <= log::max_level()
+        let own = self.state.lock().map_or(LevelFilter::Warn, |state| state.level);
+        metadata.level() <= level_here(own)
     }
 
     fn log(&self, record: &Record<'_>) {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
-        let line = REQUEST.with(|request| {
+        if record.level() > level_here(state.level) {
+            return;
+        }
+        let line = format!(
+            "{} {:<5} {}[{}]: {}\n",
+            utc_timestamp(SystemTime::now()),
+            record.level(),
+            state.plugin,
+            std::process::id(),
+            record.args()
+        );
+        let in_request_file = REQUEST.with(|request| {
             let mut request = request.borrow_mut();
-            let level = request.as_ref().and_then(|r| r.level).unwrap_or(state.level);
-            if record.level() > level {
-                return None;
-            }
-            let line = format!(
-                "{} {:<5} {}[{}]: {}\n",
-                utc_timestamp(SystemTime::now()),
-                record.level(),
-                state.plugin,
-                std::process::id(),
-                record.args()
-            );
-            let own_file = request.as_mut().and_then(|r| r.file.as_mut());
-            match own_file.map(|f| f.write_all(line.as_bytes())) {
-                Some(Ok(())) => None,
-                _ => Some(line),
-            }
+            let file = request.as_mut().and_then(|r| r.file.as_mut());
+            file.is_some_and(|f| f.write_all(line.as_bytes()).is_ok())
         });
-        let Some(line) = line else { return };
+        if in_request_file {
+            return;
+        }
         let written = state.file.as_mut().map(|f| f.write_all(line.as_bytes()));
         if !matches!(written, Some(Ok(()))) {
             let _ = std::io::stderr().write_all(line.as_bytes());

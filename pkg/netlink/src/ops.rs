@@ -49,7 +49,7 @@ pub fn vlan_del_request(port: u32, vid: u16, pvid_untagged: bool) -> LinkMessage
 }
 
 /// RTM_DELLINK naming the link instead of indexing it.
-pub fn delete_by_name_request(name: &str) -> LinkMessage {
+fn delete_by_name_request(name: &str) -> LinkMessage {
     let mut message = LinkMessage::default();
     message.attributes.push(LinkAttribute::IfName(name.to_owned()));
     message
