@@ -260,6 +260,12 @@ fn address(result: &Value) -> String {
         .to_owned()
 }
 
+/// Kill moments are drawn from up to the quickest of a few calls measured
+/// on this machine just before, so that nearly every kill lands inside its
+/// call however fast the chain is (a fixed 50 ms window let fewer than half
+/// land once ADD got faster).
+const CALIBRATION_CALLS: usize = 5;
+
 #[test]
 fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     let chain = Chain::new();
@@ -274,6 +280,19 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
             (pod, id, result)
         })
         .collect();
+    let (mut add_times, mut del_times) = (Vec::new(), Vec::new());
+    for i in 0..CALIBRATION_CALLS {
+        let pod = chain.node.pod("calibration");
+        let id = format!("calibration-{i}");
+        let started = Instant::now();
+        chain.cnictl("add", &id, &pod).success();
+        add_times.push(started.elapsed());
+        let started = Instant::now();
+        chain.cnictl("del", &id, &pod).success();
+        del_times.push(started.elapsed());
+    }
+    let add_window = add_times.into_iter().min().unwrap_or_default();
+    let del_window = del_times.into_iter().min().unwrap_or_default();
     let anchor_leases: BTreeMap<String, String> = anchors
         .iter()
         .map(|(_, id, result)| (id.clone(), address(result)))
@@ -284,7 +303,7 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         .ok()
         .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
         .unwrap_or(0x00c0_ffee);
-    eprintln!("crash campaign seed {seed:#x}");
+    eprintln!("crash campaign seed {seed:#x}, kill windows: ADD {add_window:?}, DEL {del_window:?}");
     let mut moments = Moments(seed);
     let mut killed = [0_usize; 2];
     for i in 0..KILLS {
@@ -293,15 +312,12 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         if i % 2 == 1 {
             chain.cnictl("add", &id, &pod).success();
             let child = chain.spawn_cnictl("del", &id, &pod);
-            if chain
-                .kill_after(child, moments.next_delay(Duration::from_millis(50)))
-                .is_none()
-            {
+            if chain.kill_after(child, moments.next_delay(del_window)).is_none() {
                 killed[1] += 1;
             }
         } else {
             let child = chain.spawn_cnictl("add", &id, &pod);
-            match chain.kill_after(child, moments.next_delay(Duration::from_millis(50))) {
+            match chain.kill_after(child, moments.next_delay(add_window)) {
                 None => killed[0] += 1,
                 Some(run) if run.ok() => {
                     // A successful reply is a lease on disk.
@@ -316,6 +332,10 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
         chain.cnictl("del", &id, &pod).success();
         chain.assert_after_recovery(&format!("kill {i}"), &id, &pod, &anchor_leases);
     }
+    eprintln!(
+        "kills that landed inside the call: ADD {}, DEL {}",
+        killed[0], killed[1]
+    );
     // Enough kills landed inside the calls, not after them.
     assert!(
         killed[0] >= KILLS / 4 && killed[1] >= KILLS / 4,
