@@ -152,12 +152,13 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
     }
 }
 
-/// `cnictl ipam`: through the lease service when it answers (it holds the
-/// databases open), else directly under the network's lock.
+/// `cnictl ipam`: along the one lease path (`ipam::client`), where "here"
+/// opens the database directly under the network's lock.
 fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
     use ipam::admin::AdminOp;
-    use ipam::service::{self, CallError, Request};
-
+    use ipam::client::{self, Route};
+    use ipam::config::SocketSetting;
+    use ipam::service::{Request, Response};
     let fail = |e: cni::Error| Failure::new(libcni::Error::Invalid(e), None);
     let (kind, network, op) = match &args.command {
         IpamCommand::Ls { network } => (IpamKind::List, network, AdminOp::List),
@@ -193,26 +194,24 @@ fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
             (IpamKind::Import, network, AdminOp::ImportReference { dir })
         }
     };
-    let via_service = (!args.socket.is_empty()).then(|| {
-        let request = Request::Admin {
-            data_dir: args.data_dir.clone(),
-            network: network.clone(),
-            op: op.clone(),
-        };
-        service::call(Path::new(&args.socket), &request)
+    let data_dir = std::path::absolute(&args.data_dir).map_err(|e| fail(cni::Error::io(e.to_string())))?;
+    let request = Request::admin(data_dir.clone(), network.clone(), op.clone());
+    let route = Route::new(&SocketSetting::parse(Some(&args.socket)), &data_dir);
+    let response = client::serve(&route, &request, &|_: &Request| {
+        Response::admin(ipam::admin::run(
+            &ipam::store::Stores::direct(),
+            &data_dir,
+            network,
+            &op,
+        ))
     });
-    let doc = match via_service {
-        Some(Ok(response)) => match (response.error, response.document) {
-            (Some(e), _) => return Err(fail(e)),
-            (None, doc) => doc.unwrap_or(Value::Null),
-        },
-        Some(Err(CallError::Unreachable { .. })) | None => {
-            ipam::admin::run(&ipam::store::Stores::direct(), &args.data_dir, network, &op)
-                .map_err(|e| fail(e.into()))?
-        }
-        Some(Err(e)) => return Err(fail(cni::Error::try_again_later(e.to_string()))),
-    };
-    Ok(Report::Ipam { command: kind, doc })
+    match (response.error, response.document) {
+        (Some(e), _) => Err(fail(e)),
+        (None, doc) => Ok(Report::Ipam {
+            command: kind,
+            doc: doc.unwrap_or(Value::Null),
+        }),
+    }
 }
 
 fn attachment_of(rt: &RuntimeConf) -> GcAttachment {

@@ -21,6 +21,7 @@ use tempfile::TempDir;
 pub mod api_server;
 pub mod bench;
 pub mod containerd;
+pub mod leases;
 pub mod probe;
 
 /// Where `ip netns` keeps its namespace files.

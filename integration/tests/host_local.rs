@@ -4,102 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Barrier;
 use std::time::Duration;
 
+use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
 use integration::{LeaseService, Node, Run, bin, fault_bin, finish, spawn_in, wait_for};
 use serde_json::{Value, json};
-
-const NETWORK: &str = "hl-net";
-
-/// A node with a data directory and, optionally, a lease service.
-struct Ipam {
-    node: Node,
-    data_dir: PathBuf,
-    socket: String,
-}
-
-impl Ipam {
-    /// Plugin processes open the database themselves ("socket": "").
-    fn direct() -> Self {
-        let node = Node::new();
-        let data_dir = node.path("data");
-        Ipam {
-            node,
-            data_dir,
-            socket: String::new(),
-        }
-    }
-
-    fn with_service(service: &LeaseService, node: Node) -> Self {
-        Ipam::with_socket(node, &service.socket)
-    }
-
-    fn with_socket(node: Node, socket: &Path) -> Self {
-        let data_dir = node.path("data");
-        Ipam {
-            node,
-            data_dir,
-            socket: socket.to_str().expect("UTF-8 path").to_owned(),
-        }
-    }
-
-    fn data_dir(&self) -> &str {
-        self.data_dir.to_str().expect("UTF-8 path")
-    }
-
-    /// A configuration as a bridge would pass it, host-local in `ipam`.
-    fn conf(&self, version: &str, ipam: Value) -> String {
-        let mut section = json!({"type": "host-local", "dataDir": self.data_dir(), "socket": self.socket});
-        if let (Some(target), Value::Object(extra)) = (section.as_object_mut(), ipam) {
-            target.extend(extra);
-        }
-        json!({"cniVersion": version, "name": NETWORK, "type": "bridge", "ipam": section}).to_string()
-    }
-
-    fn run(&self, command: &str, id: &str, conf: &str, extra_env: &[(&'static str, &'static str)]) -> Run {
-        let mut env = BTreeMap::from([
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", id),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_NETNS", "/var/run/netns/unused"),
-            ("CNI_PATH", "/nonexistent"),
-        ]);
-        env.extend(extra_env.iter().copied());
-        if matches!(command, "GC" | "STATUS") {
-            env.retain(|k, _| !matches!(*k, "CNI_CONTAINERID" | "CNI_IFNAME" | "CNI_NETNS"));
-        }
-        self.node.exec_plugin("host-local", &env, conf)
-    }
-
-    fn add(&self, id: &str, conf: &str) -> Value {
-        self.run("ADD", id, conf, &[]).success().json()
-    }
-
-    /// `cnictl ipam ls --json`, through the service when there is one.
-    fn leases(&self) -> Vec<Value> {
-        self.node.lease_records(NETWORK, &self.data_dir, &self.socket)
-    }
-
-    fn leased_ips(&self) -> BTreeSet<String> {
-        self.leases()
-            .iter()
-            .map(|l| l["ip"].as_str().unwrap_or_default().to_owned())
-            .collect()
-    }
-}
-
-fn v4_conf(ipam: &Ipam, version: &str, subnet: &str) -> String {
-    ipam.conf(version, json!({"subnet": subnet}))
-}
-
-fn address(result: &Value) -> String {
-    result["ips"][0]["address"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
 
 #[test]
 fn results_in_every_version_with_routes_dns_and_dual_stack() {
@@ -793,62 +704,19 @@ fn a_damaged_database_is_refused_and_never_reset() {
     assert_eq!(refused["code"], 5, "{refused}");
     let msg = refused["msg"].as_str().unwrap_or_default();
     assert!(msg.contains(&format!("{} is damaged", db.display())), "{msg}");
+    let aside = ipam.data_dir.join(".sled/.damaged");
     assert!(
-        msg.contains(&format!("mv {0} {0}.damaged", db.display())),
+        msg.contains(&format!("mkdir -p {} && mv {} ", aside.display(), db.display())),
         "{msg}"
     );
     // DEL and CHECK are refused too: nothing works from a database that
     // forgot what it held.
     ipam.run("DEL", "c1", &conf, &[]).failure();
     // The way out the message gives, then a fresh start.
-    fs::rename(&db, db.with_extension("damaged")).expect("mv");
-    fs::remove_file(ipam.data_dir.join(".sled").join(format!("{NETWORK}.generation"))).expect("rm");
+    fs::create_dir_all(&aside).expect("mkdir");
+    fs::rename(&db, aside.join("1")).expect("mv");
+    fs::remove_file(ipam.data_dir.join(".sled/.generations").join(NETWORK)).expect("rm");
     assert_eq!(address(&ipam.add("c3", &conf)), "10.63.0.2/24");
-}
-
-/// A small tmpfs mounted for one test, unmounted when dropped (even when
-/// the test fails).
-struct SmallFs {
-    path: std::path::PathBuf,
-}
-
-impl SmallFs {
-    fn mount(path: std::path::PathBuf, size: &str) -> Self {
-        fs::create_dir_all(&path).expect("mkdir");
-        integration::run(
-            "mount",
-            &[
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-                path.to_str().expect("UTF-8"),
-            ],
-        )
-        .success();
-        SmallFs { path }
-    }
-
-    fn remount(&self, options: &str) {
-        integration::run(
-            "mount",
-            &[
-                "-o",
-                &format!("remount,{options}"),
-                self.path.to_str().expect("UTF-8"),
-            ],
-        )
-        .success();
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .args(["-l", self.path.to_str().unwrap_or_default()])
-            .status();
-    }
 }
 
 /// A data directory that is full or read-only: code 5 with the system's

@@ -1,6 +1,6 @@
-//! The IPAM verbs, and the client side: a plugin process hands its
-//! invocation to the lease service when one listens, and otherwise runs it
-//! against the database itself.
+//! The IPAM verbs, and the plugin process: it sends its invocation along
+//! the one lease path (`ipam::client`), which runs it here against the
+//! database when no lease service takes it.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -12,9 +12,10 @@ use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
 use cni::result::IpConfig;
 use cni::skel::{NoConfig, Reply, dispatch, emit};
 use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
+use ipam::client::{self, Route};
 use ipam::config::{IpamConfig, parse_resolv_conf};
 use ipam::pool;
-use ipam::service::{self, FORWARDED_ENV};
+use ipam::service::{FORWARDED_ENV, Request as LeaseRequest, Response};
 use ipam::store::Stores;
 use ipnetwork::IpNetwork;
 
@@ -63,6 +64,7 @@ impl Plugin for HostLocal {
                 &cfg.requested,
                 &att.container_id,
                 &att.ifname,
+                att.netns.as_deref(),
             )
         })?;
         let ips = allocations
@@ -103,8 +105,10 @@ impl Plugin for HostLocal {
 
     fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
         let cfg = HostLocal::config(req)?;
-        self.on_network(&cfg, |net| pool::release(net, &att.container_id, &att.ifname))
-            .map(drop)
+        self.on_network(&cfg, |net| {
+            pool::release(net, &att.container_id, &att.ifname, att.netns.as_deref())
+        })
+        .map(drop)
     }
 
     fn gc(&self, req: &Request<NoConfig>) -> Result<()> {
@@ -138,9 +142,8 @@ impl Plugin for HostLocal {
 }
 
 /// The plugin process. VERSION and the about text need no store; every other
-/// verb goes to the lease service when its socket answers, and is run here
-/// against the database otherwise (or when the service died mid-request: the
-/// verbs are safe to repeat).
+/// verb goes along the lease path, where "here" is this process opening the
+/// database itself.
 pub fn main() -> ExitCode {
     cni::log::init(HostLocal::NAME);
     let command = ProcessEnv.var(CNI_COMMAND).unwrap_or_default();
@@ -161,25 +164,16 @@ pub fn main() -> ExitCode {
             ));
         }
     };
-    if let Some(socket) = ipam::config::socket_in(&stdin) {
-        let env: BTreeMap<String, String> = FORWARDED_ENV
-            .iter()
-            .filter_map(|k| Some(((*k).to_owned(), ProcessEnv.var(k)?)))
-            .collect();
-        let request = service::Request::Plugin {
-            env,
-            stdin: String::from_utf8_lossy(&stdin).into_owned(),
-        };
-        match service::call(&socket, &request) {
-            Ok(response) => return emit(&response.into_reply()),
-            Err(e @ service::CallError::Broken { .. }) => log::warn!("{e}; running the request here"),
-            Err(e) => log::debug!("{e}"),
-        }
-    }
-    let reply = dispatch(&HostLocal::new(Arc::new(Stores::direct())), &ProcessEnv, || {
-        Ok(stdin)
+    let env: BTreeMap<String, String> = FORWARDED_ENV
+        .iter()
+        .filter_map(|k| Some(((*k).to_owned(), ProcessEnv.var(k)?)))
+        .collect();
+    let request = LeaseRequest::plugin(env.clone(), &stdin);
+    let here = HostLocal::new(Arc::new(Stores::direct()));
+    let response = client::serve(&Route::of_config(&stdin), &request, &|_: &LeaseRequest| {
+        Response::from_reply(dispatch(&here, &env, || Ok(stdin.clone())))
     });
-    emit(&reply)
+    emit(&response.into_reply())
 }
 
 fn read_stdin() -> std::io::Result<Vec<u8>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cni::skel::dispatch;
 use ipam::config::DEFAULT_SOCKET;
-use ipam::service;
+use ipam::service::{self, Listening, Service};
 use ipam::store::Stores;
 
 use crate::plugin::HostLocal;
@@ -34,16 +34,17 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
             _ => return usage_error(),
         }
     }
-    let stores = Arc::new(Stores::resident());
-    let listener = match netns::inherited::systemd_listener() {
+    let service = Service::new();
+    let stores = Arc::new(Stores::resident(Some(service.claim_hook())));
+    let listening = match netns::inherited::systemd_listener() {
         Some(listener) => {
             eprintln!("host-local serve: listening on the socket passed by the service manager");
-            listener
+            Listening::inherited(listener)
         }
         None => match service::bind(&socket) {
-            Ok(listener) => {
+            Ok(listening) => {
                 eprintln!("host-local serve: listening on {}", socket.display());
-                listener
+                listening
             }
             Err(e) => {
                 eprintln!("host-local serve: cannot listen on {}: {e}", socket.display());
@@ -56,7 +57,7 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
         let _request_log = cni::log::request_scope();
         dispatch(&plugin, env, || Ok(stdin))
     };
-    match service::serve(listener, stores, Arc::new(handler)) {
+    match service.run(listening, stores, Arc::new(handler)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("host-local serve: {e}");

@@ -59,7 +59,7 @@ pub fn run(stores: &Stores, data_dir: &Path, network: &str, op: &AdminOp) -> Res
         }
         AdminOp::ReleaseContainer { container_id, ifname } => {
             let released = match ifname {
-                Some(ifname) => pool::release(net, container_id, ifname)?,
+                Some(ifname) => pool::release(net, container_id, ifname, None)?,
                 None => pool::release_container(net, container_id)?,
             };
             Ok(json!({ "released": views(&released) }))

@@ -29,7 +29,6 @@ pub struct IpamConfig {
     pub routes: Vec<Route>,
     pub data_dir: PathBuf,
     pub resolv_conf: Option<PathBuf>,
-    pub socket: Option<PathBuf>,
     /// Requested addresses from the first source that names any.
     pub requested: Vec<IpAddr>,
 }
@@ -47,8 +46,9 @@ struct IpamSection {
     data_dir: String,
     #[serde(default)]
     resolv_conf: String,
-    #[serde(default)]
-    socket: Option<String>,
+    /// Read by [`LeaseSettings`]; here only checked to be a string.
+    #[serde(default, rename = "socket")]
+    _socket: Option<String>,
 }
 
 /// containerd marshals Go zero values, so an unset address arrives as "".
@@ -133,30 +133,68 @@ impl IpamConfig {
                 &section.data_dir
             }),
             resolv_conf: (!section.resolv_conf.is_empty()).then(|| PathBuf::from(section.resolv_conf)),
-            socket: socket_of(section.socket),
             requested: requested_addresses(conf, cni_args)?,
         })
     }
 }
 
-fn socket_of(configured: Option<String>) -> Option<PathBuf> {
-    match configured {
-        None => Some(PathBuf::from(DEFAULT_SOCKET)),
-        Some(s) if s.is_empty() => None,
-        Some(s) => Some(PathBuf::from(s)),
+/// What a configuration says about the node's lease service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketSetting {
+    /// No `socket` key: the default socket.
+    Unset,
+    /// `"socket": ""`: no node service.
+    Off,
+    /// `"socket": "<path>"`: the operator named the service.
+    Named(PathBuf),
+}
+
+impl SocketSetting {
+    /// The one reading of `ipam.socket` and of `cnictl ipam --socket`.
+    pub fn parse(configured: Option<&str>) -> Self {
+        match configured {
+            None => SocketSetting::Unset,
+            Some("") => SocketSetting::Off,
+            Some(path) => SocketSetting::Named(PathBuf::from(path)),
+        }
+    }
+
+    /// The socket to ask, if any.
+    pub fn path(&self) -> Option<PathBuf> {
+        match self {
+            SocketSetting::Unset => Some(PathBuf::from(DEFAULT_SOCKET)),
+            SocketSetting::Off => None,
+            SocketSetting::Named(path) => Some(path.clone()),
+        }
     }
 }
 
-/// The socket a raw configuration names for the lease service, read
-/// without checking the rest (the client decides where to send a request
-/// before anything is parsed properly).
-pub fn socket_in(stdin: &[u8]) -> Option<PathBuf> {
-    let doc: Value = serde_json::from_slice(stdin).ok()?;
-    let configured = doc
-        .get("ipam")?
-        .get("socket")
-        .map(|s| s.as_str().unwrap_or_default().to_owned());
-    socket_of(configured)
+/// The keys that route a request to the leases, read from a raw
+/// configuration before anything is checked (the request is sent before it
+/// is parsed properly). None when stdin is not a JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub socket: SocketSetting,
+    pub data_dir: PathBuf,
+}
+
+impl LeaseSettings {
+    pub fn read(stdin: &[u8]) -> Option<Self> {
+        let doc: Value = serde_json::from_slice(stdin).ok()?;
+        let ipam = doc.as_object()?.get("ipam");
+        let text = |key: &str| {
+            ipam.and_then(|section| section.get(key))
+                .map(|v| v.as_str().unwrap_or_default())
+        };
+        Some(LeaseSettings {
+            socket: SocketSetting::parse(text("socket")),
+            data_dir: PathBuf::from(
+                text("dataDir")
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or(DEFAULT_DATA_DIR),
+            ),
+        })
+    }
 }
 
 /// CONVENTIONS order: `runtimeConfig.ips`, else `args.cni.ips`, else
@@ -243,7 +281,6 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/cni/networks"));
-        assert_eq!(c.socket, Some(PathBuf::from(DEFAULT_SOCKET)));
         assert_eq!(c.range_sets.len(), 1);
         assert_eq!(c.range_sets[0].0[0].gateway, ip("10.1.0.1"));
         assert!(c.requested.is_empty() && c.routes.is_empty() && c.resolv_conf.is_none());
@@ -266,7 +303,6 @@ mod tests {
         assert_eq!(c.range_sets[1].0[0].gateway, ip("10.1.0.254"));
         assert_eq!(c.routes[1].priority, 5);
         assert_eq!(c.data_dir, PathBuf::from("/run/ipam"));
-        assert_eq!(c.socket, None, "an empty socket disables the service");
     }
 
     #[test]
@@ -342,14 +378,23 @@ mod tests {
     }
 
     #[test]
-    fn socket_is_read_from_raw_stdin() {
+    fn lease_settings_are_read_from_raw_stdin() {
+        let read = |text: &[u8]| LeaseSettings::read(text).expect("an object");
         assert_eq!(
-            socket_in(br#"{"ipam":{"socket":"/tmp/s"}}"#),
-            Some(PathBuf::from("/tmp/s"))
+            read(br#"{"ipam":{"socket":"/tmp/s","dataDir":"/d"}}"#),
+            LeaseSettings {
+                socket: SocketSetting::Named("/tmp/s".into()),
+                data_dir: "/d".into()
+            }
         );
-        assert_eq!(socket_in(br#"{"ipam":{"socket":""}}"#), None);
-        assert_eq!(socket_in(br#"{"ipam":{}}"#), Some(PathBuf::from(DEFAULT_SOCKET)));
-        assert_eq!(socket_in(b"junk"), None);
+        assert_eq!(read(br#"{"ipam":{"socket":""}}"#).socket.path(), None);
+        let defaults = read(br#"{"ipam":{"dataDir":""}}"#);
+        assert_eq!(defaults.socket, SocketSetting::Unset);
+        assert_eq!(defaults.socket.path(), Some(PathBuf::from(DEFAULT_SOCKET)));
+        assert_eq!(defaults.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(read(b"{}").socket, SocketSetting::Unset);
+        assert_eq!(LeaseSettings::read(b"junk"), None);
+        assert_eq!(LeaseSettings::read(b"[1]"), None);
     }
 
     #[test]

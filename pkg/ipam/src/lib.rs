@@ -7,15 +7,19 @@
 //! - [`pool`]: allocate, release, check, GC and STATUS on one network.
 //! - [`reference`]: importing the reference plugin's lease files.
 //! - [`admin`] and [`service`]: operator commands and the lease service.
+//! - [`client`]: the one path a request takes to the leases, and its policy.
+//! - [`socket`]: which sockets and peers are trusted.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod client;
 pub mod config;
 pub mod pool;
 pub mod range;
 pub mod reference;
 pub mod service;
+pub mod socket;
 pub mod store;
 
 use cni::error::plugin_codes;

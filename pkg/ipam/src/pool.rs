@@ -4,6 +4,8 @@
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use cni::conf::GcAttachment;
 use serde::Serialize;
@@ -39,16 +41,44 @@ fn held_by(net: &Network, container_id: &str, ifname: &str) -> Result<Vec<Lease>
     Ok(held)
 }
 
-/// One address per range set for (container ID, ifname). Requested
-/// addresses go to the set that contains them. An attachment that already
-/// holds an address in a set gets it again (a repeated ADD is answered, not
-/// refused). All sets are committed together or not at all.
+/// Whether a CNI_NETNS recorded with a lease and one given now name the
+/// same namespace: the same text, or the same nsfs inode however spelled.
+fn same_namespace(recorded: &str, given: &Path) -> bool {
+    if Path::new(recorded) == given {
+        return true;
+    }
+    match (std::fs::metadata(recorded), std::fs::metadata(given)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// A lease recorded for a namespace other than `given` that still exists:
+/// another live pod holds that address, whatever the request says.
+fn held_by_another_pod(lease: &Lease, given: Option<&Path>) -> bool {
+    match (&lease.netns, given) {
+        (Some(recorded), Some(given)) => {
+            !same_namespace(recorded, given) && netns::NetNs::open(recorded).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// One address per range set for (container ID, ifname) in `netns`.
+/// Requested addresses go to the set that contains them. An attachment
+/// that already holds an address in a set gets it again when it asks from
+/// the same namespace (a runtime's repeated ADD is answered), and is
+/// refused as the reference refuses any duplicate allocation when it asks
+/// from another (two live pods would share the address). Leases recorded
+/// without a namespace are answered. All sets are committed together or
+/// not at all.
 pub fn allocate(
     net: &Network,
     sets: &[RangeSet],
     requested: &[IpAddr],
     container_id: &str,
     ifname: &str,
+    netns: Option<&Path>,
 ) -> Result<Vec<Allocation>, Error> {
     let held = held_by(net, container_id, ifname)?;
     let mut left: Vec<IpAddr> = requested.to_vec();
@@ -64,6 +94,16 @@ pub fn allocate(
             if let Some(ip) = wanted.filter(|ip| *ip != lease.ip) {
                 return Err(fail(format!(
                     "{container_id}/{ifname} already holds {} in range set {set}; requested {ip}",
+                    lease.ip
+                )));
+            }
+            let same_pod = match (&lease.netns, netns) {
+                (Some(recorded), Some(given)) => same_namespace(recorded, given),
+                _ => true,
+            };
+            if !same_pod {
+                return Err(fail(format!(
+                    "{} has been allocated to {container_id}, duplicate allocation is not allowed",
                     lease.ip
                 )));
             }
@@ -94,6 +134,7 @@ pub fn allocate(
             ifname: ifname.to_owned(),
             allocated: now(),
             from_reference: false,
+            netns: netns.map(|p| p.to_string_lossy().into_owned()),
         });
         change.last_reserved.push((index, ip));
         allocations.extend(allocation_in(set, ip));
@@ -122,11 +163,31 @@ pub fn first_free(net: &Network, set: &RangeSet, index: usize) -> Result<Option<
 /// Releases what (container ID, ifname) holds, falling back to the
 /// container's ID-only leases only when it holds none by name (as the
 /// reference's `ReleaseByID` does). Unknown attachments release nothing.
-pub fn release(net: &Network, container_id: &str, ifname: &str) -> Result<Vec<Lease>, Error> {
+/// A DEL that names `netns` keeps a lease recorded for another namespace
+/// that still exists: that pod still uses the address (a runtime cleaning
+/// up an ADD refused as a duplicate sends such a DEL).
+pub fn release(
+    net: &Network,
+    container_id: &str,
+    ifname: &str,
+    netns: Option<&Path>,
+) -> Result<Vec<Lease>, Error> {
     let mut leases = net.leases_of(container_id, ifname)?;
     if leases.is_empty() && !ifname.is_empty() {
         leases = net.leases_of(container_id, "")?;
     }
+    leases.retain(|lease| {
+        let kept = held_by_another_pod(lease, netns);
+        if kept {
+            log::warn!(
+                "kept {} of {container_id}/{ifname}: it was handed to the namespace {}, which still exists, \
+                 not to the one this DEL names",
+                lease.ip,
+                lease.netns.as_deref().unwrap_or_default()
+            );
+        }
+        !kept
+    });
     net.apply(&Change {
         remove: leases.clone(),
         ..Change::default()

@@ -123,6 +123,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
                     ifname,
                     allocated,
                     from_reference: own_files,
+                    netns: None,
                 });
             }
         }

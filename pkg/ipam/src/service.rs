@@ -9,10 +9,19 @@
 //! one JSON response and closes. A plugin request carries the invocation's
 //! CNI_* variables and stdin; the service runs the same verb code a direct
 //! invocation would and returns what it would have printed.
+//!
+//! Besides the socket it was started on, the service listens in every data
+//! directory whose databases it opens, at `<dataDir>/.sled/.service.sock`,
+//! holding `<dataDir>/.sled/.service.lock` for as long as it runs: whoever
+//! finds a database held there is served through that socket (see
+//! [`crate::client`]), and one data directory has one service however its
+//! path is spelled.
 
 use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,19 +29,21 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use cni::skel::Reply;
-use cni::{Error as CniError, Version};
+use cni::{Code, Error as CniError, Version};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::admin::{self, AdminOp};
-use crate::store::Stores;
+use crate::client::{self, Route};
+use crate::socket;
+use crate::store::{ClaimHook, Stores, sled_dir};
 
-/// How long a client waits for an answer (a busy network's lock may be
-/// held by a burst of ADDs).
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the service waits for a client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_REQUEST: u64 = 16 << 20;
+/// How often the service checks that its sockets are still where clients
+/// look for them.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The CNI variables a plugin request forwards.
 pub const FORWARDED_ENV: [&str; 7] = [
@@ -45,9 +56,15 @@ pub const FORWARDED_ENV: [&str; 7] = [
     "CNI_NETNS_OVERRIDE",
 ];
 
+/// `<dataDir>/.sled/.service.sock`: where the service in charge of a data
+/// directory listens.
+pub fn data_dir_socket(data_dir: &Path) -> PathBuf {
+    sled_dir(data_dir).join(".service.sock")
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
-pub enum Request {
+pub enum RequestKind {
     Plugin {
         env: BTreeMap<String, String>,
         stdin: String,
@@ -59,6 +76,49 @@ pub enum Request {
         #[serde(flatten)]
         op: AdminOp,
     },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(flatten)]
+    pub kind: RequestKind,
+    /// Passed on by a process that found the data directory in another
+    /// service's charge; never passed on again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
+}
+
+impl Request {
+    pub fn plugin(env: BTreeMap<String, String>, stdin: &[u8]) -> Self {
+        Request {
+            kind: RequestKind::Plugin {
+                env,
+                stdin: String::from_utf8_lossy(stdin).into_owned(),
+            },
+            forwarded: false,
+        }
+    }
+
+    pub fn admin(data_dir: PathBuf, network: String, op: AdminOp) -> Self {
+        Request {
+            kind: RequestKind::Admin {
+                data_dir,
+                network,
+                op,
+            },
+            forwarded: false,
+        }
+    }
+
+    /// The data directory the request is about, as its sender spelled it.
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        match &self.kind {
+            RequestKind::Plugin { stdin, .. } => {
+                crate::config::LeaseSettings::read(stdin.as_bytes()).map(|s| s.data_dir)
+            }
+            RequestKind::Admin { data_dir, .. } => Some(data_dir.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,7 +160,7 @@ impl Response {
         }
     }
 
-    fn admin(outcome: Result<Value, crate::Error>) -> Self {
+    pub fn admin(outcome: Result<Value, crate::Error>) -> Self {
         match outcome {
             Ok(doc) => Response {
                 document: Some(doc),
@@ -114,90 +174,218 @@ impl Response {
             },
         }
     }
+
+    /// Code 11: the leases were held elsewhere; asking again may succeed.
+    pub fn is_busy(&self) -> bool {
+        self.error
+            .as_ref()
+            .is_some_and(|e| e.has_code(Code::TryAgainLater))
+    }
 }
 
-/// Why a call did not produce an answer.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// Nothing listens there: use the database directly.
-    #[error("lease service unreachable at {path}: {source}")]
-    Unreachable {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// The service took the request but gave no whole answer (it died, or
-    /// timed out). Whether the operation happened is unknown; every verb is
-    /// safe to repeat.
-    #[error("lease service at {path} gave no answer: {reason}")]
-    Broken { path: PathBuf, reason: String },
+/// Holds `lock` (created 0600, never through a symlink) without waiting;
+/// None when another process holds it.
+fn try_lock(lock: &Path) -> io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(lock)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
 }
 
-/// Sends one request to the service at `socket`.
-pub fn call(socket: &Path, request: &Request) -> Result<Response, CallError> {
-    let broken = |reason: String| CallError::Broken {
-        path: socket.to_path_buf(),
-        reason,
-    };
-    let mut stream = UnixStream::connect(socket).map_err(|source| CallError::Unreachable {
-        path: socket.to_path_buf(),
-        source,
-    })?;
-    let body = serde_json::to_vec(request).map_err(|e| broken(e.to_string()))?;
-    stream
-        .set_read_timeout(Some(CLIENT_TIMEOUT))
-        .and_then(|()| stream.write_all(&body))
-        .and_then(|()| stream.shutdown(std::net::Shutdown::Write))
-        .map_err(|e| broken(e.to_string()))?;
-    let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .map_err(|e| broken(e.to_string()))?;
-    serde_json::from_slice(&answer).map_err(|e| broken(format!("unreadable answer: {e}")))
+/// A socket the service bound itself: its path, the lock that makes this
+/// service the one there, and the file it bound.
+#[derive(Debug)]
+struct OwnSocket {
+    path: PathBuf,
+    lock: Arc<File>,
+    inode: Option<(u64, u64)>,
 }
 
-/// Binds the service socket: its directory 0700, the socket 0600. A socket
-/// file nobody answers on is left from a previous run and replaced; one
-/// that answers means a service already runs.
-pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
+/// A socket the service listens on.
+#[derive(Debug)]
+pub struct Listening {
+    listener: Arc<UnixListener>,
+    own: Option<OwnSocket>,
+}
+
+impl Listening {
+    /// A socket someone else bound (systemd's socket activation).
+    pub fn inherited(listener: UnixListener) -> Self {
+        Listening {
+            listener: Arc::new(listener),
+            own: None,
+        }
+    }
+
+    fn bound(path: &Path, lock: Arc<File>) -> io::Result<Self> {
+        let listener = socket::bind_replacing(path)?;
+        Ok(Listening {
+            listener: Arc::new(listener),
+            own: Some(OwnSocket {
+                path: path.to_path_buf(),
+                inode: socket::inode(path),
+                lock,
+            }),
+        })
+    }
+
+    /// Bound again after its file was removed or replaced, if it was ours.
+    fn rebound(&self) -> Option<io::Result<Self>> {
+        let own = self.own.as_ref()?;
+        if socket::inode(&own.path) == own.inode {
+            return None;
+        }
+        log::warn!(
+            "{} is gone or replaced; listening there again",
+            own.path.display()
+        );
+        Some(Listening::bound(&own.path, Arc::clone(&own.lock)))
+    }
+
+    /// Ends the accept loop on this socket.
+    fn close(&self) {
+        let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+}
+
+/// Binds the service socket at `path`: its directory 0700 and trusted (see
+/// [`socket::trusted_dir`]), the socket 0600, and `<path>.lock` held for as
+/// long as the service runs, so a second service fails here instead of
+/// taking the path from the first.
+pub fn bind(path: &Path) -> io::Result<Listening> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
     }
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("a lease service already listens on {}", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let in_use = || {
+        io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("a lease service already listens on {}", path.display()),
+        )
+    };
+    let lock = try_lock(Path::new(&lock_path))?.ok_or_else(in_use)?;
+    // A service of a version without the lock file answers there.
+    if socket::connect(path).is_ok() {
+        return Err(in_use());
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    Listening::bound(path, Arc::new(lock))
 }
 
 /// What the service runs for a plugin request: the plugin's own dispatch.
 pub type PluginHandler = dyn Fn(&BTreeMap<String, String>, Vec<u8>) -> Reply + Send + Sync;
 
-/// Serves until the listener fails. Each connection is answered on a
-/// thread of its own, as many at once as clients come; a thread that has
-/// answered waits for the next connection instead of exiting, because a new
-/// thread starts with an empty heap and first takes over what exited ones
-/// left, which with a large network's pages cached cost more than the call.
-pub fn serve(listener: UnixListener, stores: Arc<Stores>, plugin: Arc<PluginHandler>) -> io::Result<()> {
-    let workers = Workers::new(stores, plugin);
+/// The lease service under construction: its data directory sockets are
+/// bound by the store (through [`Service::claim_hook`]) while it serves.
+#[derive(Debug)]
+pub struct Service {
+    added: mpsc::Sender<Listening>,
+    incoming: mpsc::Receiver<Listening>,
+}
+
+impl Default for Service {
+    fn default() -> Self {
+        Service::new()
+    }
+}
+
+impl Service {
+    pub fn new() -> Self {
+        let (added, incoming) = mpsc::channel();
+        Service { added, incoming }
+    }
+
+    /// For [`Stores::resident`]: takes charge of a data directory before
+    /// its first database opens, or answers busy (code 11) naming the
+    /// service that has it.
+    pub fn claim_hook(&self) -> ClaimHook {
+        let added = Mutex::new(self.added.clone());
+        Box::new(move |sled_dir: &Path| {
+            let socket = sled_dir.join(".service.sock");
+            let store_error =
+                |e: io::Error| crate::Error::Store(format!("cannot listen on {}: {e}", socket.display()));
+            let lock = try_lock(&sled_dir.join(".service.lock")).map_err(store_error)?;
+            let Some(lock) = lock else {
+                return Err(crate::Error::Busy(format!(
+                    "the data directory {} is served by the lease service at {}",
+                    sled_dir.parent().unwrap_or(sled_dir).display(),
+                    socket.display()
+                )));
+            };
+            let listening = Listening::bound(&socket, Arc::new(lock)).map_err(store_error)?;
+            log::info!("serving the data directory's socket {}", socket.display());
+            added
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(listening)
+                .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
+        })
+    }
+
+    /// Serves on `first` and every socket claimed later, for good. Each
+    /// connection is answered on a thread of its own, as many at once as
+    /// clients come; a thread that has answered waits for the next
+    /// connection instead of exiting, because a new thread starts with an
+    /// empty heap and first takes over what exited ones left, which with a
+    /// large network's pages cached cost more than the call.
+    pub fn run(self, first: Listening, stores: Arc<Stores>, plugin: Arc<PluginHandler>) -> io::Result<()> {
+        let workers = Arc::new(Workers::new(stores, plugin));
+        let accepting = |listening: &Listening| {
+            let (listener, workers) = (Arc::clone(&listening.listener), Arc::clone(&workers));
+            std::thread::Builder::new()
+                .name("accept".into())
+                .spawn(move || accept(&listener, &workers))
+                .map(drop)
+        };
+        accepting(&first)?;
+        let mut watched = vec![first];
+        loop {
+            match self.incoming.recv_timeout(WATCH_INTERVAL) {
+                Ok(listening) => {
+                    accepting(&listening)?;
+                    watched.push(listening);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    for slot in &mut watched {
+                        match slot.rebound() {
+                            Some(Ok(fresh)) => {
+                                accepting(&fresh)?;
+                                std::mem::replace(slot, fresh).close();
+                            }
+                            Some(Err(e)) => log::warn!("cannot listen again: {e}"),
+                            None => {}
+                        }
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            }
+        }
+    }
+}
+
+fn accept(listener: &UnixListener, workers: &Workers) {
     for connection in listener.incoming() {
         match connection {
             Ok(stream) => workers.dispatch(stream),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                log::debug!("stopped accepting: {e}");
+                return;
+            }
         }
     }
-    Ok(())
 }
 
 /// How many answering threads may wait for work; a burst's others end.
@@ -207,7 +395,7 @@ const MAX_IDLE_WORKERS: usize = 16;
 struct Workers {
     stores: Arc<Stores>,
     plugin: Arc<PluginHandler>,
-    queue: mpsc::Sender<UnixStream>,
+    queue: Mutex<mpsc::Sender<UnixStream>>,
     waiting: Arc<Mutex<mpsc::Receiver<UnixStream>>>,
     /// Threads waiting for a connection that nobody has been handed yet.
     /// Only `dispatch` takes from it, so a connection sent while it is
@@ -221,7 +409,7 @@ impl Workers {
         Workers {
             stores,
             plugin,
-            queue,
+            queue: Mutex::new(queue),
             waiting: Arc::new(Mutex::new(waiting)),
             idle: Arc::new(AtomicUsize::new(0)),
         }
@@ -233,7 +421,12 @@ impl Workers {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
         if claimed {
-            match self.queue.send(stream) {
+            match self
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(stream)
+            {
                 Ok(()) => return,
                 Err(mpsc::SendError(unsent)) => stream = unsent,
             }
@@ -264,21 +457,23 @@ impl Workers {
     }
 }
 
-/// Only root, or the service's own user, may talk to it; the socket's mode
-/// says so too, this holds even if the mode is changed.
-fn peer_allowed(stream: &UnixStream) -> bool {
-    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
-    let own = nix::unistd::geteuid().as_raw();
-    getsockopt(stream, PeerCredentials).is_ok_and(|cred| cred.uid() == 0 || cred.uid() == own)
+/// Runs a request against this service's own databases.
+fn run_here(request: &Request, stores: &Stores, plugin: &PluginHandler) -> Response {
+    match &request.kind {
+        RequestKind::Plugin { env, stdin } => Response::from_reply(plugin(env, stdin.clone().into_bytes())),
+        RequestKind::Admin {
+            data_dir,
+            network,
+            op,
+        } => Response::admin(admin::run(stores, data_dir, network, op)),
+    }
 }
 
 fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> io::Result<()> {
-    if !peer_allowed(stream) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "refused a client that is not root",
-        ));
-    }
+    // Only root, or the service's own user, may talk to it; the socket's
+    // mode says so too, this holds even if the mode is changed.
+    socket::peer_trusted(stream)
+        .map_err(|refusal| io::Error::new(io::ErrorKind::PermissionDenied, refusal.to_string()))?;
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     let mut body = Vec::new();
     stream.take(MAX_REQUEST).read_to_end(&mut body)?;
@@ -287,12 +482,9 @@ fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> i
         return Ok(());
     }
     let response = match serde_json::from_slice::<Request>(&body) {
-        Ok(Request::Plugin { env, stdin }) => Response::from_reply(plugin(&env, stdin.into_bytes())),
-        Ok(Request::Admin {
-            data_dir,
-            network,
-            op,
-        }) => Response::admin(admin::run(stores, &data_dir, &network, &op)),
+        Ok(request) => client::serve(&Route::at_service(&request), &request, &|request: &Request| {
+            run_here(request, stores, plugin)
+        }),
         Err(e) => Response::admin(Err(crate::Error::Config(format!("unreadable request: {e}")))),
     };
     let bytes = serde_json::to_vec(&response).map_err(io::Error::other)?;
@@ -302,6 +494,7 @@ fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> i
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::{CallError, forward};
 
     #[test]
     fn replies_survive_the_wire() {
@@ -319,41 +512,38 @@ mod tests {
 
     #[test]
     fn requests_survive_the_wire() {
-        let req = Request::Admin {
-            data_dir: "/d".into(),
-            network: "n".into(),
-            op: AdminOp::List,
-        };
+        let req = Request::admin("/d".into(), "n".into(), AdminOp::List);
         let wire = serde_json::to_string(&req).expect("encode");
+        assert!(!wire.contains("forwarded"), "{wire}");
         assert_eq!(serde_json::from_str::<Request>(&wire).expect("decode"), req);
-        let plugin = Request::Plugin {
-            env: BTreeMap::from([("CNI_COMMAND".into(), "ADD".into())]),
-            stdin: "{}".into(),
+        let plugin = Request {
+            forwarded: true,
+            ..Request::plugin(BTreeMap::from([("CNI_COMMAND".into(), "ADD".into())]), b"{}")
         };
         let wire = serde_json::to_string(&plugin).expect("encode");
         assert_eq!(serde_json::from_str::<Request>(&wire).expect("decode"), plugin);
+        // What versions before `forwarded` sent.
+        let old = r#"{"kind":"admin","dataDir":"/d","network":"n","op":"list"}"#;
+        assert_eq!(serde_json::from_str::<Request>(old).expect("decode"), req);
     }
 
     /// A service whose plugin answers with the id of the thread it ran on,
     /// once `together` calls have reached it.
     fn thread_reporting_service(dir: &Path, together: usize) -> PathBuf {
         let socket = dir.join("svc.sock");
-        let listener = bind(&socket).expect("bind");
+        let listening = bind(&socket).expect("bind");
         let all_in = std::sync::Barrier::new(together);
         let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
             all_in.wait();
             Reply::Document(serde_json::json!({"thread": format!("{:?}", std::thread::current().id())}))
         });
-        std::thread::spawn(move || serve(listener, Arc::new(Stores::resident()), plugin));
+        std::thread::spawn(move || Service::new().run(listening, Arc::new(Stores::resident(None)), plugin));
         socket
     }
 
     fn thread_of(socket: &Path) -> String {
-        let request = Request::Plugin {
-            env: BTreeMap::new(),
-            stdin: String::new(),
-        };
-        let document = call(socket, &request)
+        let request = Request::plugin(BTreeMap::new(), b"");
+        let document = forward(socket, &request)
             .expect("answer")
             .document
             .expect("document");
@@ -396,15 +586,34 @@ mod tests {
     }
 
     #[test]
+    fn a_removed_socket_is_listened_on_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = thread_reporting_service(dir.path(), 1);
+        thread_of(&socket);
+        std::fs::remove_file(&socket).expect("rm");
+        let started = std::time::Instant::now();
+        while forward(&socket, &Request::plugin(BTreeMap::new(), b"")).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never bound again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        thread_of(&socket);
+    }
+
+    #[test]
+    fn a_second_service_on_one_socket_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = thread_reporting_service(dir.path(), 1);
+        let err = bind(&socket).expect_err("the first still runs");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        thread_of(&socket);
+    }
+
+    #[test]
     fn an_absent_service_is_unreachable() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = call(
+        let err = forward(
             &dir.path().join("none.sock"),
-            &Request::Admin {
-                data_dir: "/d".into(),
-                network: "n".into(),
-                op: AdminOp::List,
-            },
+            &Request::admin("/d".into(), "n".into(), AdminOp::List),
         )
         .expect_err("nobody listens");
         assert!(matches!(err, CallError::Unreachable { .. }));

@@ -10,10 +10,10 @@
 //! printed only after that, so a lease that was answered is on disk.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -39,6 +39,10 @@ pub struct Lease {
     /// when the lease is released so nothing can bring it back.
     #[serde(default)]
     pub from_reference: bool,
+    /// The network namespace (CNI_NETNS) the lease was handed to. None for
+    /// leases recorded before it was kept, and for imported ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,6 +55,8 @@ struct LeaseRecord {
     allocated: u64,
     #[serde(rename = "r", default)]
     from_reference: bool,
+    #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
+    netns: Option<String>,
 }
 
 pub fn now() -> u64 {
@@ -100,15 +106,27 @@ fn store_error(what: &str) -> impl Fn(sled::Error) -> Error + '_ {
     move |e| Error::Store(format!("{what}: {e}"))
 }
 
+fn io_error(what: &str, path: &Path) -> impl Fn(std::io::Error) -> Error {
+    let what = format!("{what} {}", path.display());
+    move |e| Error::Store(format!("{what}: {e}"))
+}
+
+/// `<dataDir>/.sled`: every database of a data directory, and what is kept
+/// beside them under names that start with a dot. No network name starts
+/// with a dot, so none of those can ever be a network's database.
+pub fn sled_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join(".sled")
+}
+
 /// Where one network's state lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Paths {
     /// `<dataDir>/<network>`: the reference plugin's directory, holding the
     /// shared `lock` (and, on a migrated node, its lease files).
     pub reference_dir: PathBuf,
-    /// `<dataDir>/.sled/<network>`: the database. Network names cannot
-    /// start with a dot, so no network can collide with it.
+    /// `<dataDir>/.sled/<network>`: the database.
     pub db_dir: PathBuf,
+    network: String,
 }
 
 impl Paths {
@@ -116,7 +134,8 @@ impl Paths {
         cni::env::validate_network_name(network).map_err(Error::Cni)?;
         Ok(Paths {
             reference_dir: data_dir.join(network),
-            db_dir: data_dir.join(".sled").join(network),
+            db_dir: sled_dir(data_dir).join(network),
+            network: network.to_owned(),
         })
     }
 
@@ -124,13 +143,73 @@ impl Paths {
         self.reference_dir.join("lock")
     }
 
-    /// `<dataDir>/.sled/<network>.generation`: how many changes the
-    /// database had committed, written after each flush, outside sled.
-    pub fn witness(&self) -> PathBuf {
-        let mut path = self.db_dir.clone().into_os_string();
-        path.push(".generation");
-        PathBuf::from(path)
+    fn sled_dir(&self) -> &Path {
+        self.db_dir.parent().unwrap_or(&self.db_dir)
     }
+
+    /// `<dataDir>/.sled/.generations/<network>`: how many changes the
+    /// database had committed, written after each flush, outside sled and
+    /// outside its directory (a database restored from an old copy comes
+    /// without a matching witness).
+    pub fn witness(&self) -> PathBuf {
+        self.sled_dir().join(".generations").join(&self.network)
+    }
+
+    /// Where versions before the `.generations` directory kept the witness:
+    /// `<dataDir>/.sled/<network>.generation`, which is also the database of
+    /// the network named `<network>.generation`, and too long a file name
+    /// for network names of 245 characters and more.
+    fn legacy_witness(&self) -> PathBuf {
+        self.sled_dir().join(format!("{}.generation", self.network))
+    }
+}
+
+/// Opens a file of the store, never through a symlink.
+fn open_nofollow(path: &Path, options: &mut OpenOptions) -> std::io::Result<File> {
+    options.custom_flags(nix::libc::O_NOFOLLOW).open(path)
+}
+
+/// The witness's number: None when there is no witness or it cannot be
+/// parsed (a torn or zeroed sector only lags). A witness that exists but
+/// cannot be opened (a symlink, an unreadable file) fails the call: the
+/// damage check it serves would silently be off.
+fn read_witness(paths: &Paths) -> Result<Option<u64>, Error> {
+    let path = paths.witness();
+    let text = match open_nofollow(&path, OpenOptions::new().read(true)) {
+        Ok(mut file) => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut file, &mut text).map_err(io_error("cannot read", &path))?;
+            text
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return adopt_legacy_witness(paths),
+        Err(e) => return Err(io_error("cannot open the generation witness", &path)(e)),
+    };
+    Ok(text.trim().parse::<u64>().ok())
+}
+
+/// A store written before the `.generations` directory keeps its damage
+/// detection: its witness is copied to the new place and removed from the
+/// old one, which then no longer shadows a network of that name. Only a
+/// regular file is taken; a directory there is that network's database.
+fn adopt_legacy_witness(paths: &Paths) -> Result<Option<u64>, Error> {
+    let legacy = paths.legacy_witness();
+    let is_witness = std::fs::symlink_metadata(&legacy).is_ok_and(|m| m.file_type().is_file());
+    if !is_witness {
+        return Ok(None);
+    }
+    let generation = std::fs::read_to_string(&legacy)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    if let Some(generation) = generation {
+        write_witness(paths, generation)?;
+    }
+    std::fs::remove_file(&legacy).map_err(io_error("cannot remove the old witness", &legacy))?;
+    log::info!(
+        "moved the generation witness {} to {}",
+        legacy.display(),
+        paths.witness().display()
+    );
+    Ok(generation)
 }
 
 /// sled treats what it cannot read back as a torn write and recovers to the
@@ -141,10 +220,7 @@ impl Paths {
 /// The witness is written without fsync after sled's own flush: after a
 /// crash it can only lag, never lead, so it never refuses a good database.
 fn check_generation(paths: &Paths, net: &Network) -> Result<(), Error> {
-    let witnessed = std::fs::read_to_string(paths.witness())
-        .ok()
-        .and_then(|text| text.trim().parse::<u64>().ok());
-    match witnessed {
+    match read_witness(paths)? {
         Some(witnessed) if witnessed > net.generation.get() => Err(damaged(
             paths,
             &format!(
@@ -158,48 +234,82 @@ fn check_generation(paths: &Paths, net: &Network) -> Result<(), Error> {
 
 /// The error for a database that lost what it had committed, with the way
 /// out. Nothing is handed out from it: its missing leases would be
-/// duplicated.
+/// duplicated. The database is set aside under a dot-name, which no network
+/// can have.
 fn damaged(paths: &Paths, detail: &str) -> Error {
     let db = paths.db_dir.display();
+    let aside = paths.sled_dir().join(".damaged");
     Error::Store(format!(
         "the lease database {db} is damaged ({detail}); leases may be missing, so no address is \
-         handed out. To start over, stop the lease service and run `mv {db} {db}.damaged && rm -f {}`: \
+         handed out. To start over, stop the lease service and run \
+         `mkdir -p {aside} && mv {db} {aside}/$(date +%s) && rm -f {}`: \
          the next call creates an empty database and imports the reference plugin's files in {} \
          again; addresses of running pods are then unknown to IPAM until they are deleted or re-added",
         paths.witness().display(),
-        paths.reference_dir.display()
+        paths.reference_dir.display(),
+        aside = aside.display(),
     ))
 }
 
-/// Best effort: a witness that could not be written only lags. Overwritten
-/// in place at a fixed width: one write into one sector, where a new file
-/// renamed over the old cost the lease service a third of its CPU per call
-/// (an inode created, the old one evicted and its blocks discarded). After
-/// a crash the sector holds the old number or the new one; anything
-/// unreadable counts as no witness, which only lags.
-fn write_witness(paths: &Paths, generation: u64) {
+/// Records `generation` after a flush; a witness that cannot be written
+/// fails the call (damage detection would be off without a word).
+/// Overwritten in place at a fixed width: one write into one sector, where
+/// a new file renamed over the old cost the lease service a third of its
+/// CPU per call (an inode created, the old one evicted and its blocks
+/// discarded). After a crash the sector holds the old number or the new
+/// one; anything unreadable counts as no witness, which only lags.
+fn write_witness(paths: &Paths, generation: u64) -> Result<(), Error> {
     let witness = paths.witness();
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&witness)
-        .and_then(|file| file.write_all_at(format!("{generation:020}\n").as_bytes(), 0));
-    if let Err(e) = written {
-        log::warn!(
+    let write = || {
+        open_nofollow(
+            &witness,
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .and_then(|file| file.write_all_at(format!("{generation:020}\n").as_bytes(), 0))
+    };
+    let written = match write() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = witness.parent() {
+                private_dir(dir)?;
+            }
+            write()
+        }
+        other => other,
+    };
+    written.map_err(|e| {
+        Error::Store(format!(
             "cannot record generation {generation} in {}: {e}",
             witness.display()
-        );
-    }
+        ))
+    })
 }
 
+/// Creates a directory of the store (0700) if needed, and refuses one that
+/// is a symlink: nothing of the store is reached through one.
 fn private_dir(path: &Path) -> Result<(), Error> {
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(path)
-        .map_err(|e| Error::Store(format!("cannot create {}: {e}", path.display())))
+        .map_err(io_error("cannot create", path))?;
+    real_dir(path)
+}
+
+/// Fails unless `path` is a directory itself, not a symlink to one.
+fn real_dir(path: &Path) -> Result<(), Error> {
+    let meta = std::fs::symlink_metadata(path).map_err(io_error("cannot read", path))?;
+    if meta.file_type().is_dir() {
+        Ok(())
+    } else {
+        Err(Error::Store(format!(
+            "{} is not a directory (a symlink?); the lease store follows none",
+            path.display()
+        )))
+    }
 }
 
 /// The flock on a network's `lock` file; released when dropped.
@@ -211,16 +321,17 @@ impl NetworkLock {
     fn acquire(paths: &Paths) -> Result<Self, Error> {
         private_dir(&paths.reference_dir)?;
         let path = paths.lock_file();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
-        file.lock()
-            .map_err(|e| Error::Store(format!("cannot lock {}: {e}", path.display())))?;
+        let file = open_nofollow(
+            &path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .map_err(io_error("cannot open", &path))?;
+        file.lock().map_err(io_error("cannot lock", &path))?;
         Ok(NetworkLock { _file: file })
     }
 }
@@ -239,36 +350,64 @@ fn release_replaced_pages() {
     }
 }
 
+/// Called by a resident store before it first opens a database under a
+/// `.sled` directory: the lease service takes charge of that data directory
+/// there, or answers [`Error::Busy`] when another process has it.
+pub type ClaimHook = Box<dyn Fn(&Path) -> Result<(), Error> + Send + Sync>;
+
+/// A data directory's `.sled` however it is spelled (symlinks, `..`,
+/// `/var/run` for `/run`, bind mounts): its device and inode.
+type DirIdentity = (u64, u64);
+
+fn identity(dir: &Path) -> Result<DirIdentity, Error> {
+    let meta = std::fs::metadata(dir).map_err(io_error("cannot read", dir))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 /// Opens databases for operations: once per operation for a plugin process,
 /// once for good for the lease service.
-#[derive(Debug)]
 pub struct Stores {
     keep_open: bool,
-    open: Mutex<HashMap<PathBuf, sled::Db>>,
+    open: Mutex<HashMap<(DirIdentity, String), sled::Db>>,
+    claim: Option<ClaimHook>,
+    claimed: Mutex<HashSet<DirIdentity>>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("keep_open", &self.keep_open)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Stores {
     /// For one short-lived process: each operation opens and closes.
     pub fn direct() -> Self {
-        Stores::new(false)
+        Stores::new(false, None)
     }
 
     /// For the lease service: databases stay open between operations.
-    pub fn resident() -> Self {
-        Stores::new(true)
+    /// `claim` runs once per data directory before its first database opens.
+    pub fn resident(claim: Option<ClaimHook>) -> Self {
+        Stores::new(true, claim)
     }
 
-    fn new(keep_open: bool) -> Self {
+    fn new(keep_open: bool, claim: Option<ClaimHook>) -> Self {
         // Everything this process creates (sled's files among them) is the
         // owner's alone.
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         Stores {
             keep_open,
             open: Mutex::new(HashMap::new()),
+            claim,
+            claimed: Mutex::new(HashSet::new()),
         }
     }
 
     /// Runs `op` on a network with exclusive access (see the module docs).
+    /// A resident database that failed to read, write or flush is closed,
+    /// so the next call sees what is on disk, not what only memory holds.
     pub fn with_network<T>(
         &self,
         data_dir: &Path,
@@ -277,38 +416,60 @@ impl Stores {
     ) -> Result<T, Error> {
         let paths = Paths::new(data_dir, network)?;
         let _lock = NetworkLock::acquire(&paths)?;
-        let db = self.database(&paths)?;
-        let net = Network::new(&db, &paths)?;
-        check_generation(&paths, &net)?;
+        let (key, db) = self.database(&paths)?;
+        let outcome = self.run_locked(&paths, &db, op);
+        if !self.keep_open {
+            drop(db);
+            wait_until_closed(&paths.db_dir);
+        } else if matches!(outcome, Err(Error::Store(_))) {
+            self.lock_open().remove(&key);
+            drop(db);
+            wait_until_closed(&paths.db_dir);
+            log::warn!(
+                "closed {} after a storage error; the next call reopens it from disk",
+                paths.db_dir.display()
+            );
+        }
+        outcome
+    }
+
+    fn run_locked<T>(
+        &self,
+        paths: &Paths,
+        db: &sled::Db,
+        op: impl FnOnce(&Network) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let net = Network::new(db, paths)?;
+        check_generation(paths, &net)?;
         fault::pause("host-local:locked");
         let imported = reference::import_if_changed(&net)?;
         let outcome = op(&net);
         if net.dirty.get() {
             fault::pause("host-local:committed");
             db.flush().map_err(store_error("flush"))?;
-            write_witness(&paths, net.generation.get());
+            write_witness(paths, net.generation.get())?;
         }
         if imported && self.keep_open {
             release_replaced_pages();
         }
-        if !self.keep_open {
-            drop(net);
-            drop(db);
-            wait_until_closed(&paths.db_dir);
-        }
         outcome
     }
 
-    fn database(&self, paths: &Paths) -> Result<sled::Db, Error> {
-        let mut open = self
-            .open
+    fn lock_open(&self) -> std::sync::MutexGuard<'_, HashMap<(DirIdentity, String), sled::Db>> {
+        self.open
             .lock()
-            .map_err(|_| Error::Store("database table poisoned".into()))?;
-        if let Some(db) = open.get(&paths.db_dir) {
-            return Ok(db.clone());
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn database(&self, paths: &Paths) -> Result<((DirIdentity, String), sled::Db), Error> {
+        private_dir(paths.sled_dir())?;
+        let key = (identity(paths.sled_dir())?, paths.network.clone());
+        if let Some(db) = self.lock_open().get(&key) {
+            return Ok((key, db.clone()));
         }
-        if let Some(parent) = paths.db_dir.parent() {
-            private_dir(parent)?;
+        self.claim_once(paths.sled_dir(), key.0)?;
+        if std::fs::symlink_metadata(&paths.db_dir).is_ok() {
+            real_dir(&paths.db_dir)?;
         }
         discard_unfinished_snapshots(&paths.db_dir);
         let db = sled::Config::new()
@@ -320,7 +481,7 @@ impl Stores {
                 let text = e.to_string();
                 if text.contains("could not acquire lock") {
                     Error::Busy(format!(
-                        "the lease database {} is held by another process (the host-local lease service?)",
+                        "the lease database {} is held by another process (a lease service?)",
                         paths.db_dir.display()
                     ))
                 } else if text.contains("corrupt") {
@@ -330,9 +491,24 @@ impl Stores {
                 }
             })?;
         if self.keep_open {
-            open.insert(paths.db_dir.clone(), db.clone());
+            self.lock_open().insert(key.clone(), db.clone());
         }
-        Ok(db)
+        Ok((key, db))
+    }
+
+    fn claim_once(&self, sled_dir: &Path, dir: DirIdentity) -> Result<(), Error> {
+        let Some(claim) = &self.claim else {
+            return Ok(());
+        };
+        let mut claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !claimed.contains(&dir) {
+            claim(sled_dir)?;
+            claimed.insert(dir);
+        }
+        Ok(())
     }
 }
 
@@ -468,6 +644,7 @@ impl Network {
             ifname: record.ifname,
             allocated: record.allocated,
             from_reference: record.from_reference,
+            netns: record.netns,
         })
     }
 
@@ -579,6 +756,7 @@ impl Network {
                     ifname: l.ifname.clone(),
                     allocated: l.allocated,
                     from_reference: l.from_reference,
+                    netns: l.netns.clone(),
                 };
                 let value = serde_json::to_vec(&record).map_err(|e| Error::Store(e.to_string()))?;
                 Ok((ip_key(l.ip), owner_key(l), value))

@@ -44,17 +44,27 @@ impl Net {
     }
 
     fn add(&self, id: &str, requested: &[&str]) -> Result<Vec<IpAddr>, ipam::Error> {
+        self.add_in(id, requested, None)
+    }
+
+    fn add_in(&self, id: &str, requested: &[&str], netns: Option<&str>) -> Result<Vec<IpAddr>, ipam::Error> {
         let requested: Vec<IpAddr> = requested.iter().map(|s| ip(s)).collect();
         self.stores
             .with_network(self.data_dir(), "net", |n| {
-                pool::allocate(n, &self.sets, &requested, id, "eth0")
+                pool::allocate(n, &self.sets, &requested, id, "eth0", netns.map(Path::new))
             })
             .map(|a| a.into_iter().map(|a| a.ip).collect())
     }
 
     fn del(&self, id: &str) -> usize {
+        self.del_in(id, None)
+    }
+
+    fn del_in(&self, id: &str, netns: Option<&str>) -> usize {
         self.stores
-            .with_network(self.data_dir(), "net", |n| pool::release(n, id, "eth0"))
+            .with_network(self.data_dir(), "net", |n| {
+                pool::release(n, id, "eth0", netns.map(Path::new))
+            })
             .expect("release")
             .len()
     }
@@ -310,7 +320,7 @@ fn network_names_are_checked_before_they_become_paths() {
 #[test]
 fn a_resident_store_serialises_threads_on_one_network() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let stores = Arc::new(Stores::resident());
+    let stores = Arc::new(Stores::resident(None));
     let sets = Arc::new(vec![set("10.0.0.0/24")]);
     let got: Vec<IpAddr> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..40)
@@ -319,7 +329,7 @@ fn a_resident_store_serialises_threads_on_one_network() {
                 s.spawn(move || {
                     stores
                         .with_network(data_dir, "net", |n| {
-                            pool::allocate(n, &sets, &[], &format!("c{i}"), "eth0")
+                            pool::allocate(n, &sets, &[], &format!("c{i}"), "eth0", None)
                         })
                         .expect("allocate")[0]
                         .ip
@@ -369,8 +379,9 @@ fn a_damaged_database_is_refused_with_the_way_out_never_reset() {
         let err = net.add("c", &[]).expect_err("refused").to_string();
         let db = net.data_dir().join(".sled/net");
         assert!(err.contains(&format!("{} is damaged", db.display())), "{err}");
+        let aside = net.data_dir().join(".sled/.damaged");
         assert!(
-            err.contains(&format!("mv {0} {0}.damaged", db.display())),
+            err.contains(&format!("mkdir -p {} && mv {} ", aside.display(), db.display())),
             "{err}"
         );
         // A truncated file passes sled's own checks: only the witness tells.
@@ -383,8 +394,9 @@ fn a_damaged_database_is_refused_with_the_way_out_never_reset() {
         // Refused again, not repaired by the first attempt.
         net.add("d", &[]).expect_err("still refused");
         // The way out the message gives.
-        fs::rename(&db, net.data_dir().join(".sled/net.damaged")).expect("mv");
-        let _ = fs::remove_file(net.data_dir().join(".sled/net.generation"));
+        fs::create_dir_all(&aside).expect("mkdir");
+        fs::rename(&db, aside.join("1")).expect("mv");
+        fs::remove_file(witness_path(&net)).expect("rm");
         assert_eq!(net.add("e", &[]).expect("a fresh start"), [ip("10.9.0.2")]);
     }
 }
@@ -423,8 +435,12 @@ fn a_snapshot_left_half_written_by_a_killed_process_is_not_damage() {
     );
 }
 
+fn witness_path(net: &Net) -> std::path::PathBuf {
+    net.data_dir().join(".sled/.generations/net")
+}
+
 fn witness(net: &Net) -> u64 {
-    fs::read_to_string(net.data_dir().join(".sled/net.generation"))
+    fs::read_to_string(witness_path(net))
         .expect("witness")
         .trim()
         .parse()
@@ -437,7 +453,7 @@ fn the_generation_witness_only_lags_never_leads() {
     net.add("a", &[]).expect("add");
     // A crash after sled's flush and before the witness leaves it behind:
     // that database is good and is used.
-    fs::remove_file(net.data_dir().join(".sled/net.generation")).expect("rm");
+    fs::remove_file(witness_path(&net)).expect("rm");
     assert_eq!(net.add("b", &[]).expect("add"), [ip("10.9.0.3")]);
     let after_b = witness(&net);
     // Reads do not move it; a release does.
@@ -448,7 +464,7 @@ fn the_generation_witness_only_lags_never_leads() {
     // Overwritten in place: a shorter or unreadable witness (an older
     // release's, a torn sector) lags and is replaced whole by the next
     // change, never read as a bigger number.
-    let path = net.data_dir().join(".sled/net.generation");
+    let path = witness_path(&net);
     for stale in ["1\n", "\0\0\0", ""] {
         fs::write(&path, stale).expect("write");
         let before = fs::read_to_string(&path).expect("read");
@@ -459,4 +475,145 @@ fn the_generation_witness_only_lags_never_leads() {
         net.del("c");
     }
     assert_eq!(witness(&net), after_b + 7);
+}
+
+/// Truncates a database so sled opens it empty without a word: only the
+/// witness can tell.
+fn lose_everything(data_dir: &Path, network: &str) {
+    let db = data_dir.join(".sled").join(network);
+    for entry in fs::read_dir(&db).expect("sled's directory").flatten() {
+        if entry.file_name().to_string_lossy().starts_with("snap.") {
+            fs::remove_file(entry.path()).expect("rm snapshot");
+        }
+    }
+    fs::File::options()
+        .write(true)
+        .open(db.join("db"))
+        .and_then(|f| f.set_len(0))
+        .expect("truncate");
+}
+
+fn add_on(stores: &Stores, data_dir: &Path, network: &str, id: &str) -> Result<IpAddr, ipam::Error> {
+    stores
+        .with_network(data_dir, network, |n| {
+            pool::allocate(n, &[set("10.7.0.0/29")], &[], id, "eth0", None)
+        })
+        .map(|a| a[0].ip)
+}
+
+/// The witness of `N` once lived at `.sled/N.generation`: the database of
+/// the network `N.generation`, and past a file name's 255 bytes for names
+/// of 245 characters and more. Both networks now keep their own damage
+/// detection, and so does a long name.
+#[test]
+fn no_file_of_the_store_shares_a_name_with_a_network() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stores = Stores::direct();
+    let long = "n".repeat(250);
+    for network in ["net", "net.generation", long.as_str()] {
+        assert_eq!(
+            add_on(&stores, dir.path(), network, "a").expect("add"),
+            ip("10.7.0.2")
+        );
+        assert_eq!(
+            add_on(&stores, dir.path(), network, "b").expect("add"),
+            ip("10.7.0.3")
+        );
+    }
+    for network in ["net", "net.generation", long.as_str()] {
+        lose_everything(dir.path(), network);
+        let err = add_on(&stores, dir.path(), network, "c").expect_err("damage noticed");
+        assert!(err.to_string().contains("is damaged"), "{network}: {err}");
+    }
+}
+
+/// A store written by a version that kept the witness at
+/// `.sled/<network>.generation` keeps its damage detection: the old witness
+/// is moved to its new place on first use.
+#[test]
+fn an_old_witness_is_adopted_and_still_detects_damage() {
+    let net = Net::new(&["10.9.0.0/29"]);
+    net.add("a", &[]).expect("add");
+    net.add("b", &[]).expect("add");
+    let witnessed = witness(&net);
+    let old = net.data_dir().join(".sled/net.generation");
+    fs::rename(witness_path(&net), &old).expect("as the old version left it");
+    lose_everything(net.data_dir(), "net");
+    let err = net.add("c", &[]).expect_err("damage noticed");
+    assert!(err.to_string().contains("is damaged"), "{err}");
+    assert!(!old.exists(), "the old witness is moved");
+    assert_eq!(witness(&net), witnessed);
+}
+
+/// Damage detection is not silently off: a witness that cannot be written
+/// fails the call.
+#[test]
+fn a_witness_that_cannot_be_recorded_fails_the_call() {
+    let net = Net::new(&["10.9.0.0/29"]);
+    net.add("a", &[]).expect("add");
+    fs::remove_file(witness_path(&net)).expect("rm");
+    fs::create_dir(witness_path(&net)).expect("a directory in its way");
+    let err = net.add("b", &[]).expect_err("witness not recorded");
+    assert!(matches!(err, ipam::Error::Store(_)), "{err}");
+}
+
+/// Symlinks in place of the lock file, the witness or a database directory
+/// are refused: nothing of the store is opened through one.
+#[test]
+fn no_file_of_the_store_is_opened_through_a_symlink() {
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let target = elsewhere.path().join("target");
+    fs::write(&target, "").expect("write");
+    for (what, relative) in [
+        ("lock", "net/lock"),
+        ("witness", ".sled/.generations/net"),
+        ("database", ".sled/net"),
+    ] {
+        let net = Net::new(&["10.9.0.0/29"]);
+        net.add("a", &[]).expect("add");
+        let path = net.data_dir().join(relative);
+        if path.is_dir() {
+            fs::rename(&path, elsewhere.path().join(what)).expect("move aside");
+            std::os::unix::fs::symlink(elsewhere.path().join(what), &path).expect("symlink");
+        } else {
+            fs::remove_file(&path).expect("rm");
+            std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        }
+        let err = net.add("b", &[]).expect_err(what);
+        assert!(matches!(err, ipam::Error::Store(_)), "{what}: {err}");
+        assert_eq!(fs::read(&target).expect("read"), b"", "{what}: written through");
+    }
+}
+
+/// A repeated ADD of an attachment from the namespace it was handed its
+/// address in gets that address again; from another namespace it is
+/// refused as the reference refuses any duplicate allocation, and a lease
+/// recorded without a namespace (before it was kept) is answered as it
+/// always was.
+#[test]
+fn a_lease_is_answered_again_only_in_its_own_namespace() {
+    let net = Net::new(&["10.9.0.0/29"]);
+    let first = net.add_in("a", &[], Some("/run/netns/pod-a")).expect("add");
+    assert_eq!(
+        net.add_in("a", &[], Some("/run/netns/pod-a")).expect("again"),
+        first
+    );
+    let err = net
+        .add_in("a", &[], Some("/run/netns/pod-b"))
+        .expect_err("another namespace")
+        .to_string();
+    assert_eq!(
+        err,
+        "failed to allocate for range 0: 10.9.0.2 has been allocated to a, duplicate allocation is not allowed"
+    );
+    // Recorded without one: answered from anywhere.
+    let old = net.add("b", &[]).expect("add");
+    assert_eq!(
+        net.add_in("b", &[], Some("/run/netns/pod-x")).expect("again"),
+        old
+    );
+    // A DEL naming another namespace releases a lease whose own namespace
+    // is gone (neither exists here).
+    assert_eq!(net.del_in("a", Some("/run/netns/pod-b")), 1);
+    assert_eq!(net.leases().len(), 1);
 }

@@ -1,0 +1,267 @@
+//! The one lease path: how a request of host-local, of the bridge or of
+//! `cnictl ipam` reaches the leases, and what happens when a service on the
+//! way is absent, busy, restarting or dies mid-request.
+//!
+//! A request is tried at its [`Route`]'s places in order:
+//! - a plugin process or `cnictl`: the node's lease service (the configured
+//!   socket, else the default one; none for `"socket": ""`), then the
+//!   service in charge of the data directory (`<dataDir>/.sled/.service.sock`),
+//!   then this process, opening the database itself;
+//! - a lease service: itself, then the service in charge of the data
+//!   directory when that is another one.
+//!
+//! A place that is absent, or not trusted ([`crate::socket`]), is skipped.
+//! A service that took the request and died before answering is skipped
+//! too: every verb is safe to repeat (an ADD from the same namespace gets
+//! the lease it already holds). An answer of code 11 (the database is held
+//! elsewhere) moves on to the next place; after the last one the round
+//! starts again after a short pause, until [`BUSY_PATIENCE`] has passed.
+//! Any other answer is final. A request passed to the data directory's
+//! service is marked forwarded and is never passed on again.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::config::{LeaseSettings, SocketSetting};
+use crate::service::{Request, Response, data_dir_socket};
+use crate::socket::{self, Refusal};
+
+/// How long a client waits for an answer (a busy network's lock may be
+/// held by a burst of ADDs).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a request keeps trying while the database is held elsewhere
+/// (a service starting, another process's sled not yet closed). Well below
+/// the two minutes a kubelet gives a runtime call.
+pub const BUSY_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Why a service did not answer a request.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Nothing listens there.
+    #[error("no lease service at {path}: {reason}")]
+    Unreachable { path: PathBuf, reason: String },
+    /// Something listens there that must not be sent a request.
+    #[error("not using the lease service at {path}: {reason}")]
+    Untrusted { path: PathBuf, reason: String },
+    /// The service took the request but gave no whole answer (it died, or
+    /// timed out). Whether the operation happened is unknown.
+    #[error("lease service at {path} gave no answer: {reason}")]
+    Broken { path: PathBuf, reason: String },
+}
+
+/// Sends one request to the service at `socket` and returns its answer:
+/// the one way any part of the suite talks to a lease service.
+pub fn forward(socket: &Path, request: &Request) -> Result<Response, CallError> {
+    let path = socket.to_path_buf();
+    let mut stream = socket::connect(socket).map_err(|refusal| match refusal {
+        Refusal::Absent(e) => CallError::Unreachable {
+            path: path.clone(),
+            reason: e.to_string(),
+        },
+        Refusal::Untrusted(reason) => CallError::Untrusted {
+            path: path.clone(),
+            reason,
+        },
+    })?;
+    let broken = |reason: String| CallError::Broken {
+        path: path.clone(),
+        reason,
+    };
+    let body = serde_json::to_vec(request).map_err(|e| broken(e.to_string()))?;
+    stream
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .and_then(|()| stream.write_all(&body))
+        .and_then(|()| stream.shutdown(std::net::Shutdown::Write))
+        .map_err(|e| broken(e.to_string()))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|e| broken(e.to_string()))?;
+    serde_json::from_slice(&answer).map_err(|e| broken(format!("unreadable answer: {e}")))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// A service's socket; `forwarded` marks the request passed on to it.
+    Service { socket: PathBuf, forwarded: bool },
+    /// The caller itself.
+    Here,
+}
+
+/// The places a request is tried at, in order (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    places: Vec<Place>,
+}
+
+/// The data directory's own service, when its path can be known here: a
+/// relative `dataDir` means whatever the runtime's working directory is,
+/// which a service does not share.
+fn in_charge_of(data_dir: &Path) -> Option<Place> {
+    data_dir.is_absolute().then(|| Place::Service {
+        socket: data_dir_socket(data_dir),
+        forwarded: true,
+    })
+}
+
+impl Route {
+    /// For a plugin process or `cnictl`: the node service `socket` says,
+    /// then the data directory's own, then here.
+    pub fn new(socket: &SocketSetting, data_dir: &Path) -> Self {
+        let configured = socket.path().map(|socket| Place::Service {
+            socket,
+            forwarded: false,
+        });
+        let mut places: Vec<Place> = configured.into_iter().chain(in_charge_of(data_dir)).collect();
+        places.dedup_by(|b, a| matches!((a, b), (Place::Service { socket: x, .. }, Place::Service { socket: y, .. }) if x == y));
+        places.push(Place::Here);
+        Route { places }
+    }
+
+    /// For a plugin process, from its raw configuration. Unreadable stdin
+    /// goes nowhere but here, which answers with the parse error.
+    pub fn of_config(stdin: &[u8]) -> Self {
+        match LeaseSettings::read(stdin) {
+            Some(settings) => Route::new(&settings.socket, &settings.data_dir),
+            None => Route::here_only(),
+        }
+    }
+
+    pub fn here_only() -> Self {
+        Route {
+            places: vec![Place::Here],
+        }
+    }
+
+    /// For a lease service answering `request`: itself first (it may be in
+    /// charge), then the data directory's own service unless the request
+    /// was already passed on.
+    pub fn at_service(request: &Request) -> Self {
+        let mut places = vec![Place::Here];
+        if !request.forwarded {
+            places.extend(request.data_dir().as_deref().and_then(in_charge_of));
+        }
+        Route { places }
+    }
+}
+
+/// Answers `request` along `route`; `here` runs it in this process.
+pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Response) -> Response {
+    let deadline = Instant::now() + BUSY_PATIENCE;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let mut busy = None;
+        for place in &route.places {
+            let response = match place {
+                Place::Here => here(request),
+                Place::Service { socket, forwarded } => {
+                    let passed_on;
+                    let sent = if *forwarded {
+                        passed_on = Request {
+                            forwarded: true,
+                            ..request.clone()
+                        };
+                        &passed_on
+                    } else {
+                        request
+                    };
+                    match forward(socket, sent) {
+                        Ok(response) => response,
+                        Err(e @ CallError::Unreachable { .. }) => {
+                            log::debug!("{e}");
+                            continue;
+                        }
+                        Err(e) => {
+                            log::warn!("{e}; trying elsewhere");
+                            continue;
+                        }
+                    }
+                }
+            };
+            if !response.is_busy() {
+                return response;
+            }
+            busy = Some(response);
+        }
+        let now = Instant::now();
+        match busy {
+            Some(busy) if now + pause >= deadline => return busy,
+            Some(busy) => log::debug!(
+                "{}; asking again in {pause:?}",
+                busy.error.as_ref().map(|e| e.msg.as_str()).unwrap_or_default()
+            ),
+            None => {}
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sockets(route: &Route) -> Vec<String> {
+        route
+            .places
+            .iter()
+            .map(|p| match p {
+                Place::Service { socket, forwarded } => {
+                    format!("{}{}", socket.display(), if *forwarded { "*" } else { "" })
+                }
+                Place::Here => "here".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn processes_ask_the_node_service_then_the_data_dirs_then_themselves() {
+        let unset = Route::new(&SocketSetting::Unset, Path::new("/d"));
+        assert_eq!(
+            sockets(&unset),
+            ["/run/cni/host-local.sock", "/d/.sled/.service.sock*", "here"]
+        );
+        let off = Route::new(&SocketSetting::Off, Path::new("/d"));
+        assert_eq!(sockets(&off), ["/d/.sled/.service.sock*", "here"]);
+        let same = Route::new(
+            &SocketSetting::Named("/d/.sled/.service.sock".into()),
+            Path::new("/d"),
+        );
+        assert_eq!(sockets(&same), ["/d/.sled/.service.sock", "here"]);
+        let relative = Route::new(&SocketSetting::Off, Path::new("d"));
+        assert_eq!(sockets(&relative), ["here"]);
+        assert_eq!(sockets(&Route::of_config(b"junk")), ["here"]);
+    }
+
+    #[test]
+    fn a_service_tries_itself_first_and_passes_a_request_on_once() {
+        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        assert_eq!(
+            sockets(&Route::at_service(&request)),
+            ["here", "/d/.sled/.service.sock*"]
+        );
+        let passed_on = Request {
+            forwarded: true,
+            ..request
+        };
+        assert_eq!(sockets(&Route::at_service(&passed_on)), ["here"]);
+    }
+
+    #[test]
+    fn busy_answers_are_asked_again_until_one_is_final() {
+        let calls = std::cell::Cell::new(0);
+        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        let answer = serve(&Route::here_only(), &request, &|_| {
+            calls.set(calls.get() + 1);
+            if calls.get() < 4 {
+                Response::admin(Err(crate::Error::Busy("held".into())))
+            } else {
+                Response::admin(Ok(serde_json::json!([])))
+            }
+        });
+        assert_eq!(calls.get(), 4);
+        assert!(!answer.is_busy());
+        assert_eq!(answer.document, Some(serde_json::json!([])));
+    }
+}
