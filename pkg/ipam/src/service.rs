@@ -311,7 +311,9 @@ impl Service {
     /// its first database opens, or answers busy (code 11) naming the
     /// service that has it.
     pub fn claim_hook(&self) -> ClaimHook {
-        let added = Mutex::new(self.added.clone());
+        let added = self.added.clone();
+        // Locks of data directories served without a socket, held for good.
+        let unbound = Mutex::new(Vec::new());
         Box::new(move |sled_dir: &Path| {
             let socket = sled_dir.join(".service.sock");
             let store_error =
@@ -324,13 +326,22 @@ impl Service {
                     socket.display()
                 )));
             };
-            let listening = Listening::bound(&socket, Arc::new(lock)).map_err(store_error)?;
-            log::info!("serving the data directory's socket {}", socket.display());
-            added
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .send(listening)
-                .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
+            let lock = Arc::new(lock);
+            match Listening::bound(&socket, Arc::clone(&lock)) {
+                Ok(listening) => {
+                    log::info!("serving the data directory's socket {}", socket.display());
+                    added
+                        .send(listening)
+                        .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
+                }
+                Err(e) => {
+                    // Served all the same; only clients that find the
+                    // database held cannot reach this service, and wait.
+                    log::warn!("{}", store_error(e));
+                    unbound.lock().unwrap_or_else(PoisonError::into_inner).push(lock);
+                    Ok(())
+                }
+            }
         })
     }
 
@@ -395,7 +406,7 @@ const MAX_IDLE_WORKERS: usize = 16;
 struct Workers {
     stores: Arc<Stores>,
     plugin: Arc<PluginHandler>,
-    queue: Mutex<mpsc::Sender<UnixStream>>,
+    queue: mpsc::Sender<UnixStream>,
     waiting: Arc<Mutex<mpsc::Receiver<UnixStream>>>,
     /// Threads waiting for a connection that nobody has been handed yet.
     /// Only `dispatch` takes from it, so a connection sent while it is
@@ -409,7 +420,7 @@ impl Workers {
         Workers {
             stores,
             plugin,
-            queue: Mutex::new(queue),
+            queue,
             waiting: Arc::new(Mutex::new(waiting)),
             idle: Arc::new(AtomicUsize::new(0)),
         }
@@ -421,12 +432,7 @@ impl Workers {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
         if claimed {
-            match self
-                .queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .send(stream)
-            {
+            match self.queue.send(stream) {
                 Ok(()) => return,
                 Err(mpsc::SendError(unsent)) => stream = unsent,
             }

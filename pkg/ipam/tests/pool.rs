@@ -346,10 +346,10 @@ fn a_resident_store_serialises_threads_on_one_network() {
 /// snapshot gone and its log truncated (sled reads that as nothing written
 /// yet and opens an empty database, silently), or its log overwritten with
 /// a pattern while the snapshot stays (sled notices).
-fn damage(data_dir: &Path, truncate: bool) {
-    let db = data_dir.join(".sled/net/db");
+fn damage(data_dir: &Path, network: &str, truncate: bool) {
+    let db = data_dir.join(".sled").join(network).join("db");
     if truncate {
-        for entry in fs::read_dir(data_dir.join(".sled/net"))
+        for entry in fs::read_dir(data_dir.join(".sled").join(network))
             .expect("sled's directory")
             .flatten()
         {
@@ -375,7 +375,7 @@ fn a_damaged_database_is_refused_with_the_way_out_never_reset() {
         let net = Net::new(&["10.9.0.0/29"]);
         assert_eq!(net.add("a", &[]).expect("add"), [ip("10.9.0.2")]);
         assert_eq!(net.add("b", &[]).expect("add"), [ip("10.9.0.3")]);
-        damage(net.data_dir(), truncate);
+        damage(net.data_dir(), "net", truncate);
         let err = net.add("c", &[]).expect_err("refused").to_string();
         let db = net.data_dir().join(".sled/net");
         assert!(err.contains(&format!("{} is damaged", db.display())), "{err}");
@@ -477,22 +477,6 @@ fn the_generation_witness_only_lags_never_leads() {
     assert_eq!(witness(&net), after_b + 7);
 }
 
-/// Truncates a database so sled opens it empty without a word: only the
-/// witness can tell.
-fn lose_everything(data_dir: &Path, network: &str) {
-    let db = data_dir.join(".sled").join(network);
-    for entry in fs::read_dir(&db).expect("sled's directory").flatten() {
-        if entry.file_name().to_string_lossy().starts_with("snap.") {
-            fs::remove_file(entry.path()).expect("rm snapshot");
-        }
-    }
-    fs::File::options()
-        .write(true)
-        .open(db.join("db"))
-        .and_then(|f| f.set_len(0))
-        .expect("truncate");
-}
-
 fn add_on(stores: &Stores, data_dir: &Path, network: &str, id: &str) -> Result<IpAddr, ipam::Error> {
     stores
         .with_network(data_dir, network, |n| {
@@ -521,7 +505,7 @@ fn no_file_of_the_store_shares_a_name_with_a_network() {
         );
     }
     for network in ["net", "net.generation", long.as_str()] {
-        lose_everything(dir.path(), network);
+        damage(dir.path(), network, true);
         let err = add_on(&stores, dir.path(), network, "c").expect_err("damage noticed");
         assert!(err.to_string().contains("is damaged"), "{network}: {err}");
     }
@@ -538,7 +522,7 @@ fn an_old_witness_is_adopted_and_still_detects_damage() {
     let witnessed = witness(&net);
     let old = net.data_dir().join(".sled/net.generation");
     fs::rename(witness_path(&net), &old).expect("as the old version left it");
-    lose_everything(net.data_dir(), "net");
+    damage(net.data_dir(), "net", true);
     let err = net.add("c", &[]).expect_err("damage noticed");
     assert!(err.to_string().contains("is damaged"), "{err}");
     assert!(!old.exists(), "the old witness is moved");
