@@ -423,3 +423,69 @@ fn an_attachment_added_from_a_second_pod_is_refused_and_its_del_frees_nothing() 
         assert_eq!(leased(&ipam).get("shared"), None);
     }
 }
+
+/// A data directory another user owns (or could change) is refused before
+/// anything is written: a symlink planted in it, in place of the witness
+/// directory or of sled's own files, would steer root's writes into
+/// root's own files.
+#[test]
+fn a_store_another_user_can_change_is_not_used() {
+    let node = Node::new();
+    let victim = node.path("victim");
+    fs::create_dir(&victim).expect("mkdir");
+    fs::write(victim.join(NETWORK), "ROOT-OWNED").expect("write");
+    fs::write(victim.join("db"), "ROOT-OWNED").expect("write");
+    // What another user planted in the `.sled` they own, as (what, the
+    // symlink's place under `.sled`, where it leads).
+    let plants = [
+        ("witness directory", ".generations".to_owned(), victim.clone()),
+        ("sled's log", format!("{NETWORK}/db"), victim.join("db")),
+    ];
+    for (what, place, target) in plants {
+        let mut ipam = Ipam::direct();
+        let owned = ipam.node.path("theirs");
+        let link = owned.join(".sled").join(place);
+        fs::create_dir_all(link.parent().expect("parent")).expect("mkdir");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        for path in [owned.clone(), owned.join(".sled")] {
+            std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).expect("chown");
+        }
+        ipam.data_dir = owned;
+        let conf = v4_conf(&ipam, "1.0.0", "10.71.0.0/24");
+        let refused = ipam.run("ADD", "pod", &conf, &[]).failure().json();
+        assert_eq!(refused["code"], 5, "{what}: {refused}");
+        assert!(
+            refused["msg"].as_str().is_some_and(|m| m.contains("is not used")),
+            "{what}: {refused}"
+        );
+        for file in [NETWORK, "db"] {
+            assert_eq!(
+                fs::read_to_string(victim.join(file)).expect("read"),
+                "ROOT-OWNED",
+                "{what}"
+            );
+        }
+    }
+}
+
+/// A service started on a data directory's own socket keeps listening on
+/// it as it was, instead of binding it again and again.
+#[test]
+fn a_service_started_on_the_data_directorys_socket_keeps_it() {
+    let node = Node::new();
+    let data_dir = node.path("data");
+    let socket = data_dir.join(".sled").join(".service.sock");
+    let service = LeaseService::start(&bin("host-local"), socket.clone(), &[]);
+    let ipam = Ipam::with_service(&service, node);
+    let conf = v4_conf(&ipam, "1.0.0", "10.72.0.0/24");
+    ipam.add("a", &conf);
+    let bound = fs::symlink_metadata(&socket)
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("socket");
+    std::thread::sleep(Duration::from_millis(2500));
+    let now = fs::symlink_metadata(&socket)
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("socket");
+    assert_eq!(bound, now, "the socket was bound again");
+    ipam.add("b", &conf);
+}

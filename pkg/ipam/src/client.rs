@@ -10,14 +10,18 @@
 //! - a lease service: itself, then the service in charge of the data
 //!   directory when that is another one.
 //!
-//! A place that is absent, or not trusted ([`crate::socket`]), is skipped.
-//! A service that took the request and died before answering is skipped
-//! too: every verb is safe to repeat (an ADD from the same namespace gets
-//! the lease it already holds). An answer of code 11 (the database is held
-//! elsewhere) moves on to the next place; after the last one the round
-//! starts again after a short pause, until [`BUSY_PATIENCE`] has passed.
-//! Any other answer is final. A request passed to the data directory's
-//! service is marked forwarded and is never passed on again.
+//! A place that is absent, not trusted ([`crate::socket`]) or whose queue
+//! of connections is full is skipped. A service that took the request and
+//! died, or gave no answer in time, is skipped too: every verb is safe to
+//! repeat (an ADD from the same namespace gets the lease it already holds).
+//! An answer of code 11 (the database is held elsewhere) moves on to the
+//! next place; after the last one the round starts again after a short
+//! pause. Any other answer is final. One deadline, [`PATIENCE`], bounds
+//! the whole request: every wait for a service's answer ends with it, and
+//! once it has passed, the last answer of code 11 is given. A request
+//! passed to the data directory's service is marked forwarded and is never
+//! passed on again. A relative `dataDir` means the runtime's working
+//! directory, which no service shares: such requests are only run here.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,15 +29,15 @@ use std::time::{Duration, Instant};
 
 use crate::config::{LeaseSettings, SocketSetting};
 use crate::service::{Request, Response, data_dir_socket};
-use crate::socket::{self, Refusal};
+use crate::socket;
+use crate::trust::Refusal;
 
-/// How long a client waits for an answer (a busy network's lock may be
-/// held by a burst of ADDs).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a request keeps trying while the database is held elsewhere
-/// (a service starting, another process's sled not yet closed). Well below
-/// the two minutes a kubelet gives a runtime call.
-pub const BUSY_PATIENCE: Duration = Duration::from_secs(20);
+/// How long a request may take along the lease path, waits for answers and
+/// for a database held elsewhere included: far more than a burst of ADDs
+/// queued on a network's lock or a 60000-lease import takes (seconds), and
+/// well below the two minutes a kubelet gives a runtime call. A service
+/// that stopped (SIGSTOP) or hangs costs a request this much, not more.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Why a service did not answer a request.
 #[derive(Debug, thiserror::Error)]
@@ -51,8 +55,13 @@ pub enum CallError {
 }
 
 /// Sends one request to the service at `socket` and returns its answer:
-/// the one way any part of the suite talks to a lease service.
+/// the one way any part of the suite talks to a lease service. Gives up
+/// after [`PATIENCE`].
 pub fn forward(socket: &Path, request: &Request) -> Result<Response, CallError> {
+    forward_until(socket, request, Instant::now() + PATIENCE)
+}
+
+fn forward_until(socket: &Path, request: &Request, deadline: Instant) -> Result<Response, CallError> {
     let path = socket.to_path_buf();
     let mut stream = socket::connect(socket).map_err(|refusal| match refusal {
         Refusal::Absent(e) => CallError::Unreachable {
@@ -69,8 +78,12 @@ pub fn forward(socket: &Path, request: &Request) -> Result<Response, CallError> 
         reason,
     };
     let body = serde_json::to_vec(request).map_err(|e| broken(e.to_string()))?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     stream
-        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .set_read_timeout(Some(left))
+        .and_then(|()| stream.set_write_timeout(Some(left)))
         .and_then(|()| stream.write_all(&body))
         .and_then(|()| stream.shutdown(std::net::Shutdown::Write))
         .map_err(|e| broken(e.to_string()))?;
@@ -95,25 +108,26 @@ pub struct Route {
     places: Vec<Place>,
 }
 
-/// The data directory's own service, when its path can be known here: a
-/// relative `dataDir` means whatever the runtime's working directory is,
-/// which a service does not share.
-fn in_charge_of(data_dir: &Path) -> Option<Place> {
-    data_dir.is_absolute().then(|| Place::Service {
+/// The data directory's own service.
+fn in_charge_of(data_dir: &Path) -> Place {
+    Place::Service {
         socket: data_dir_socket(data_dir),
         forwarded: true,
-    })
+    }
 }
 
 impl Route {
     /// For a plugin process or `cnictl`: the node service `socket` says,
     /// then the data directory's own, then here.
     pub fn new(socket: &SocketSetting, data_dir: &Path) -> Self {
+        if !data_dir.is_absolute() {
+            return Route::here_only();
+        }
         let configured = socket.path().map(|socket| Place::Service {
             socket,
             forwarded: false,
         });
-        let mut places: Vec<Place> = configured.into_iter().chain(in_charge_of(data_dir)).collect();
+        let mut places: Vec<Place> = configured.into_iter().chain([in_charge_of(data_dir)]).collect();
         places.dedup_by(|b, a| matches!((a, b), (Place::Service { socket: x, .. }, Place::Service { socket: y, .. }) if x == y));
         places.push(Place::Here);
         Route { places }
@@ -140,7 +154,13 @@ impl Route {
     pub fn at_service(request: &Request) -> Self {
         let mut places = vec![Place::Here];
         if !request.forwarded {
-            places.extend(request.data_dir().as_deref().and_then(in_charge_of));
+            places.extend(
+                request
+                    .data_dir()
+                    .filter(|d| d.is_absolute())
+                    .as_deref()
+                    .map(in_charge_of),
+            );
         }
         Route { places }
     }
@@ -148,13 +168,14 @@ impl Route {
 
 /// Answers `request` along `route`; `here` runs it in this process.
 pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Response) -> Response {
-    let deadline = Instant::now() + BUSY_PATIENCE;
+    let deadline = Instant::now() + PATIENCE;
     let mut pause = Duration::from_millis(2);
     loop {
         let mut busy = None;
         for place in &route.places {
             let response = match place {
                 Place::Here => here(request),
+                Place::Service { .. } if Instant::now() >= deadline => continue,
                 Place::Service { socket, forwarded } => {
                     let passed_on;
                     let sent = if *forwarded {
@@ -166,7 +187,7 @@ pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Respon
                     } else {
                         request
                     };
-                    match forward(socket, sent) {
+                    match forward_until(socket, sent, deadline) {
                         Ok(response) => response,
                         Err(e @ CallError::Unreachable { .. }) => {
                             log::debug!("{e}");
@@ -246,6 +267,26 @@ mod tests {
             ..request
         };
         assert_eq!(sockets(&Route::at_service(&passed_on)), ["here"]);
+    }
+
+    /// A service that takes a request and never answers (stopped, hung)
+    /// costs the request what is left of its deadline, not more.
+    #[test]
+    fn a_silent_service_is_given_up_at_the_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("silent.sock");
+        let (listener, _) = crate::socket::bind_replacing(&socket).expect("bind");
+        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        let started = Instant::now();
+        let err =
+            forward_until(&socket, &request, started + Duration::from_millis(300)).expect_err("no answer");
+        assert!(matches!(err, CallError::Broken { .. }), "{err}");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        drop(listener);
     }
 
     #[test]

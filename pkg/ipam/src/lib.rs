@@ -8,7 +8,8 @@
 //! - [`reference`]: importing the reference plugin's lease files.
 //! - [`admin`] and [`service`]: operator commands and the lease service.
 //! - [`client`]: the one path a request takes to the leases, and its policy.
-//! - [`socket`]: which sockets and peers are trusted.
+//! - [`trust`] and [`socket`]: which directories, sockets and peers are
+//!   trusted.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +22,7 @@ pub mod reference;
 pub mod service;
 pub mod socket;
 pub mod store;
+pub mod trust;
 
 use cni::error::plugin_codes;
 

@@ -201,13 +201,25 @@ fn try_lock(lock: &Path) -> io::Result<Option<File>> {
     }
 }
 
-/// A socket the service bound itself: its path, the lock that makes this
-/// service the one there, and the file it bound.
+/// A socket the service bound itself, at its path with symlinks resolved,
+/// and the lock that makes this service the one there.
 #[derive(Debug)]
 struct OwnSocket {
     path: PathBuf,
-    lock: Arc<File>,
     inode: Option<(u64, u64)>,
+    lock: Arc<File>,
+    lock_path: PathBuf,
+}
+
+impl OwnSocket {
+    /// Whether the lock file at its place is still the one this service
+    /// holds (an operator may have removed it, and another service taken
+    /// the place).
+    fn still_ours(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let held = self.lock.metadata().map(|m| (m.dev(), m.ino())).ok();
+        held.is_some() && socket::inode(&self.lock_path) == held
+    }
 }
 
 /// A socket the service listens on.
@@ -215,6 +227,15 @@ struct OwnSocket {
 pub struct Listening {
     listener: Arc<UnixListener>,
     own: Option<OwnSocket>,
+}
+
+/// What a look at one of the service's sockets found.
+enum Watch {
+    Fine,
+    /// Its file was removed or replaced, and it was bound again.
+    Rebound(Listening),
+    /// Its place has another service's lock now.
+    Lost,
 }
 
 impl Listening {
@@ -226,29 +247,46 @@ impl Listening {
         }
     }
 
-    fn bound(path: &Path, lock: Arc<File>) -> io::Result<Self> {
-        let listener = socket::bind_replacing(path)?;
+    /// Binds `path`, whose lock `lock` (at `lock_path`) this service holds.
+    fn bound(path: &Path, lock: Arc<File>, lock_path: PathBuf) -> io::Result<Self> {
+        let (listener, path) = socket::bind_replacing(path)?;
         Ok(Listening {
             listener: Arc::new(listener),
             own: Some(OwnSocket {
-                path: path.to_path_buf(),
-                inode: socket::inode(path),
+                inode: socket::inode(&path),
+                path,
                 lock,
+                lock_path,
             }),
         })
     }
 
-    /// Bound again after its file was removed or replaced, if it was ours.
-    fn rebound(&self) -> Option<io::Result<Self>> {
-        let own = self.own.as_ref()?;
+    fn watch(&self) -> Watch {
+        let Some(own) = &self.own else {
+            return Watch::Fine;
+        };
         if socket::inode(&own.path) == own.inode {
-            return None;
+            return Watch::Fine;
+        }
+        if !own.still_ours() {
+            log::error!(
+                "{} was taken: its lock file {} is not the one this service holds; no longer listening there",
+                own.path.display(),
+                own.lock_path.display()
+            );
+            return Watch::Lost;
         }
         log::warn!(
             "{} is gone or replaced; listening there again",
             own.path.display()
         );
-        Some(Listening::bound(&own.path, Arc::clone(&own.lock)))
+        match Listening::bound(&own.path, Arc::clone(&own.lock), own.lock_path.clone()) {
+            Ok(fresh) => Watch::Rebound(fresh),
+            Err(e) => {
+                log::warn!("cannot listen on {} again: {e}", own.path.display());
+                Watch::Fine
+            }
+        }
     }
 
     /// Ends the accept loop on this socket.
@@ -257,31 +295,63 @@ impl Listening {
     }
 }
 
-/// Binds the service socket at `path`: its directory 0700 and trusted (see
-/// [`socket::trusted_dir`]), the socket 0600, and `<path>.lock` held for as
-/// long as the service runs, so a second service fails here instead of
-/// taking the path from the first.
+fn refused_dir(dir: &Path, why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("refusing to listen in {}: {why}", dir.display()),
+    )
+}
+
+/// The socket's directory with symlinks resolved, if trusted (see
+/// [`crate::trust::trusted_dir`]).
+fn trusted_socket_dir(dir: &Path) -> io::Result<PathBuf> {
+    crate::trust::trusted_dir(dir).map_err(|refusal| match refusal {
+        crate::trust::Refusal::Absent(e) => e,
+        crate::trust::Refusal::Untrusted(why) => refused_dir(dir, why),
+    })
+}
+
+/// Binds the service socket at `path`: its directory 0700 and trusted, the
+/// socket 0600, and `<path>.lock` held for as long as the service runs, so
+/// a second service fails here instead of taking the path from the first.
 pub fn bind(path: &Path) -> io::Result<Listening> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-    }
-    let mut lock_path = path.as_os_str().to_owned();
-    lock_path.push(".lock");
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => (
+            if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            },
+            name,
+        ),
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} names no socket file", path.display()),
+            ));
+        }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let dir = trusted_socket_dir(dir)?;
+    let socket = dir.join(name);
+    let mut lock_name = name.to_owned();
+    lock_name.push(".lock");
+    let lock_path = dir.join(lock_name);
     let in_use = || {
         io::Error::new(
             io::ErrorKind::AddrInUse,
             format!("a lease service already listens on {}", path.display()),
         )
     };
-    let lock = try_lock(Path::new(&lock_path))?.ok_or_else(in_use)?;
+    let lock = try_lock(&lock_path)?.ok_or_else(in_use)?;
     // A service of a version without the lock file answers there.
-    if socket::connect(path).is_ok() {
+    if socket::connect(&socket).is_ok() {
         return Err(in_use());
     }
-    Listening::bound(path, Arc::new(lock))
+    Listening::bound(&socket, Arc::new(lock), lock_path)
 }
 
 /// What the service runs for a plugin request: the plugin's own dispatch.
@@ -315,29 +385,45 @@ impl Service {
         // Locks of data directories served without a socket, held for good.
         let unbound = Mutex::new(Vec::new());
         Box::new(move |sled_dir: &Path| {
+            let unreachable = |e: io::Error| {
+                crate::Error::Store(format!(
+                    "cannot serve the data directory {}: {e}",
+                    sled_dir.parent().unwrap_or(sled_dir).display()
+                ))
+            };
+            let sled_dir = trusted_socket_dir(sled_dir).map_err(unreachable)?;
             let socket = sled_dir.join(".service.sock");
-            let store_error =
-                |e: io::Error| crate::Error::Store(format!("cannot listen on {}: {e}", socket.display()));
-            let lock = try_lock(&sled_dir.join(".service.lock")).map_err(store_error)?;
-            let Some(lock) = lock else {
+            let lock_path = sled_dir.join(".service.lock");
+            let Some(lock) = try_lock(&lock_path).map_err(unreachable)? else {
                 return Err(crate::Error::Busy(format!(
                     "the data directory {} is served by the lease service at {}",
-                    sled_dir.parent().unwrap_or(sled_dir).display(),
+                    sled_dir.parent().unwrap_or(&sled_dir).display(),
                     socket.display()
                 )));
             };
             let lock = Arc::new(lock);
-            match Listening::bound(&socket, Arc::clone(&lock)) {
-                Ok(listening) => {
+            // Started on this very socket (`serve --socket <it>`): already
+            // listening there.
+            let listening = if socket::listened_on_by_this_process(&socket) {
+                Ok(None)
+            } else {
+                Listening::bound(&socket, Arc::clone(&lock), lock_path).map(Some)
+            };
+            match listening {
+                Ok(Some(listening)) => {
                     log::info!("serving the data directory's socket {}", socket.display());
                     added
                         .send(listening)
                         .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
                 }
+                Ok(None) => {
+                    unbound.lock().unwrap_or_else(PoisonError::into_inner).push(lock);
+                    Ok(())
+                }
                 Err(e) => {
                     // Served all the same; only clients that find the
                     // database held cannot reach this service, and wait.
-                    log::warn!("{}", store_error(e));
+                    log::warn!("cannot listen on {}: {e}", socket.display());
                     unbound.lock().unwrap_or_else(PoisonError::into_inner).push(lock);
                     Ok(())
                 }
@@ -369,15 +455,19 @@ impl Service {
                     watched.push(listening);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    for slot in &mut watched {
-                        match slot.rebound() {
-                            Some(Ok(fresh)) => {
+                    let mut lost = Vec::new();
+                    for (index, slot) in watched.iter_mut().enumerate() {
+                        match slot.watch() {
+                            Watch::Fine => {}
+                            Watch::Rebound(fresh) => {
                                 accepting(&fresh)?;
                                 std::mem::replace(slot, fresh).close();
                             }
-                            Some(Err(e)) => log::warn!("cannot listen again: {e}"),
-                            None => {}
+                            Watch::Lost => lost.push(index),
                         }
+                    }
+                    for index in lost.into_iter().rev() {
+                        watched.remove(index).close();
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {}
@@ -488,6 +578,12 @@ fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> i
         return Ok(());
     }
     let response = match serde_json::from_slice::<Request>(&body) {
+        Ok(request) if request.data_dir().is_some_and(|d| d.is_relative()) => {
+            Response::admin(Err(crate::Error::Config(
+                "a relative dataDir names the caller's working directory, which the lease service does not share"
+                    .into(),
+            )))
+        }
         Ok(request) => client::serve(&Route::at_service(&request), &request, &|request: &Request| {
             run_here(request, stores, plugin)
         }),
@@ -537,14 +633,18 @@ mod tests {
     /// once `together` calls have reached it.
     fn thread_reporting_service(dir: &Path, together: usize) -> PathBuf {
         let socket = dir.join("svc.sock");
-        let listening = bind(&socket).expect("bind");
+        serve_threads_at(&socket, together);
+        socket
+    }
+
+    fn serve_threads_at(socket: &Path, together: usize) {
+        let listening = bind(socket).expect("bind");
         let all_in = std::sync::Barrier::new(together);
         let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
             all_in.wait();
             Reply::Document(serde_json::json!({"thread": format!("{:?}", std::thread::current().id())}))
         });
         std::thread::spawn(move || Service::new().run(listening, Arc::new(Stores::resident(None)), plugin));
-        socket
     }
 
     fn thread_of(socket: &Path) -> String {
@@ -603,6 +703,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         thread_of(&socket);
+    }
+
+    /// Bound where the path led when the service started, and bound again
+    /// there only while the lock file there is the one it holds: a symlink
+    /// re-pointed later, or another service's lock, never makes it take a
+    /// place that is not its own.
+    #[test]
+    fn a_socket_is_bound_again_only_where_it_was_and_while_its_lock_is_ours() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (first, second, link) = (
+            dir.path().join("first"),
+            dir.path().join("second"),
+            dir.path().join("link"),
+        );
+        std::fs::create_dir(&first).expect("mkdir");
+        std::fs::create_dir(&second).expect("mkdir");
+        std::os::unix::fs::symlink(&first, &link).expect("symlink");
+        serve_threads_at(&link.join("svc.sock"), 1);
+        std::fs::remove_file(&link).expect("rm link");
+        std::os::unix::fs::symlink(&second, &link).expect("re-point");
+        std::fs::remove_file(first.join("svc.sock")).expect("rm socket");
+        let started = std::time::Instant::now();
+        while !first.join("svc.sock").exists() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never bound again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !second.join("svc.sock").exists(),
+            "bound where the link leads now"
+        );
+
+        std::fs::remove_file(first.join("svc.sock.lock")).expect("rm lock");
+        std::fs::write(first.join("svc.sock.lock"), "").expect("another lock");
+        std::fs::remove_file(first.join("svc.sock")).expect("rm socket");
+        std::thread::sleep(WATCH_INTERVAL * 5 / 2);
+        assert!(
+            !first.join("svc.sock").exists(),
+            "bound again under another's lock"
+        );
     }
 
     #[test]

@@ -175,6 +175,11 @@ fn open_nofollow(path: &Path, options: &mut OpenOptions) -> std::io::Result<File
 /// damage check it serves would silently be off.
 fn read_witness(paths: &Paths) -> Result<Option<u64>, Error> {
     let path = paths.witness();
+    if let Some(dir) = path.parent()
+        && std::fs::symlink_metadata(dir).is_ok()
+    {
+        real_dir(dir)?;
+    }
     let text = match open_nofollow(&path, OpenOptions::new().read(true)) {
         Ok(mut file) => {
             let mut text = String::new();
@@ -312,6 +317,27 @@ fn real_dir(path: &Path) -> Result<(), Error> {
     }
 }
 
+/// Refuses a store that another user could change: its directories and
+/// every directory above them must belong to root or this user and be
+/// writable by nobody else (see [`crate::trust::trusted_dir`]). Otherwise
+/// a symlink or file planted there would steer root's writes.
+fn trust_store(paths: &Paths) -> Result<(), Error> {
+    let mut dirs = vec![paths.reference_dir.as_path(), paths.sled_dir()];
+    if std::fs::symlink_metadata(&paths.db_dir).is_ok() {
+        real_dir(&paths.db_dir)?;
+        dirs.push(&paths.db_dir);
+    }
+    for dir in dirs {
+        crate::trust::trusted_dir(dir).map_err(|refusal| match refusal {
+            crate::trust::Refusal::Absent(e) => io_error("cannot read", dir)(e),
+            crate::trust::Refusal::Untrusted(why) => {
+                Error::Store(format!("the lease store {} is not used: {why}", dir.display()))
+            }
+        })?;
+    }
+    Ok(())
+}
+
 /// The flock on a network's `lock` file; released when dropped.
 struct NetworkLock {
     _file: File,
@@ -319,7 +345,6 @@ struct NetworkLock {
 
 impl NetworkLock {
     fn acquire(paths: &Paths) -> Result<Self, Error> {
-        private_dir(&paths.reference_dir)?;
         let path = paths.lock_file();
         let file = open_nofollow(
             &path,
@@ -415,8 +440,18 @@ impl Stores {
         op: impl FnOnce(&Network) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let paths = Paths::new(data_dir, network)?;
+        private_dir(&paths.reference_dir)?;
+        private_dir(paths.sled_dir())?;
+        let key = (identity(paths.sled_dir())?, paths.network.clone());
+        if !self.lock_open().contains_key(&key) {
+            // Once trusted, nobody else can change these directories, so a
+            // database kept open needs no second look.
+            trust_store(&paths)?;
+        }
         let _lock = NetworkLock::acquire(&paths)?;
-        let (key, db) = self.database(&paths)?;
+        // Looked up under the lock: a storage error closes a database
+        // under the lock too.
+        let db = self.open(&paths, &key)?;
         let outcome = self.run_locked(&paths, &db, op);
         if !self.keep_open {
             drop(db);
@@ -461,16 +496,11 @@ impl Stores {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn database(&self, paths: &Paths) -> Result<((DirIdentity, String), sled::Db), Error> {
-        private_dir(paths.sled_dir())?;
-        let key = (identity(paths.sled_dir())?, paths.network.clone());
-        if let Some(db) = self.lock_open().get(&key) {
-            return Ok((key, db.clone()));
+    fn open(&self, paths: &Paths, key: &(DirIdentity, String)) -> Result<sled::Db, Error> {
+        if let Some(db) = self.lock_open().get(key) {
+            return Ok(db.clone());
         }
         self.claim_once(paths.sled_dir(), key.0)?;
-        if std::fs::symlink_metadata(&paths.db_dir).is_ok() {
-            real_dir(&paths.db_dir)?;
-        }
         discard_unfinished_snapshots(&paths.db_dir);
         let db = sled::Config::new()
             .path(&paths.db_dir)
@@ -493,7 +523,7 @@ impl Stores {
         if self.keep_open {
             self.lock_open().insert(key.clone(), db.clone());
         }
-        Ok((key, db))
+        Ok(db)
     }
 
     fn claim_once(&self, sled_dir: &Path, dir: DirIdentity) -> Result<(), Error> {
@@ -537,7 +567,7 @@ fn discard_unfinished_snapshots(db_dir: &Path) {
     if unfinished.is_empty() {
         return;
     }
-    let Ok(sled_lock) = File::open(db_dir.join("db")) else {
+    let Ok(sled_lock) = open_nofollow(&db_dir.join("db"), OpenOptions::new().read(true)) else {
         return;
     };
     if sled_lock.try_lock().is_err() {
@@ -561,7 +591,7 @@ fn discard_unfinished_snapshots(db_dir: &Path) {
 /// dropping it ourselves proves that.
 fn wait_until_closed(db_dir: &Path) {
     const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
-    let Ok(file) = File::open(db_dir.join("db")) else {
+    let Ok(file) = open_nofollow(&db_dir.join("db"), OpenOptions::new().read(true)) else {
         return;
     };
     let started = std::time::Instant::now();
