@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Once;
@@ -398,6 +399,37 @@ pub struct Node {
 impl Default for Node {
     fn default() -> Self {
         Node::new()
+    }
+}
+
+/// The pids of `host-local serve` processes whose socket is under `dir`
+/// (services a plugin started for a data directory there).
+pub fn services_under(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let serves = args.get(1).is_some_and(|a| *a == b"serve");
+            let socket = args
+                .windows(2)
+                .find(|w| w[0] == b"--socket")
+                .map(|w| Path::new(std::ffi::OsStr::from_bytes(w[1])));
+            (serves && socket.is_some_and(|s| s.starts_with(dir))).then_some(pid)
+        })
+        .collect()
+}
+
+/// Services a plugin started in this node's directories end with it.
+impl Drop for Node {
+    fn drop(&mut self) {
+        for pid in services_under(self.dir.path()) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
     }
 }
 

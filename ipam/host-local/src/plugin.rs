@@ -170,7 +170,11 @@ pub fn main() -> ExitCode {
         .collect();
     let request = LeaseRequest::plugin(env.clone(), &stdin);
     let here = HostLocal::new(Arc::new(Stores::direct()));
-    let response = client::serve(&Route::of_config(&stdin), &request, &|_: &LeaseRequest| {
+    let mut route = Route::of_config(&stdin);
+    if let Ok(exe) = std::env::current_exe() {
+        route = route.start_with(exe);
+    }
+    let response = client::serve(&route, &request, &|_: &LeaseRequest| {
         Response::from_reply(dispatch(&here, &env, || Ok(stdin.clone())))
     });
     emit(&response.into_reply())

@@ -1,12 +1,15 @@
-//! `host-local serve [--socket PATH]`: the node-local lease service. Run it
-//! once per node (a systemd unit, a DaemonSet, or in the background); plugin
-//! processes and `cnictl ipam` find it at the socket.
+//! `host-local serve [--socket PATH] [--idle-exit SECONDS]`: the node-local
+//! lease service. Run it once per node (a systemd unit, a DaemonSet, or in
+//! the background), or let host-local start one per data directory when
+//! nothing is configured (it passes `--idle-exit`); plugin processes and
+//! `cnictl ipam` find it at the socket.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cni::skel::dispatch;
 use ipam::config::DEFAULT_SOCKET;
@@ -15,16 +18,21 @@ use ipam::store::Stores;
 
 use crate::plugin::HostLocal;
 
-const USAGE: &str = "usage: host-local serve [--socket PATH]   (default /run/cni/host-local.sock)";
+const USAGE: &str = "usage: host-local serve [--socket PATH] [--idle-exit SECONDS]\n  \
+    --socket     where to listen (default /run/cni/host-local.sock)\n  \
+    --idle-exit  exit after this long without a request, detached from whoever started it";
 
 pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
-    cni::log::init("host-local");
-    cni::log::keep_own_settings();
     let mut socket = PathBuf::from(DEFAULT_SOCKET);
+    let mut idle_exit = None;
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--socket") => match args.next() {
                 Some(path) => socket = PathBuf::from(path),
+                None => return usage_error(),
+            },
+            Some("--idle-exit") => match args.next().and_then(|s| s.to_str()?.parse::<u64>().ok()) {
+                Some(seconds) => idle_exit = Some(Duration::from_secs(seconds)),
                 None => return usage_error(),
             },
             Some("-h" | "--help") => {
@@ -34,7 +42,19 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
             _ => return usage_error(),
         }
     }
-    let service = Service::new();
+    if idle_exit.is_some() {
+        // Started by a plugin: nothing of the runtime's (its pipes, its
+        // session) may stay with this process.
+        if let Err(e) = netns::inherited::detach_from_starter() {
+            eprintln!("host-local serve: cannot close inherited descriptors: {e}");
+        }
+    }
+    cni::log::init("host-local");
+    cni::log::keep_own_settings();
+    let mut service = Service::new();
+    if let Some(after) = idle_exit {
+        service = service.exit_when_idle(after);
+    }
     let stores = Arc::new(Stores::resident(Some(service.claim_hook())));
     let listening = match netns::inherited::systemd_listener() {
         Some(listener) => {

@@ -48,22 +48,56 @@ pub enum CallError {
     /// Something listens there that must not be sent a request.
     #[error("not using the lease service at {path}: {reason}")]
     Untrusted { path: PathBuf, reason: String },
+    /// A service listens there, not run from the binary the caller would
+    /// otherwise execute.
+    #[error("not using the lease service at {path}: it is not run from the host-local in CNI_PATH")]
+    OtherBinary { path: PathBuf },
     /// The service took the request but gave no whole answer (it died, or
     /// timed out). Whether the operation happened is unknown.
     #[error("lease service at {path} gave no answer: {reason}")]
     Broken { path: PathBuf, reason: String },
 }
 
+/// A file by device and inode.
+pub type FileId = (u64, u64);
+
+/// A service to try, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ServicePlace {
+    socket: PathBuf,
+    /// The request is passed on to it (it is the data directory's own).
+    forwarded: bool,
+    /// The binary that starts a service there when none listens.
+    start: Option<PathBuf>,
+    /// Used only if its process runs this binary.
+    binary: Option<FileId>,
+}
+
+impl ServicePlace {
+    fn new(socket: PathBuf, forwarded: bool) -> Self {
+        ServicePlace {
+            socket,
+            forwarded,
+            start: None,
+            binary: None,
+        }
+    }
+}
+
 /// Sends one request to the service at `socket` and returns its answer:
 /// the one way any part of the suite talks to a lease service. Gives up
 /// after [`PATIENCE`].
 pub fn forward(socket: &Path, request: &Request) -> Result<Response, CallError> {
-    forward_until(socket, request, Instant::now() + PATIENCE)
+    forward_until(
+        &ServicePlace::new(socket.to_path_buf(), false),
+        request,
+        Instant::now() + PATIENCE,
+    )
 }
 
-fn forward_until(socket: &Path, request: &Request, deadline: Instant) -> Result<Response, CallError> {
-    let path = socket.to_path_buf();
-    let mut stream = socket::connect(socket).map_err(|refusal| match refusal {
+fn forward_until(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
+    let path = place.socket.clone();
+    let mut stream = socket::connect(&place.socket).map_err(|refusal| match refusal {
         Refusal::Absent(e) => CallError::Unreachable {
             path: path.clone(),
             reason: e.to_string(),
@@ -73,6 +107,9 @@ fn forward_until(socket: &Path, request: &Request, deadline: Instant) -> Result<
             reason,
         },
     })?;
+    if place.binary.is_some() && socket::peer_binary(&stream) != place.binary {
+        return Err(CallError::OtherBinary { path });
+    }
     let broken = |reason: String| CallError::Broken {
         path: path.clone(),
         reason,
@@ -94,10 +131,37 @@ fn forward_until(socket: &Path, request: &Request, deadline: Instant) -> Result<
     serde_json::from_slice(&answer).map_err(|e| broken(format!("unreadable answer: {e}")))
 }
 
+/// Sends `request` to a service place, starting a service there first when
+/// none listens and the place says how.
+fn ask(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
+    let passed_on;
+    let sent = if place.forwarded {
+        passed_on = Request {
+            forwarded: true,
+            ..request.clone()
+        };
+        &passed_on
+    } else {
+        request
+    };
+    let outcome = forward_until(place, sent, deadline);
+    match (&outcome, &place.start) {
+        (Err(CallError::Unreachable { .. }), Some(exe)) => {
+            match crate::service::start_detached(exe, &place.socket, deadline) {
+                Ok(()) => forward_until(place, sent, deadline),
+                Err(e) => {
+                    log::warn!("cannot start a lease service on {}: {e}", place.socket.display());
+                    outcome
+                }
+            }
+        }
+        _ => outcome,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Place {
-    /// A service's socket; `forwarded` marks the request passed on to it.
-    Service { socket: PathBuf, forwarded: bool },
+    Service(ServicePlace),
     /// The caller itself.
     Here,
 }
@@ -106,14 +170,14 @@ enum Place {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     places: Vec<Place>,
+    /// No `socket` was configured: nobody runs a service on purpose, so
+    /// the data directory's own may be started.
+    unset: bool,
 }
 
 /// The data directory's own service.
 fn in_charge_of(data_dir: &Path) -> Place {
-    Place::Service {
-        socket: data_dir_socket(data_dir),
-        forwarded: true,
-    }
+    Place::Service(ServicePlace::new(data_dir_socket(data_dir), true))
 }
 
 impl Route {
@@ -123,14 +187,51 @@ impl Route {
         if !data_dir.is_absolute() {
             return Route::here_only();
         }
-        let configured = socket.path().map(|socket| Place::Service {
-            socket,
-            forwarded: false,
-        });
+        let configured = socket
+            .path()
+            .map(|socket| Place::Service(ServicePlace::new(socket, false)));
         let mut places: Vec<Place> = configured.into_iter().chain([in_charge_of(data_dir)]).collect();
-        places.dedup_by(|b, a| matches!((a, b), (Place::Service { socket: x, .. }, Place::Service { socket: y, .. }) if x == y));
+        places.dedup_by(
+            |b, a| matches!((a, b), (Place::Service(x), Place::Service(y)) if x.socket == y.socket),
+        );
         places.push(Place::Here);
-        Route { places }
+        Route {
+            places,
+            unset: *socket == SocketSetting::Unset,
+        }
+    }
+
+    fn services(&mut self) -> impl Iterator<Item = &mut ServicePlace> {
+        self.places.iter_mut().filter_map(|p| match p {
+            Place::Service(service) => Some(service),
+            Place::Here => None,
+        })
+    }
+
+    /// With nothing configured, a data directory without a service gets
+    /// one, started from `exe` (host-local itself): the setup of a node
+    /// that has only the binaries and a configuration.
+    pub fn start_with(mut self, exe: PathBuf) -> Self {
+        if self.unset
+            && let Some(own) = self.services().filter(|s| s.forwarded).last()
+        {
+            own.start = Some(exe);
+        }
+        self
+    }
+
+    /// Only services run from `binary` are asked: for the bridge, which
+    /// would otherwise execute that host-local.
+    pub fn run_by(mut self, binary: FileId) -> Self {
+        for service in self.services() {
+            service.binary = Some(binary);
+        }
+        self
+    }
+
+    /// Whether no `socket` was configured.
+    pub fn is_unset(&self) -> bool {
+        self.unset
     }
 
     /// For a plugin process, from its raw configuration. Unreadable stdin
@@ -145,6 +246,7 @@ impl Route {
     pub fn here_only() -> Self {
         Route {
             places: vec![Place::Here],
+            unset: false,
         }
     }
 
@@ -162,7 +264,7 @@ impl Route {
                     .map(in_charge_of),
             );
         }
-        Route { places }
+        Route { places, unset: false }
     }
 }
 
@@ -175,30 +277,18 @@ pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Respon
         for place in &route.places {
             let response = match place {
                 Place::Here => here(request),
-                Place::Service { .. } if Instant::now() >= deadline => continue,
-                Place::Service { socket, forwarded } => {
-                    let passed_on;
-                    let sent = if *forwarded {
-                        passed_on = Request {
-                            forwarded: true,
-                            ..request.clone()
-                        };
-                        &passed_on
-                    } else {
-                        request
-                    };
-                    match forward_until(socket, sent, deadline) {
-                        Ok(response) => response,
-                        Err(e @ CallError::Unreachable { .. }) => {
-                            log::debug!("{e}");
-                            continue;
-                        }
-                        Err(e) => {
-                            log::warn!("{e}; trying elsewhere");
-                            continue;
-                        }
+                Place::Service(_) if Instant::now() >= deadline => continue,
+                Place::Service(service) => match ask(service, request, deadline) {
+                    Ok(response) => response,
+                    Err(e @ (CallError::Unreachable { .. } | CallError::OtherBinary { .. })) => {
+                        log::debug!("{e}");
+                        continue;
                     }
-                }
+                    Err(e) => {
+                        log::warn!("{e}; trying elsewhere");
+                        continue;
+                    }
+                },
             };
             if !response.is_busy() {
                 return response;
@@ -228,9 +318,13 @@ mod tests {
             .places
             .iter()
             .map(|p| match p {
-                Place::Service { socket, forwarded } => {
-                    format!("{}{}", socket.display(), if *forwarded { "*" } else { "" })
-                }
+                Place::Service(service) => format!(
+                    "{}{}{}{}",
+                    service.socket.display(),
+                    if service.forwarded { "*" } else { "" },
+                    if service.start.is_some() { "+" } else { "" },
+                    if service.binary.is_some() { "!" } else { "" }
+                ),
                 Place::Here => "here".into(),
             })
             .collect()
@@ -252,6 +346,22 @@ mod tests {
         assert_eq!(sockets(&same), ["/d/.sled/.service.sock", "here"]);
         let relative = Route::new(&SocketSetting::Off, Path::new("d"));
         assert_eq!(sockets(&relative), ["here"]);
+        // Only with nothing configured is the data directory's service
+        // started.
+        let exe = PathBuf::from("/opt/cni/bin/host-local");
+        assert_eq!(
+            sockets(&unset.start_with(exe.clone())),
+            ["/run/cni/host-local.sock", "/d/.sled/.service.sock*+", "here"]
+        );
+        assert_eq!(
+            sockets(&off.start_with(exe.clone())),
+            ["/d/.sled/.service.sock*", "here"]
+        );
+        let named = Route::new(&SocketSetting::Named("/s".into()), Path::new("/d"));
+        assert_eq!(
+            sockets(&named.start_with(exe)),
+            ["/s", "/d/.sled/.service.sock*", "here"]
+        );
         assert_eq!(sockets(&Route::of_config(b"junk")), ["here"]);
     }
 
@@ -278,8 +388,9 @@ mod tests {
         let (listener, _) = crate::socket::bind_replacing(&socket).expect("bind");
         let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
         let started = Instant::now();
+        let place = ServicePlace::new(socket.clone(), false);
         let err =
-            forward_until(&socket, &request, started + Duration::from_millis(300)).expect_err("no answer");
+            forward_until(&place, &request, started + Duration::from_millis(300)).expect_err("no answer");
         assert!(matches!(err, CallError::Broken { .. }), "{err}");
         let took = started.elapsed();
         assert!(

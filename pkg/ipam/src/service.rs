@@ -24,9 +24,9 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cni::skel::Reply;
 use cni::{Code, Error as CniError, Version};
@@ -289,6 +289,15 @@ impl Listening {
         }
     }
 
+    /// Removes the socket's file if it is still the one bound here.
+    fn remove_own_file(&self) {
+        if let Some(own) = &self.own
+            && socket::inode(&own.path) == own.inode
+        {
+            let _ = std::fs::remove_file(&own.path);
+        }
+    }
+
     /// Ends the accept loop on this socket.
     fn close(&self) {
         let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
@@ -311,47 +320,128 @@ fn trusted_socket_dir(dir: &Path) -> io::Result<PathBuf> {
     })
 }
 
+/// Takes the place of the socket at `path`, its directory trusted and
+/// symlinks resolved: holds `<path>.lock` for as long as the service runs
+/// and binds the socket. None when another service has the place.
+fn take_socket(path: &Path) -> io::Result<Option<Listening>> {
+    let (dir, name) = socket::split(path)?;
+    let socket = trusted_socket_dir(dir)?.join(name);
+    let mut lock_path = socket.clone().into_os_string();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let Some(lock) = try_lock(&lock_path)? else {
+        return Ok(None);
+    };
+    // A service of a version without the lock file answers there.
+    if socket::connect(&socket).is_ok() {
+        return Ok(None);
+    }
+    Listening::bound(&socket, Arc::new(lock), lock_path).map(Some)
+}
+
 /// Binds the service socket at `path`: its directory 0700 and trusted, the
 /// socket 0600, and `<path>.lock` held for as long as the service runs, so
 /// a second service fails here instead of taking the path from the first.
 pub fn bind(path: &Path) -> io::Result<Listening> {
-    let (dir, name) = match (path.parent(), path.file_name()) {
-        (Some(dir), Some(name)) => (
-            if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            },
-            name,
-        ),
-        _ => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} names no socket file", path.display()),
-            ));
-        }
-    };
+    let (dir, _) = socket::split(path)?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)?;
-    let dir = trusted_socket_dir(dir)?;
-    let socket = dir.join(name);
-    let mut lock_name = name.to_owned();
-    lock_name.push(".lock");
-    let lock_path = dir.join(lock_name);
-    let in_use = || {
+    take_socket(path)?.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::AddrInUse,
             format!("a lease service already listens on {}", path.display()),
         )
-    };
-    let lock = try_lock(&lock_path)?.ok_or_else(in_use)?;
-    // A service of a version without the lock file answers there.
-    if socket::connect(&socket).is_ok() {
-        return Err(in_use());
+    })
+}
+
+/// How long a service that a plugin started serves without a request
+/// before it exits.
+pub const IDLE_EXIT: Duration = Duration::from_secs(300);
+/// How long a plugin waits for a service it started to listen.
+const START_PATIENCE: Duration = Duration::from_secs(3);
+/// A started service's log is emptied when it starts beyond this size.
+const LOG_LIMIT: u64 = 1 << 20;
+
+/// Starts `exe serve` on `socket` (a data directory's own, logging to
+/// `.service.log` beside it) unless a
+/// service already listens there, and waits until it does. Plugins that
+/// race to start one take turns on `<socket>.start`: the first starts it,
+/// the others find it listening. The service gets no descriptor of the
+/// caller's (its stdio is /dev/null and its log file; it closes anything
+/// else it inherits and leaves the caller's session), so a runtime reading
+/// the plugin's output to the end is never held up by it; it exits after
+/// [`IDLE_EXIT`] without a request.
+pub fn start_detached(exe: &Path, socket: &Path, deadline: Instant) -> io::Result<()> {
+    let (dir, _) = socket::split(socket)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    trusted_socket_dir(dir)?;
+    let mut turn_path = socket.as_os_str().to_owned();
+    turn_path.push(".start");
+    let turn = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(PathBuf::from(turn_path))?;
+    turn.lock()?;
+    if socket::connect(socket).is_ok() {
+        return Ok(());
     }
-    Listening::bound(&socket, Arc::new(lock), lock_path)
+    let log_path = dir.join(".service.log");
+    let log = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&log_path)?;
+    if log.metadata()?.len() > LOG_LIMIT {
+        log.set_len(0)?;
+    }
+    let mut child = std::process::Command::new(exe)
+        .arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .arg("--idle-exit")
+        .arg(IDLE_EXIT.as_secs().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let until = deadline.min(Instant::now() + START_PATIENCE);
+    loop {
+        if socket::connect(socket).is_ok() {
+            log::info!(
+                "started the lease service {} on {} (log: {})",
+                child.id(),
+                socket.display(),
+                log_path.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            return Err(io::Error::other(format!(
+                "the lease service it started exited ({status}); see {}",
+                log_path.display()
+            )));
+        }
+        if Instant::now() >= until {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the lease service it started is not listening on {}",
+                    socket.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// What the service runs for a plugin request: the plugin's own dispatch.
@@ -363,6 +453,7 @@ pub type PluginHandler = dyn Fn(&BTreeMap<String, String>, Vec<u8>) -> Reply + S
 pub struct Service {
     added: mpsc::Sender<Listening>,
     incoming: mpsc::Receiver<Listening>,
+    idle_exit: Option<Duration>,
 }
 
 impl Default for Service {
@@ -374,7 +465,19 @@ impl Default for Service {
 impl Service {
     pub fn new() -> Self {
         let (added, incoming) = mpsc::channel();
-        Service { added, incoming }
+        Service {
+            added,
+            incoming,
+            idle_exit: None,
+        }
+    }
+
+    /// Stops listening and returns from [`Service::run`] once no request
+    /// has come for `after` (a service a plugin started; one an operator
+    /// runs serves for good).
+    pub fn exit_when_idle(mut self, after: Duration) -> Self {
+        self.idle_exit = Some(after);
+        self
     }
 
     /// For [`Stores::resident`]: takes charge of a data directory before
@@ -382,52 +485,30 @@ impl Service {
     /// service that has it.
     pub fn claim_hook(&self) -> ClaimHook {
         let added = self.added.clone();
-        // Locks of data directories served without a socket, held for good.
-        let unbound = Mutex::new(Vec::new());
         Box::new(move |sled_dir: &Path| {
-            let unreachable = |e: io::Error| {
+            let data_dir = sled_dir.parent().unwrap_or(sled_dir).to_path_buf();
+            let socket = data_dir_socket(&data_dir);
+            // Started on this very socket (a service a plugin started).
+            if socket::listened_on_by_this_process(&socket) {
+                return Ok(());
+            }
+            let unusable = |e: io::Error| {
                 crate::Error::Store(format!(
                     "cannot serve the data directory {}: {e}",
-                    sled_dir.parent().unwrap_or(sled_dir).display()
+                    data_dir.display()
                 ))
             };
-            let sled_dir = trusted_socket_dir(sled_dir).map_err(unreachable)?;
-            let socket = sled_dir.join(".service.sock");
-            let lock_path = sled_dir.join(".service.lock");
-            let Some(lock) = try_lock(&lock_path).map_err(unreachable)? else {
+            let Some(listening) = take_socket(&socket).map_err(unusable)? else {
                 return Err(crate::Error::Busy(format!(
                     "the data directory {} is served by the lease service at {}",
-                    sled_dir.parent().unwrap_or(&sled_dir).display(),
+                    data_dir.display(),
                     socket.display()
                 )));
             };
-            let lock = Arc::new(lock);
-            // Started on this very socket (`serve --socket <it>`): already
-            // listening there.
-            let listening = if socket::listened_on_by_this_process(&socket) {
-                Ok(None)
-            } else {
-                Listening::bound(&socket, Arc::clone(&lock), lock_path).map(Some)
-            };
-            match listening {
-                Ok(Some(listening)) => {
-                    log::info!("serving the data directory's socket {}", socket.display());
-                    added
-                        .send(listening)
-                        .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
-                }
-                Ok(None) => {
-                    unbound.lock().unwrap_or_else(PoisonError::into_inner).push(lock);
-                    Ok(())
-                }
-                Err(e) => {
-                    // Served all the same; only clients that find the
-                    // database held cannot reach this service, and wait.
-                    log::warn!("cannot listen on {}: {e}", socket.display());
-                    unbound.lock().unwrap_or_else(PoisonError::into_inner).push(lock);
-                    Ok(())
-                }
-            }
+            log::info!("serving the data directory's socket {}", socket.display());
+            added
+                .send(listening)
+                .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
         })
     }
 
@@ -439,6 +520,7 @@ impl Service {
     /// large network's pages cached cost more than the call.
     pub fn run(self, first: Listening, stores: Arc<Stores>, plugin: Arc<PluginHandler>) -> io::Result<()> {
         let workers = Arc::new(Workers::new(stores, plugin));
+        let activity = Arc::clone(&workers.activity);
         let accepting = |listening: &Listening| {
             let (listener, workers) = (Arc::clone(&listening.listener), Arc::clone(&workers));
             std::thread::Builder::new()
@@ -469,6 +551,21 @@ impl Service {
                     for index in lost.into_iter().rev() {
                         watched.remove(index).close();
                     }
+                    if let Some(limit) = self.idle_exit
+                        && activity.idle_for().is_some_and(|idle| idle >= limit)
+                    {
+                        log::info!("no request for {limit:?}: exiting");
+                        for listening in &watched {
+                            listening.close();
+                            listening.remove_own_file();
+                        }
+                        // Connections accepted just before are answered.
+                        let started = Instant::now();
+                        while activity.idle_for().is_none() && started.elapsed() < client::PATIENCE {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        return Ok(());
+                    }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {}
             }
@@ -476,10 +573,51 @@ impl Service {
     }
 }
 
+/// Connections being answered, and when the last one was.
+#[derive(Debug)]
+struct Activity {
+    answering: AtomicUsize,
+    since: Instant,
+    /// Milliseconds from `since` to the end of the last answer.
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            answering: AtomicUsize::new(0),
+            since: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(&self) {
+        self.answering.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn end(&self) {
+        let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, Ordering::Release);
+        self.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How long nothing has been answered; None while something is.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.answering.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = Duration::from_millis(self.last.load(Ordering::Acquire));
+        Some(self.since.elapsed().saturating_sub(last))
+    }
+}
+
 fn accept(listener: &UnixListener, workers: &Workers) {
     for connection in listener.incoming() {
         match connection {
-            Ok(stream) => workers.dispatch(stream),
+            Ok(stream) => {
+                workers.activity.begin();
+                workers.dispatch(stream);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 log::debug!("stopped accepting: {e}");
@@ -502,6 +640,7 @@ struct Workers {
     /// Only `dispatch` takes from it, so a connection sent while it is
     /// above zero never waits behind a call in progress.
     idle: Arc<AtomicUsize>,
+    activity: Arc<Activity>,
 }
 
 impl Workers {
@@ -513,6 +652,7 @@ impl Workers {
             queue,
             waiting: Arc::new(Mutex::new(waiting)),
             idle: Arc::new(AtomicUsize::new(0)),
+            activity: Arc::new(Activity::new()),
         }
     }
 
@@ -529,12 +669,14 @@ impl Workers {
         }
         let (stores, plugin) = (Arc::clone(&self.stores), Arc::clone(&self.plugin));
         let (waiting, idle) = (Arc::clone(&self.waiting), Arc::clone(&self.idle));
+        let activity = Arc::clone(&self.activity);
         std::thread::spawn(move || {
             let mut next = Some(stream);
             while let Some(mut stream) = next.take() {
                 if let Err(e) = answer(&mut stream, &stores, plugin.as_ref()) {
                     log::warn!("lease service: {e}");
                 }
+                activity.end();
                 // Counted idle before the client sees the connection close,
                 // so its next call finds this thread rather than a new one;
                 // past `MAX_IDLE_WORKERS` (after a burst) the thread ends.

@@ -31,7 +31,8 @@ fn addressable(dir: &Path, name: &OsStr) -> io::Result<(PathBuf, Option<File>)> 
     Ok((short, Some(handle)))
 }
 
-fn split(socket: &Path) -> io::Result<(&Path, &OsStr)> {
+/// A socket path's directory (`.` for a bare name) and file name.
+pub(crate) fn split(socket: &Path) -> io::Result<(&Path, &OsStr)> {
     match (socket.parent(), socket.file_name()) {
         (Some(dir), Some(name)) => Ok((
             if dir.as_os_str().is_empty() {
@@ -65,6 +66,14 @@ pub fn peer_trusted(stream: &UnixStream) -> Result<(), Refusal> {
             cred.uid()
         )))
     }
+}
+
+/// The (device, inode) of the binary the process at the other end runs,
+/// when this process can see it (same pid namespace, allowed to read it).
+pub fn peer_binary(stream: &UnixStream) -> Option<(u64, u64)> {
+    let pid = peer(stream).ok()?.pid();
+    let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    Some((meta.dev(), meta.ino()))
 }
 
 /// Connects without waiting: a listener whose queue is full (stopped, or

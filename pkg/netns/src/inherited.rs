@@ -34,3 +34,36 @@ pub fn systemd_listener() -> Option<UnixListener> {
     .ok()?;
     Some(listener)
 }
+
+/// For a process that outlives whoever started it (the lease service a
+/// plugin starts): leaves the starter's session, so the starter's terminal
+/// or process group signals do not reach it, and closes every descriptor
+/// above stderr, so it keeps none of the runtime's pipes open (a runtime
+/// reads a plugin's output until every writer has closed it). Call it
+/// first thing in `main`, before anything of this process is open.
+pub fn detach_from_starter() -> std::io::Result<()> {
+    // Fails only for a process group leader, which a spawned child is not.
+    let _ = nix::unistd::setsid();
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in open {
+        // The directory listing's own descriptor is closed by now and
+        // fails the check below; every other one was inherited.
+        if nix::fcntl::fcntl(
+            // SAFETY: only borrowed for the check.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+            nix::fcntl::FcntlArg::F_GETFD,
+        )
+        .is_err()
+        {
+            continue;
+        }
+        // SAFETY: nothing of this process owns it (see the docs): it came
+        // from the parent, and dropping the OwnedFd closes it.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    Ok(())
+}

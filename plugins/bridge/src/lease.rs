@@ -1,17 +1,22 @@
 //! IPAM for the bridge. Normally the IPAM plugin is executed, as the spec
-//! says. When the configuration names host-local's lease service
-//! (`"ipam": {"type": "host-local", "socket": "<path>"}`), the bridge sends
-//! the request a host-local process would have sent along the one lease
-//! path (`ipam::client`), with executing host-local as its last place, and
-//! saves that process (about 1 ms and a fork per call) whenever a service
-//! answers. Without a named socket it always executes: the host-local in
+//! says. For host-local, the bridge sends the request a host-local process
+//! would have sent along the one lease path (`ipam::client`), with
+//! executing host-local as its last place, and saves that process (about
+//! 1 ms and a fork per call) whenever a service answers, but only when it
+//! is certain the service is the host-local it would execute: the one in
 //! CNI_PATH may be the reference's, and two stores would hand out the same
-//! addresses.
+//! addresses. Certain means the configuration names the service
+//! (`"socket": "<path>"`: the operator says so), or, with no `socket` key,
+//! the service's process runs the very file CNI_PATH finds. `"socket": ""`
+//! always executes.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use cni::exec::delegate;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use cni::exec::{delegate, find_plugin};
 use cni::skel::{NoConfig, Reply};
 use cni::{CniResult, Command, Request, Result};
 use ipam::client::{self, Route};
@@ -20,13 +25,22 @@ use ipam::service::{FORWARDED_ENV, Request as LeaseRequest, Response};
 
 const HOST_LOCAL: &str = "host-local";
 
-/// The lease settings, when the configuration names host-local's service
-/// explicitly.
-fn named_service(ipam_type: &str, stdin: &[u8]) -> Option<LeaseSettings> {
+/// The lease path, when a service may answer instead of the host-local
+/// process (see the module docs).
+fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Route> {
     if ipam_type != HOST_LOCAL {
         return None;
     }
-    LeaseSettings::read(stdin).filter(|s| matches!(s.socket, SocketSetting::Named(_)))
+    let settings = LeaseSettings::read(stdin)?;
+    let route = Route::new(&settings.socket, &settings.data_dir);
+    match settings.socket {
+        SocketSetting::Named(_) => Some(route),
+        SocketSetting::Off => None,
+        SocketSetting::Unset => {
+            let binary = std::fs::metadata(find_plugin(HOST_LOCAL, cni_path).ok()?).ok()?;
+            Some(route.run_by((binary.dev(), binary.ino())))
+        }
+    }
 }
 
 /// host-local's configuration, checked in-process before ADD changes
@@ -45,7 +59,7 @@ pub fn validate(ipam_type: Option<&str>, req: &Request<NoConfig>) -> Result<()> 
 /// its own, with CNI_COMMAND set.
 pub fn call(ipam_type: &str, command: Command, req: &Request<NoConfig>) -> Result<Vec<u8>> {
     let execute = || delegate(ipam_type, command, &req.stdin, &req.env.path);
-    let Some(settings) = named_service(ipam_type, &req.stdin) else {
+    let Some(route) = lease_route(ipam_type, &req.stdin, &req.env.path) else {
         return execute();
     };
     let mut env: BTreeMap<String, String> = FORWARDED_ENV
@@ -54,7 +68,6 @@ pub fn call(ipam_type: &str, command: Command, req: &Request<NoConfig>) -> Resul
         .collect();
     env.insert("CNI_COMMAND".into(), command.as_str().into());
     let request = LeaseRequest::plugin(env, &req.stdin);
-    let route = Route::new(&settings.socket, &settings.data_dir);
     // What an executed host-local printed, passed on as it is.
     let executed = RefCell::new(None);
     let response = client::serve(&route, &request, &|_: &LeaseRequest| match execute() {
@@ -87,17 +100,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_explicit_host_local_socket_skips_the_process() {
-        let with = br#"{"ipam": {"type": "host-local", "socket": "/run/x.sock"}}"#;
-        assert_eq!(
-            named_service("host-local", with).map(|s| s.socket),
-            Some(SocketSetting::Named("/run/x.sock".into()))
+    fn a_service_answers_for_host_local_only_when_certain() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host_local = dir.path().join(HOST_LOCAL);
+        std::fs::write(&host_local, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&host_local, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let path = [dir.path().to_path_buf()];
+        let named = br#"{"ipam": {"type": "host-local", "socket": "/run/x.sock", "dataDir": "/d"}}"#;
+        let route = |ipam_type, stdin: &[u8], cni_path: &[PathBuf]| {
+            lease_route(ipam_type, stdin, cni_path).map(|r| format!("{r:?}"))
+        };
+        let named_route = route("host-local", named, &path).expect("named");
+        assert!(
+            named_route.contains("/run/x.sock") && !named_route.contains("binary: Some"),
+            "{named_route}"
         );
-        assert_eq!(named_service("dhcp", with), None);
+        assert_eq!(route("dhcp", named, &path), None);
         assert_eq!(
-            named_service("host-local", br#"{"ipam": {"type": "host-local"}}"#),
+            route(
+                "host-local",
+                br#"{"ipam": {"socket": "", "dataDir": "/d"}}"#,
+                &path
+            ),
             None
         );
-        assert_eq!(named_service("host-local", br#"{"ipam": {"socket": ""}}"#), None);
+        let unset = route("host-local", br#"{"ipam": {"dataDir": "/d"}}"#, &path).expect("unset");
+        assert!(
+            unset.contains("binary: Some"),
+            "only a service run from CNI_PATH's file: {unset}"
+        );
+        assert_eq!(
+            route("host-local", br#"{"ipam": {}}"#, &[]),
+            None,
+            "no host-local to compare with"
+        );
     }
 }
