@@ -402,9 +402,8 @@ impl Default for Node {
     }
 }
 
-/// The pids of `host-local serve` processes whose socket is under `dir`
-/// (services a plugin started for a data directory there).
-pub fn services_under(dir: &Path) -> Vec<u32> {
+/// `host-local serve` processes whose `--socket` satisfies `wanted`.
+fn services(wanted: impl Fn(u32, &Path) -> bool) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -419,15 +418,31 @@ pub fn services_under(dir: &Path) -> Vec<u32> {
                 .windows(2)
                 .find(|w| w[0] == b"--socket")
                 .map(|w| Path::new(std::ffi::OsStr::from_bytes(w[1])));
-            (serves && socket.is_some_and(|s| s.starts_with(dir))).then_some(pid)
+            (serves && socket.is_some_and(|s| wanted(pid, s))).then_some(pid)
         })
         .collect()
 }
 
-/// Services a plugin started in this node's directories end with it.
+/// The pids of `host-local serve` processes whose socket is under `dir`
+/// (services a plugin started for a data directory there).
+pub fn services_under(dir: &Path) -> Vec<u32> {
+    services(|_, socket| socket.starts_with(dir))
+}
+
+/// Services a plugin started on this node end with it: those in its
+/// network namespace (plugins run there, and so do the services they
+/// start, whatever mount namespace they see their data directory in).
 impl Drop for Node {
     fn drop(&mut self) {
-        for pid in services_under(self.dir.path()) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(node) = fs::metadata(&self.netns.path) else {
+            return;
+        };
+        let in_node = |pid: u32, _: &Path| {
+            fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|ns| ns.ino() == node.ino() && ns.dev() == node.dev())
+        };
+        for pid in services(in_node) {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }

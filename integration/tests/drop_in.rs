@@ -234,3 +234,20 @@ fn the_bridge_skips_host_local_only_for_a_service_of_the_same_binary() {
     );
     assert_eq!(bridge("DEL", 0, &bin_dir()), 0);
 }
+
+/// An invocation that cannot reach the store (a bad range, unknown
+/// CNI_ARGS) is answered with its error and starts no service, in its data
+/// directory or the default one.
+#[test]
+fn an_invalid_invocation_starts_no_service() {
+    let ipam = Ipam::direct();
+    let bad_range = json!({"cniVersion": "1.0.0", "name": "dropin", "type": "bridge",
+                           "ipam": {"type": "host-local", "subnet": "10.77.0.0/31", "dataDir": ipam.data_dir()}})
+    .to_string();
+    let refused = ipam.run("ADD", "bad", &bad_range, &[]).failure().json();
+    assert_eq!(refused["code"], 7, "{refused}");
+    let good = drop_in_conf(&ipam, "10.77.0.0/24");
+    ipam.run("ADD", "bad-args", &good, &[("CNI_ARGS", "UNKNOWN=1")]).failure();
+    assert!(services_under(&ipam.data_dir).is_empty());
+    assert!(!ipam.data_dir.exists(), "the data directory was created");
+}

@@ -171,13 +171,30 @@ pub fn main() -> ExitCode {
     let request = LeaseRequest::plugin(env.clone(), &stdin);
     let here = HostLocal::new(Arc::new(Stores::direct()));
     let mut route = Route::of_config(&stdin);
-    if let Ok(exe) = std::env::current_exe() {
+    if reaches_store(&env, &stdin)
+        && let Ok(exe) = std::env::current_exe()
+    {
         route = route.start_with(exe);
     }
     let response = client::serve(&route, &request, &|_: &LeaseRequest| {
         Response::from_reply(dispatch(&here, &env, || Ok(stdin.clone())))
     });
     emit(&response.into_reply())
+}
+
+/// Whether the invocation is valid enough to reach the store: only then
+/// may a lease service be started for it. Anything else is answered here
+/// with its error and starts nothing (not even in the default data
+/// directory a malformed configuration would name).
+fn reaches_store(env: &BTreeMap<String, String>, stdin: &[u8]) -> bool {
+    let Ok(Some(environment)) = cni::Environment::load(env) else {
+        return false;
+    };
+    let conf = cni::conf::parse_document(stdin).and_then(|doc| {
+        let version = cni::conf::config_version(&doc)?;
+        cni::NetConf::from_document(doc, version)
+    });
+    conf.is_ok_and(|conf| IpamConfig::load(&conf, &environment.args).is_ok())
 }
 
 fn read_stdin() -> std::io::Result<Vec<u8>> {
