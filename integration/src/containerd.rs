@@ -9,9 +9,22 @@ use std::process::{Child, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StopPodSandboxRequest,
+};
+use serde_json::Value;
 use tempfile::TempDir;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::{Node, Run, bin_dir, command_with_binds, run, run_in, run_with_binds, wait_for};
+
+/// The sandbox image the tests build from busybox-static and import.
+pub const PAUSE: &str = "localhost/pause:cni";
 
 /// containerd's own state outside `--root`/`--state` (shim sockets, runc's
 /// root) lands under /run/containerd; one daemon at a time keeps the
@@ -255,5 +268,147 @@ impl Drop for Containerd {
         for mountpoint in ours {
             run("umount", &["-l", mountpoint]);
         }
+    }
+}
+
+/// kubelet's side of the conversation over CRI v1 gRPC, blocking.
+#[derive(Debug)]
+pub struct Kubelet {
+    runtime: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<Channel>,
+}
+
+impl Kubelet {
+    pub fn connect(socket: PathBuf) -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let channel = runtime
+            .block_on(
+                Endpoint::try_from("http://[::]:50051")
+                    .expect("endpoint")
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let socket = socket.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                tokio::net::UnixStream::connect(socket).await?,
+                            ))
+                        }
+                    })),
+            )
+            .expect("connect to containerd's CRI");
+        Kubelet {
+            runtime,
+            client: RuntimeServiceClient::new(channel),
+        }
+    }
+
+    pub fn run_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        annotations: &[(&str, &str)],
+    ) -> Result<String, Box<tonic::Status>> {
+        self.run_sandbox(namespace, name, annotations, false)
+    }
+
+    /// A sandbox in the node's network namespace (`hostNetwork: true`): no
+    /// CNI call at all, what a pod costs besides its network.
+    pub fn run_host_network_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, Box<tonic::Status>> {
+        self.run_sandbox(namespace, name, &[], true)
+    }
+
+    fn run_sandbox(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        annotations: &[(&str, &str)],
+        host_network: bool,
+    ) -> Result<String, Box<tonic::Status>> {
+        let network = if host_network {
+            k8s_cri::v1::NamespaceMode::Node
+        } else {
+            k8s_cri::v1::NamespaceMode::Pod
+        };
+        let config = PodSandboxConfig {
+            linux: Some(k8s_cri::v1::LinuxPodSandboxConfig {
+                security_context: Some(k8s_cri::v1::LinuxSandboxSecurityContext {
+                    namespace_options: Some(k8s_cri::v1::NamespaceOption {
+                        network: network as i32,
+                        ..k8s_cri::v1::NamespaceOption::default()
+                    }),
+                    ..k8s_cri::v1::LinuxSandboxSecurityContext::default()
+                }),
+                ..k8s_cri::v1::LinuxPodSandboxConfig::default()
+            }),
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{namespace}-{name}"),
+                namespace: namespace.into(),
+                attempt: 0,
+            }),
+            // A host-network pod has the node's hostname, as kubelet leaves it.
+            hostname: if host_network { String::new() } else { name.into() },
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            labels: HashMap::from([("app".to_owned(), name.to_owned())]),
+            ..PodSandboxConfig::default()
+        };
+        let request = RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        };
+        let client = &mut self.client;
+        self.runtime
+            .block_on(client.run_pod_sandbox(request))
+            .map(|r| r.into_inner().pod_sandbox_id)
+            .map_err(Box::new)
+    }
+
+    /// The pod's IP as CRI reports it, and its sandbox process.
+    pub fn status(&mut self, id: &str) -> (String, u32) {
+        let request = PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        };
+        let client = &mut self.client;
+        let status = self
+            .runtime
+            .block_on(client.pod_sandbox_status(request))
+            .expect("PodSandboxStatus")
+            .into_inner();
+        let ip = status
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default();
+        let info: Value =
+            serde_json::from_str(status.info.get("info").map_or("{}", String::as_str)).expect("info JSON");
+        let pid = info["pid"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .expect("sandbox pid");
+        (ip, pid)
+    }
+
+    pub fn stop_and_remove(&mut self, id: &str) {
+        let client = &mut self.client;
+        self.runtime
+            .block_on(client.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            }))
+            .expect("StopPodSandbox");
+        self.runtime
+            .block_on(client.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            }))
+            .expect("RemovePodSandbox");
     }
 }

@@ -432,6 +432,50 @@ fn a_failure_after_ipam_releases_the_lease_and_removes_the_veth() {
     net.assert_clean();
 }
 
+/// IPAM runs beside the making of the links; an ADD that fails before it
+/// takes the lease (here the bridge's name is taken by a veth) releases
+/// what IPAM handed out itself, executed directly with no runtime DEL to
+/// clean up after it.
+#[test]
+fn a_failure_before_the_lease_is_taken_releases_it() {
+    let net = Net::new();
+    net.node
+        .netns
+        .ip(&[
+            "link",
+            "add",
+            "notabridge",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "notabridgep",
+        ])
+        .success();
+    let list = net.v4(json!({"bridge": "notabridge"}));
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    let pod = net.node.pod("pod");
+    let bins = bin_dir();
+    let env = BTreeMap::from([
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "early-failure"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", pod.path_str()),
+        ("CNI_PATH", bins.to_str().expect("UTF-8")),
+    ]);
+    let failed = net.node.exec_plugin("bridge", &env, &conf.to_string()).failure();
+    assert!(
+        failed.json()["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("not a bridge")),
+        "{failed:?}"
+    );
+    assert_eq!(net.leases(), 0, "the lease IPAM handed out is released");
+    net.node.netns.ip(&["link", "del", "notabridge"]).success();
+}
+
 #[test]
 fn l2_only_dns_override_mtu_and_mac() {
     let net = Net::new();

@@ -3,128 +3,14 @@
 //! host-local + istio-redirect), with the pod's annotations reaching
 //! istio-redirect through the runtime and no API server anywhere.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use hyper_util::rt::TokioIo;
-use integration::containerd::{Containerd, Cri};
+use integration::containerd::{Containerd, Cri, Kubelet, PAUSE};
 use integration::{Node, bin_dir, run_in};
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StopPodSandboxRequest,
-};
-use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint, Uri};
+use serde_json::json;
 
 const NETWORK: &str = "k8s-pod-network";
-const PAUSE: &str = "localhost/pause:cni";
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"revision":"default"}"#;
-
-/// kubelet's side of the conversation, blocking.
-struct Kubelet {
-    runtime: tokio::runtime::Runtime,
-    client: RuntimeServiceClient<Channel>,
-}
-
-impl Kubelet {
-    fn connect(socket: PathBuf) -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let channel = runtime
-            .block_on(
-                Endpoint::try_from("http://[::]:50051")
-                    .expect("endpoint")
-                    .connect_with_connector(tower::service_fn(move |_: Uri| {
-                        let socket = socket.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(TokioIo::new(
-                                tokio::net::UnixStream::connect(socket).await?,
-                            ))
-                        }
-                    })),
-            )
-            .expect("connect to containerd's CRI");
-        Kubelet {
-            runtime,
-            client: RuntimeServiceClient::new(channel),
-        }
-    }
-
-    fn run_pod(
-        &mut self,
-        namespace: &str,
-        name: &str,
-        annotations: &[(&str, &str)],
-    ) -> Result<String, Box<tonic::Status>> {
-        let config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{namespace}-{name}"),
-                namespace: namespace.into(),
-                attempt: 0,
-            }),
-            hostname: name.into(),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            labels: HashMap::from([("app".to_owned(), name.to_owned())]),
-            ..PodSandboxConfig::default()
-        };
-        let request = RunPodSandboxRequest {
-            config: Some(config),
-            runtime_handler: String::new(),
-        };
-        let client = &mut self.client;
-        self.runtime
-            .block_on(client.run_pod_sandbox(request))
-            .map(|r| r.into_inner().pod_sandbox_id)
-            .map_err(Box::new)
-    }
-
-    /// The pod's IP as CRI reports it, and its sandbox process.
-    fn status(&mut self, id: &str) -> (String, u32) {
-        let request = PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: true,
-        };
-        let client = &mut self.client;
-        let status = self
-            .runtime
-            .block_on(client.pod_sandbox_status(request))
-            .expect("PodSandboxStatus")
-            .into_inner();
-        let ip = status
-            .status
-            .and_then(|s| s.network)
-            .map(|n| n.ip)
-            .unwrap_or_default();
-        let info: Value =
-            serde_json::from_str(status.info.get("info").map_or("{}", String::as_str)).expect("info JSON");
-        let pid = info["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .expect("sandbox pid");
-        (ip, pid)
-    }
-
-    fn stop_and_remove(&mut self, id: &str) {
-        let client = &mut self.client;
-        self.runtime
-            .block_on(client.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            }))
-            .expect("StopPodSandbox");
-        self.runtime
-            .block_on(client.remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            }))
-            .expect("RemovePodSandbox");
-    }
-}
 
 fn capture_rules(pid: u32) -> String {
     let netns = format!("/proc/{pid}/ns/net");

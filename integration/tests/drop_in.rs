@@ -247,7 +247,8 @@ fn an_invalid_invocation_starts_no_service() {
     let refused = ipam.run("ADD", "bad", &bad_range, &[]).failure().json();
     assert_eq!(refused["code"], 7, "{refused}");
     let good = drop_in_conf(&ipam, "10.77.0.0/24");
-    ipam.run("ADD", "bad-args", &good, &[("CNI_ARGS", "UNKNOWN=1")]).failure();
+    ipam.run("ADD", "bad-args", &good, &[("CNI_ARGS", "UNKNOWN=1")])
+        .failure();
     assert!(services_under(&ipam.data_dir).is_empty());
     assert!(!ipam.data_dir.exists(), "the data directory was created");
 }

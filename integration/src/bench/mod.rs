@@ -12,13 +12,15 @@ pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use netns::NetNs;
 use serde_json::{Value, json};
 
-use crate::{LeaseService, Netns, Node, bin_dir};
+use crate::containerd::{Containerd, Cri, Kubelet, PAUSE};
+use crate::{LeaseService, Netns, Node, bin_dir, services_under};
 use measure::{Call, exec, median, ms, process_cpu, quantile};
 
 const REFERENCE_DIR: &str = "/usr/lib/cni";
@@ -46,18 +48,69 @@ impl Side {
     }
 }
 
+/// Which of our setups a suite runs, or the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// Nothing but the binaries and a configuration without a `socket`
+    /// key; nothing started by the bench (host-local starts its lease
+    /// service itself). What users get; the headline.
+    DropIn,
+    /// `host-local serve` started beforehand and named by `socket`.
+    Service,
+    Reference,
+}
+
+/// Metric names of the service setup start with this; its reference
+/// figures are the drop-in rows' own.
+pub const SERVICE_PREFIX: &str = "service: ";
+/// A drop-in call that started host-local's lease service is reported
+/// apart, under its phase's name after this.
+pub const STARTED_PREFIX: &str = "started the lease service: ";
+
+impl Setup {
+    pub fn side(self) -> Side {
+        match self {
+            Setup::DropIn | Setup::Service => Side::Ours,
+            Setup::Reference => Side::Reference,
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Setup::Service => SERVICE_PREFIX,
+            Setup::DropIn | Setup::Reference => "",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Setup::DropIn => "ours (drop-in)",
+            Setup::Service => "ours (service)",
+            Setup::Reference => "reference",
+        }
+    }
+}
+
+/// Per-call values of one metric, pooled over every repeat.
+pub type Pooled = BTreeMap<String, BTreeMap<Side, Vec<f64>>>;
+
 /// Everything one run measured and found.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    /// Per repeat: metric → side → value (ms).
+    /// Figures measured once per repeat (a burst's wall time, a floor):
+    /// per repeat, metric → side → value (ms).
     pub repeats: Vec<BTreeMap<String, BTreeMap<Side, f64>>>,
-    /// Per-call wall times (ms) by phase and side, over all repeats, for
-    /// the chart.
-    pub samples: BTreeMap<String, BTreeMap<Side, Vec<f64>>>,
+    /// Per-call wall times (ms) by metric and side, over all repeats.
+    pub samples: Pooled,
+    /// Per-call CPU times (ms), likewise.
+    pub cpu: Pooled,
     pub problems: Vec<String>,
     /// (what was run, the profiler's report), for the markdown report.
     pub profiles: Vec<(String, String)>,
 }
+
+/// The quantiles reported for every per-call metric, pooled.
+pub const QUANTILES: [(&str, f64); 4] = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0)];
 
 impl Outcome {
     fn record(&mut self, metric: &str, side: Side, value: f64) {
@@ -69,13 +122,21 @@ impl Outcome {
             .insert(side, value);
     }
 
-    fn sample(&mut self, phase: &str, side: Side, calls: &[Call]) {
+    /// Calls of `metric`, their CPU with `cpu_extra` (a service's CPU over
+    /// them) shared out evenly.
+    fn sample(&mut self, metric: &str, side: Side, calls: &[Call], cpu_extra: Duration) {
         self.samples
-            .entry(phase.to_owned())
+            .entry(metric.to_owned())
             .or_default()
             .entry(side)
             .or_default()
-            .extend(calls.iter().map(|c| ms(c.wall)));
+            .extend(walls(calls));
+        self.cpu
+            .entry(metric.to_owned())
+            .or_default()
+            .entry(side)
+            .or_default()
+            .extend(cpu_ms(calls, cpu_extra));
     }
 
     fn problem(&mut self, text: String) {
@@ -83,8 +144,10 @@ impl Outcome {
         self.problems.push(text);
     }
 
-    /// Median over the repeats of each metric and side.
-    pub fn medians(&self) -> BTreeMap<String, BTreeMap<Side, f64>> {
+    /// Every figure: the median over the repeats of each once-per-repeat
+    /// metric, and for each per-call metric its pooled quantiles and CPU
+    /// median (`<metric> p50`, `… p95`, `… p99`, `… max`, `… cpu p50`).
+    pub fn figures(&self) -> BTreeMap<String, BTreeMap<Side, f64>> {
         let mut all: BTreeMap<String, BTreeMap<Side, Vec<f64>>> = BTreeMap::new();
         for repeat in &self.repeats {
             for (metric, sides) in repeat {
@@ -97,17 +160,37 @@ impl Outcome {
                 }
             }
         }
-        all.into_iter()
+        let mut figures: BTreeMap<String, BTreeMap<Side, f64>> = all
+            .into_iter()
             .map(|(metric, sides)| (metric, sides.into_iter().map(|(s, v)| (s, median(&v))).collect()))
-            .collect()
+            .collect();
+        for (metric, sides) in &self.samples {
+            for (side, values) in sides {
+                for (name, q) in QUANTILES {
+                    figures
+                        .entry(format!("{metric} {name}"))
+                        .or_default()
+                        .insert(*side, quantile(values, q));
+                }
+            }
+        }
+        for (metric, sides) in &self.cpu {
+            for (side, values) in sides {
+                figures
+                    .entry(format!("{metric} cpu p50"))
+                    .or_default()
+                    .insert(*side, median(values));
+            }
+        }
+        figures
     }
 }
 
 /// One suite's node: its namespace, bridge, subnet, IPAM data and, for
-/// ours, host-local's lease service (the shipped setup).
+/// the service setup, host-local's lease service.
 #[derive(Debug)]
 pub struct Suite {
-    pub side: Side,
+    pub setup: Setup,
     bins: PathBuf,
     node: Node,
     ns: NetNs,
@@ -115,23 +198,26 @@ pub struct Suite {
     bridge: String,
     subnet: String,
     service: Option<LeaseService>,
+    /// Pod-like veths made so far for floors, for their names.
+    floors: AtomicUsize,
 }
 
 impl Suite {
-    fn new(side: Side, network: &str, bridge: &str, subnet: &str) -> Self {
+    fn new(setup: Setup, network: &str, bridge: &str, subnet: &str) -> Self {
         let node = Node::new();
         let ns = NetNs::open(node.netns.path()).expect("node netns");
-        let (bins, service) = match side {
-            Side::Ours => {
+        let (bins, service) = match setup {
+            Setup::DropIn => (bin_dir(), None),
+            Setup::Service => {
                 let bins = bin_dir();
                 let service =
                     LeaseService::start(&bins.join("host-local"), node.path("host-local.sock"), &[]);
                 (bins, Some(service))
             }
-            Side::Reference => (PathBuf::from(REFERENCE_DIR), None),
+            Setup::Reference => (PathBuf::from(REFERENCE_DIR), None),
         };
         Suite {
-            side,
+            setup,
             bins,
             node,
             ns,
@@ -139,7 +225,17 @@ impl Suite {
             bridge: bridge.to_owned(),
             subnet: subnet.to_owned(),
             service,
+            floors: AtomicUsize::new(0),
         }
+    }
+
+    pub fn side(&self) -> Side {
+        self.setup.side()
+    }
+
+    /// `name` as this suite's metric.
+    fn metric(&self, name: &str) -> String {
+        format!("{}{name}", self.setup.prefix())
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -156,36 +252,16 @@ impl Suite {
     }
 
     fn bridge_conf(&self, prev: Option<&Value>) -> String {
-        self.bridge_value(prev).to_string()
-    }
-
-    fn bridge_value(&self, prev: Option<&Value>) -> Value {
         let mut conf = json!({"cniVersion": "1.0.0", "name": self.network, "type": "bridge",
             "bridge": self.bridge, "isGateway": true, "ipMasq": true, "ipam": self.ipam()});
         if let Some(prev) = prev {
             conf["prevResult"] = prev.clone();
         }
-        conf
+        conf.to_string()
     }
 
-    /// A bridge DEL. Ours runs at `logLevel` debug into a file of the
-    /// call's own, read back into the call's stderr: the bridge says there
-    /// how long the kernel took to delete the veth (the floor of the call,
-    /// see [`kernel_deletion_ms`]).
     fn bridge_del(&self, id: &str, netns: &str, prev: &Value) -> Call {
-        let mut conf = self.bridge_value(Some(prev));
-        let log = (self.side == Side::Ours).then(|| self.node.path(&format!("del-{id}.log")));
-        if let Some(log) = &log {
-            conf["logLevel"] = json!("debug");
-            conf["logFile"] = json!(log.to_str().expect("UTF-8"));
-        }
-        let mut call = self.call("bridge", "DEL", id, netns, &conf.to_string());
-        if let Some(log) = log {
-            call.stderr
-                .push_str(&std::fs::read_to_string(&log).unwrap_or_default());
-            let _ = std::fs::remove_file(&log);
-        }
-        call
+        self.call("bridge", "DEL", id, netns, &self.bridge_conf(Some(prev)))
     }
 
     fn ipam_conf(&self) -> String {
@@ -232,6 +308,20 @@ impl Suite {
         (call, text)
     }
 
+    /// The lease service's process: the one started for the service
+    /// setup, the one host-local started for the drop-in setup.
+    fn service_pid(&self) -> Option<u32> {
+        match self.setup {
+            Setup::Service => self.service.as_ref().and_then(LeaseService::pid),
+            Setup::DropIn => services_under(&self.data_dir()).first().copied(),
+            Setup::Reference => None,
+        }
+    }
+
+    fn service_cpu(&self) -> Duration {
+        self.service_pid().map_or(Duration::ZERO, process_cpu)
+    }
+
     /// `run`, with the lease service's CPU while it ran added to the
     /// call's own: for a phase whose calls of several kinds follow each
     /// other, where a share per phase would not say whose it was.
@@ -242,20 +332,72 @@ impl Suite {
         call
     }
 
-    fn service_cpu(&self) -> Duration {
-        self.service
-            .as_ref()
-            .and_then(LeaseService::pid)
-            .map_or(Duration::ZERO, process_cpu)
+    /// `run`, and whether it started the lease service (drop-in only: the
+    /// first call on a data directory where none runs).
+    fn noting_start(&self, run: impl FnOnce() -> Call) -> (Call, bool) {
+        if self.setup != Setup::DropIn || self.service_pid().is_some() {
+            return (run(), false);
+        }
+        let call = run();
+        (call, self.service_pid().is_some())
+    }
+
+    /// A pod as a bridge ADD leaves it, made with `ip`: a namespace whose
+    /// eth0 is one end of a veth pair, up, with an address of the subnet
+    /// (from its top, where no lease reaches) and a default route via the
+    /// gateway; the other end up on this suite's bridge. The floor of a DEL
+    /// is deleting it.
+    fn floor_pod(&self) -> Netns {
+        let pod = Netns::new("floor");
+        let index = self.floors.fetch_add(1, Ordering::Relaxed);
+        let host = format!("fl{index}");
+        self.node
+            .netns
+            .ip(&[
+                "link",
+                "add",
+                &host,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                pod.name(),
+            ])
+            .success();
+        self.node
+            .netns
+            .ip(&["link", "set", &host, "master", &self.bridge, "up"])
+            .success();
+        pod.ip(&["link", "set", "eth0", "up"]).success();
+        let prefix = self.subnet.split('/').nth(1).unwrap_or("16");
+        let address = format!("{}/{prefix}", nth_address(&self.subnet, 0xff00 + index % 250 + 2));
+        pod.ip(&["addr", "add", &address, "dev", "eth0"]).success();
+        let gateway = nth_address(&self.subnet, 1).to_string();
+        pod.ip(&["route", "add", "default", "via", &gateway]).success();
+        pod
+    }
+
+    /// `ip -n <pod> link del eth0`, timed as one process: what no bridge
+    /// DEL can go below (the kernel unregisters the pair in that call).
+    fn floor_delete(&self, pod: &Netns) -> Call {
+        exec(
+            &self.ns,
+            Path::new("ip"),
+            &["-n", pod.name(), "link", "del", "eth0"],
+            &[],
+            "",
+        )
     }
 
     /// What attachments left behind once all are deleted.
     fn leftovers(&self) -> Vec<String> {
         let mut left = self.node.veths();
         left.extend(self.node.container_nat_chains());
-        let leases_dir = self.data_dir().join(&self.network);
-        match self.side {
-            Side::Reference => {
+        match self.setup {
+            Setup::Reference => {
+                let leases_dir = self.data_dir().join(&self.network);
                 if let Ok(entries) = std::fs::read_dir(&leases_dir) {
                     left.extend(
                         entries
@@ -266,20 +408,21 @@ impl Suite {
                     );
                 }
             }
-            Side::Ours => {
-                let socket = self
-                    .service
-                    .as_ref()
-                    .map(|s| s.socket.to_str().expect("UTF-8").to_owned());
-                left.extend(
-                    self.node
-                        .lease_records(&self.network, &self.data_dir(), socket.as_deref().unwrap_or(""))
-                        .iter()
-                        .map(|l| format!("lease {l}")),
-                );
+            Setup::DropIn | Setup::Service => {
+                left.extend(self.leases().iter().map(|l| format!("lease {l}")));
             }
         }
         left
+    }
+
+    /// Our leases, as `cnictl ipam ls` lists them (through the service).
+    fn leases(&self) -> Vec<Value> {
+        let socket = self
+            .service
+            .as_ref()
+            .map(|s| s.socket.to_str().expect("UTF-8").to_owned());
+        self.node
+            .lease_records(&self.network, &self.data_dir(), socket.as_deref().unwrap_or(""))
     }
 }
 
@@ -324,73 +467,11 @@ fn walls(calls: &[Call]) -> Vec<f64> {
     calls.iter().map(|c| ms(c.wall)).collect()
 }
 
-/// Ours' excess over the floor: the median of per-call differences, each
-/// of our calls against the floor call measured beside it.
-fn record_excess(out: &mut Outcome, name: &str, ours: &[f64], floor: &[f64]) {
-    let excess: Vec<f64> = ours.iter().zip(floor).map(|(o, f)| o - f).collect();
-    out.record(&format!("{name} above floor"), Side::Ours, median(&excess));
-}
-
-/// What the bridge logged at debug as the kernel's time for deleting the
-/// veth in this DEL.
-fn kernel_deletion_ms(call: &Call) -> Option<f64> {
-    let (_, rest) = call.stderr.split_once("the kernel took ")?;
-    rest.split_whitespace().next()?.parse().ok()
-}
-
-/// A bridge DEL's floor is one process start plus the veth deletion, whose
-/// kernel time alone swings by tens of milliseconds from call to call
-/// (scheduler ticks of RCU grace periods). So each of our DELs is split
-/// into the deletion it waited for (its own, as logged) and everything
-/// else; [`judge_floors`] sets the latter against a process start.
-fn record_deletion_split(out: &mut Outcome, name: &str, dels: &[Call]) {
-    let mut deletion = Vec::with_capacity(dels.len());
-    let mut outside = Vec::with_capacity(dels.len());
-    for call in dels {
-        match kernel_deletion_ms(call) {
-            Some(kernel) => {
-                deletion.push(kernel);
-                outside.push(ms(call.wall) - kernel);
-            }
-            None => out.problem(format!(
-                "{name} (ours) logged no veth deletion: {}",
-                call.stderr.trim()
-            )),
-        }
-    }
-    out.record(&format!("{name} kernel deletion"), Side::Ours, median(&deletion));
-    out.record(
-        &format!("{name} outside the deletion"),
-        Side::Ours,
-        median(&outside),
-    );
-}
-
-/// The DEL wall targets' floor excess: what ours spends outside the veth
-/// deletion minus one process start (`floor exec /bin/true`), this round.
-fn judge_floors(out: &mut Outcome) {
-    let current = out.repeats.last().expect("a repeat is running");
-    let ours = |metric: &str| current.get(metric).and_then(|m| m.get(&Side::Ours)).copied();
-    let Some(start) = ours("floor exec /bin/true") else {
-        return;
-    };
-    let excess: Vec<(String, f64)> = ["seq DEL", "full chain DEL"]
-        .iter()
-        .filter_map(|name| {
-            let outside = ours(&format!("{name} outside the deletion"))?;
-            Some((format!("{name} above floor"), outside - start))
-        })
-        .collect();
-    for (metric, value) in excess {
-        out.record(&metric, Side::Ours, value);
-    }
-}
-
-fn check_calls(out: &mut Outcome, what: &str, side: Side, calls: &[Call]) {
+fn check_calls(out: &mut Outcome, what: &str, setup: Setup, calls: &[Call]) {
     for call in calls.iter().filter(|c| !c.ok) {
         out.problem(format!(
             "{what} ({}) failed: {}{}",
-            side.label(),
+            setup.label(),
             call.stdout.trim(),
             call.stderr.trim()
         ));
@@ -400,185 +481,112 @@ fn check_calls(out: &mut Outcome, what: &str, side: Side, calls: &[Call]) {
 fn check_leaks(out: &mut Outcome, what: &str, suite: &Suite) {
     let left = suite.leftovers();
     if !left.is_empty() {
-        out.problem(format!("{what} ({}) left behind: {left:?}", suite.side.label()));
-    }
-}
-
-fn record_latencies(out: &mut Outcome, name: &str, side: Side, calls: &[Call], cpu_extra: Duration) {
-    let wall = walls(calls);
-    out.record(&format!("{name} p50"), side, quantile(&wall, 0.5));
-    out.record(&format!("{name} p95"), side, quantile(&wall, 0.95));
-    out.record(&format!("{name} max"), side, quantile(&wall, 1.0));
-    out.record(
-        &format!("{name} cpu p50"),
-        side,
-        median(&cpu_ms(calls, cpu_extra)),
-    );
-    if !cpu_extra.is_zero() && !calls.is_empty() {
-        // The lease service's share, already in the CPU row: shown apart
-        // so a change in the CPU row says which process it came from.
-        out.record(
-            &format!("{name} cpu service share"),
-            side,
-            ms(cpu_extra) / calls.len() as f64,
-        );
-    }
-    out.sample(name, side, calls);
-}
-
-/// The floor of a bridge DEL: one process (`ip link del`) deleting a pod's
-/// interface, in the state a bridge ADD leaves it (set up here by our
-/// bridge on a node of its own; the reference's ADD leaves the same kernel
-/// state). The kernel unregisters the veth pair within that one call (RCU
-/// grace periods under RTNL); no plugin can answer before it. Measured
-/// inside the phases it bounds, call by call beside the suites' DELs, so
-/// that machine noise hits floor and suites alike.
-struct VethFloor {
-    suite: Suite,
-    attached: usize,
-}
-
-struct FloorPod {
-    pod: Netns,
-    id: String,
-    result: Value,
-}
-
-impl VethFloor {
-    fn new() -> Self {
-        VethFloor {
-            suite: Suite::new(Side::Ours, "bench-floor", "cnifloor0", "10.77.0.0/16"),
-            attached: 0,
-        }
-    }
-
-    fn attach(&mut self, out: &mut Outcome) -> FloorPod {
-        let pod = Netns::new("floor");
-        let id = format!("floor-{}", self.attached);
-        self.attached += 1;
-        let add = self.suite.call(
-            "bridge",
-            "ADD",
-            &id,
-            pod.path_str(),
-            &self.suite.bridge_conf(None),
-        );
-        check_calls(out, "floor ADD", Side::Ours, std::slice::from_ref(&add));
-        let result = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-        FloorPod { pod, id, result }
-    }
-
-    /// Times `ip link del` of the pod's interface, then releases the rest
-    /// (lease, cache) with a DEL that is not timed.
-    fn delete(&self, out: &mut Outcome, floor: &FloorPod) -> Call {
-        let ns = NetNs::open(floor.pod.path()).expect("pod netns");
-        let call = exec(&ns, Path::new("ip"), &["link", "del", "eth0"], &[], "");
-        let conf = self.suite.bridge_conf(Some(&floor.result));
-        let cleanup = self
-            .suite
-            .call("bridge", "DEL", &floor.id, floor.pod.path_str(), &conf);
-        check_calls(out, "floor DEL", Side::Ours, std::slice::from_ref(&cleanup));
-        call
-    }
-
-    fn record(&self, out: &mut Outcome, name: &str, calls: &[Call]) {
-        check_calls(out, name, Side::Ours, calls);
-        out.record(name, Side::Ours, median(&walls(calls)));
-        out.record(
-            &format!("{name} cpu"),
-            Side::Ours,
-            median(&cpu_ms(calls, Duration::ZERO)),
-        );
-        check_leaks(out, name, &self.suite);
+        out.problem(format!("{what} ({}) left behind: {left:?}", suite.setup.label()));
     }
 }
 
 /// Call order for `n` calls per suite, alternating which suite goes first
-/// so machine noise hits both alike: (call index, suite index).
+/// so machine noise hits each alike: (call index, suite index).
 fn interleaved(n: usize, suites: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).flat_map(move |i| (0..suites).map(move |k| (i, (i + k) % suites)))
 }
 
-/// Pods added one by one so they accumulate, then deleted one by one;
-/// the suites alternate call by call.
+/// One ADD and DEL per suite before anything is measured: the first pod
+/// makes the bridge and the subnet's masquerade in every suite, and in the
+/// drop-in setup host-local starts its lease service. Those first ADDs are
+/// reported apart (`first ADD`), ours against the reference's own first.
+fn warm_up(out: &mut Outcome, suites: &[Suite]) {
+    for suite in suites {
+        let pod = Netns::new("first");
+        let add = suite.call("bridge", "ADD", "first", pod.path_str(), &suite.bridge_conf(None));
+        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+        let del = suite.bridge_del("first", pod.path_str(), &result);
+        check_calls(out, "first ADD and DEL", suite.setup, &[add.clone(), del]);
+        if suite.setup == Setup::DropIn && suite.service_pid().is_none() {
+            out.problem("the drop-in setup's first ADD started no lease service".into());
+        }
+        out.record(&suite.metric("first ADD"), suite.side(), ms(add.wall));
+    }
+}
+
+/// Pods added one by one so they accumulate, then deleted one by one,
+/// each DEL followed by its floor on the same bridge; the suites alternate
+/// call by call.
 fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let pods: Vec<Vec<Netns>> = suites.iter().map(|_| pods(n, "seq")).collect();
     let mut results: Vec<Vec<Value>> = vec![Vec::new(); suites.len()];
     let mut adds: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let mut dels: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
-    let mut floor = VethFloor::new();
-    let mut floor_pods = Vec::with_capacity(n);
+    let mut floors: Vec<Vec<Call>> = vec![Vec::new(); suites.len()];
     let cpu_before: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (i, s) in interleaved(n, suites.len()) {
-        if s == 0 {
-            floor_pods.push(floor.attach(out));
-        }
-        let call = suites[s].call(
-            "bridge",
-            "ADD",
-            &format!("seq-{i}"),
-            pods[s][i].path_str(),
-            &suites[s].bridge_conf(None),
-        );
+        let suite = &suites[s];
+        let (call, started) = suite.noting_start(|| {
+            suite.call(
+                "bridge",
+                "ADD",
+                &format!("seq-{i}"),
+                pods[s][i].path_str(),
+                &suite.bridge_conf(None),
+            )
+        });
         results[s].push(serde_json::from_str(&call.stdout).unwrap_or(Value::Null));
-        adds[s].push(call);
+        check_calls(out, "seq ADD", suite.setup, std::slice::from_ref(&call));
+        if started {
+            out.record(&format!("{STARTED_PREFIX}seq ADD"), Side::Ours, ms(call.wall));
+        } else {
+            adds[s].push(call);
+        }
     }
     let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
-    let mut floor_dels = Vec::with_capacity(n);
     for (i, s) in interleaved(n, suites.len()) {
-        dels[s].push(suites[s].bridge_del(&format!("seq-{i}"), pods[s][i].path_str(), &results[s][i]));
-        if s == 0 {
-            floor_dels.push(floor.delete(out, &floor_pods[i]));
-        }
+        let suite = &suites[s];
+        dels[s].push(suite.bridge_del(&format!("seq-{i}"), pods[s][i].path_str(), &results[s][i]));
+        let floor = suite.floor_pod();
+        floors[s].push(suite.floor_delete(&floor));
     }
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
-    floor.record(out, "floor veth delete", &floor_dels);
     for (s, suite) in suites.iter().enumerate() {
-        check_calls(out, "seq ADD", suite.side, &adds[s]);
-        check_calls(out, "seq DEL", suite.side, &dels[s]);
+        check_calls(out, "seq DEL", suite.setup, &dels[s]);
+        check_calls(out, "seq DEL floor", suite.setup, &floors[s]);
         let addresses: Vec<String> = results[s].iter().flat_map(ips_of).collect();
         let dup = duplicates(&addresses);
         if !dup.is_empty() {
             out.problem(format!(
                 "seq ({}) duplicate addresses: {dup:?}",
-                suite.side.label()
+                suite.setup.label()
             ));
         }
-        record_latencies(out, "seq ADD", suite.side, &adds[s], cpu_mid[s] - cpu_before[s]);
-        record_latencies(out, "seq DEL", suite.side, &dels[s], cpu_after[s] - cpu_mid[s]);
-        if suite.side == Side::Ours {
-            record_deletion_split(out, "seq DEL", &dels[s]);
-            record_excess(
-                out,
-                "seq DEL cpu p50",
-                &cpu_ms(&dels[s], cpu_after[s] - cpu_mid[s]),
-                &cpu_ms(&floor_dels, Duration::ZERO),
-            );
-        }
+        let side = suite.side();
+        out.sample(
+            &suite.metric("seq ADD"),
+            side,
+            &adds[s],
+            cpu_mid[s] - cpu_before[s],
+        );
+        out.sample(
+            &suite.metric("seq DEL"),
+            side,
+            &dels[s],
+            cpu_after[s] - cpu_mid[s],
+        );
+        out.sample(&suite.metric("seq DEL floor"), side, &floors[s], Duration::ZERO);
         check_leaks(out, "seq", suite);
     }
 }
 
 /// `n` calls released together; the wall time from release to the last
 /// reply, and every call.
-fn burst_calls(
-    suite: &Suite,
-    n: usize,
-    command: &str,
-    pods: &[Netns],
-    results: &[Value],
-) -> (Duration, Vec<Call>) {
-    let barrier = Arc::new(Barrier::new(n + 1));
-    let (wall, calls) = std::thread::scope(|scope| {
+fn parallel(n: usize, call: impl Fn(usize) -> Call + Sync) -> (Duration, Vec<Call>) {
+    let barrier = Barrier::new(n + 1);
+    std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|i| {
-                let barrier = Arc::clone(&barrier);
-                let pod = pods[i].path_str().to_owned();
-                let conf = suite.bridge_conf(results.get(i).filter(|v| !v.is_null()));
+                let (barrier, call) = (&barrier, &call);
                 scope.spawn(move || {
                     barrier.wait();
-                    let call = suite.call("bridge", command, &format!("burst-{i}"), &pod, &conf);
-                    (Instant::now(), call)
+                    let done = call(i);
+                    (Instant::now(), done)
                 })
             })
             .collect();
@@ -589,22 +597,28 @@ fn burst_calls(
             .map(|h| h.join().expect("burst thread"))
             .collect();
         let last = done.iter().map(|(t, _)| *t).max().unwrap_or(released);
-        (
-            last - released,
-            done.into_iter().map(|(_, c)| c).collect::<Vec<_>>(),
-        )
-    });
-    (wall, calls)
+        (last - released, done.into_iter().map(|(_, c)| c).collect())
+    })
 }
 
+/// `n` ADDs at once, then `n` DELs at once, then the floor: `n` pod-like
+/// veths on the same bridge deleted at once by `n` `ip link del`.
 fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
         let pods = pods(n, "burst");
         let cpu_before = suite.service_cpu();
-        let (add_wall, adds) = burst_calls(suite, n, "ADD", &pods, &[]);
+        let (add_wall, adds) = parallel(n, |i| {
+            suite.call(
+                "bridge",
+                "ADD",
+                &format!("burst-{i}"),
+                pods[i].path_str(),
+                &suite.bridge_conf(None),
+            )
+        });
         let cpu_mid = suite.service_cpu();
-        check_calls(out, "burst ADD", suite.side, &adds);
+        check_calls(out, "burst ADD", suite.setup, &adds);
         let results: Vec<Value> = adds
             .iter()
             .map(|c| serde_json::from_str(&c.stdout).unwrap_or(Value::Null))
@@ -616,19 +630,33 @@ fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
             if !dup.is_empty() {
                 out.problem(format!(
                     "burst ({}) duplicate addresses in {where_}: {dup:?}",
-                    suite.side.label()
+                    suite.setup.label()
                 ));
             }
         }
-        let (del_wall, dels) = burst_calls(suite, n, "DEL", &pods, &results);
+        let (del_wall, dels) = parallel(n, |i| {
+            suite.bridge_del(&format!("burst-{i}"), pods[i].path_str(), &results[i])
+        });
         let cpu_after = suite.service_cpu();
-        check_calls(out, "burst DEL", suite.side, &dels);
-        out.record("burst ADD wall", suite.side, ms(add_wall));
-        out.record("burst DEL wall", suite.side, ms(del_wall));
-        let add_cpu: f64 = cpu_ms(&adds, cpu_mid - cpu_before).iter().sum::<f64>() / n as f64;
-        let del_cpu: f64 = cpu_ms(&dels, cpu_after - cpu_mid).iter().sum::<f64>() / n as f64;
-        out.record("burst ADD cpu/call", suite.side, add_cpu);
-        out.record("burst DEL cpu/call", suite.side, del_cpu);
+        check_calls(out, "burst DEL", suite.setup, &dels);
+        let floor_pods: Vec<Netns> = (0..n).map(|_| suite.floor_pod()).collect();
+        let (floor_wall, floor_calls) = parallel(n, |i| suite.floor_delete(&floor_pods[i]));
+        check_calls(out, "burst DEL floor", suite.setup, &floor_calls);
+        let side = suite.side();
+        out.record(&suite.metric("burst ADD wall"), side, ms(add_wall));
+        out.record(&suite.metric("burst DEL wall"), side, ms(del_wall));
+        out.record(&suite.metric("burst DEL floor wall"), side, ms(floor_wall));
+        let per_call = |calls: &[Call], extra| cpu_ms(calls, extra).iter().sum::<f64>() / n as f64;
+        out.record(
+            &suite.metric("burst ADD cpu/call"),
+            side,
+            per_call(&adds, cpu_mid - cpu_before),
+        );
+        out.record(
+            &suite.metric("burst DEL cpu/call"),
+            side,
+            per_call(&dels, cpu_after - cpu_mid),
+        );
         check_leaks(out, "burst", suite);
     }
 }
@@ -639,35 +667,54 @@ fn burst(out: &mut Outcome, suites: &[Suite], n: usize, round: usize) {
 fn write_reference_leases(data_dir: &Path, network: &str, subnet: &str, count: usize) {
     let dir = data_dir.join(network);
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let base: std::net::Ipv4Addr = subnet
-        .split('/')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("subnet");
-    let base = u32::from(base);
     let mut last = String::new();
     for i in 0..count {
-        let ip = std::net::Ipv4Addr::from(base + 2 + u32::try_from(i).expect("count"));
+        let ip = nth_address(subnet, 2 + i);
         last = ip.to_string();
         std::fs::write(dir.join(&last), format!("full-{i}\r\neth0")).expect("write lease");
     }
     std::fs::write(dir.join("last_reserved_ip.0"), last).expect("write last reserved");
 }
 
+/// The `index`th address of an IPv4 subnet.
+fn nth_address(subnet: &str, index: usize) -> std::net::Ipv4Addr {
+    let base: std::net::Ipv4Addr = subnet
+        .split('/')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("subnet");
+    std::net::Ipv4Addr::from(u32::from(base) + u32::try_from(index).expect("index"))
+}
+
 /// ADD-then-DEL pairs per suite and round in the full phase: one sample
 /// per round would leave the median to a single veth deletion's luck.
 const FULL_PAIRS: usize = 16;
 
+/// Whether `address` (a result's `a.b.c.d/len`) is one of the `count`
+/// addresses the full phase wrote as the reference's leases.
+fn among_written(subnet: &str, count: usize, address: &str) -> bool {
+    let Some(ip) = address
+        .split('/')
+        .next()
+        .and_then(|a| a.parse::<std::net::Ipv4Addr>().ok())
+    else {
+        return false;
+    };
+    let (first, last) = (
+        u32::from(nth_address(subnet, 2)),
+        u32::from(nth_address(subnet, 1 + count)),
+    );
+    (first..=last).contains(&u32::from(ip))
+}
+
 /// A /16 with the leases already held: one more ADD and DEL, through the
 /// chain and IPAM alone, `FULL_PAIRS` times (the count stays at the full
-/// mark, each pair releasing what it took).
-fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
-    let mut floor = VethFloor::new();
-    let mut fresh = Vec::new();
+/// mark, each pair releasing what it took), each chain DEL followed by its
+/// floor on the same bridge.
+fn full_round(out: &mut Outcome, suites: &[Suite], round: usize, leases: usize) {
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
         let mut calls: BTreeMap<&str, Vec<Call>> = BTreeMap::new();
-        let mut floor_beside = Vec::with_capacity(FULL_PAIRS);
         for pair in 0..FULL_PAIRS {
             let pod = Netns::new("full");
             let id = format!("full-extra-{round}-{pair}");
@@ -675,9 +722,17 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
                 suite.call("bridge", "ADD", &id, pod.path_str(), &suite.bridge_conf(None))
             });
             let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+            for address in ips_of(&result) {
+                if among_written(&suite.subnet, leases, &address) {
+                    out.problem(format!(
+                        "full ({}) handed out {address}, which a written lease holds",
+                        suite.setup.label()
+                    ));
+                }
+            }
             let del = suite.with_service_cpu(|| suite.bridge_del(&id, pod.path_str(), &result));
-            let floor_pod = floor.attach(out);
-            floor_beside.push(floor.delete(out, &floor_pod));
+            let floor = suite.floor_pod();
+            let floor_call = suite.floor_delete(&floor);
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam = |command| {
                 suite.with_service_cpu(|| {
@@ -693,37 +748,67 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize) {
             let ipam_add = ipam("ADD");
             let ipam_del = ipam("DEL");
             for (what, call) in [
-                ("chain ADD", add),
-                ("chain DEL", del),
-                ("IPAM ADD", ipam_add),
-                ("IPAM DEL", ipam_del),
+                ("full chain ADD", add),
+                ("full chain DEL", del),
+                ("full chain DEL floor", floor_call),
+                ("full IPAM ADD", ipam_add),
+                ("full IPAM DEL", ipam_del),
             ] {
                 calls.entry(what).or_default().push(call);
             }
         }
         for (what, calls) in &calls {
-            let name = format!("full {what}");
-            check_calls(out, &name, suite.side, calls);
-            out.record(&name, suite.side, median(&walls(calls)));
-            out.record(
-                &format!("{name} cpu"),
-                suite.side,
-                median(&cpu_ms(calls, Duration::ZERO)),
-            );
-            out.sample(&name, suite.side, calls);
+            check_calls(out, what, suite.setup, calls);
+            out.sample(what, suite.side(), calls, Duration::ZERO);
         }
-        if suite.side == Side::Ours {
-            record_deletion_split(out, "full chain DEL", &calls["chain DEL"]);
-            record_excess(
-                out,
-                "full chain DEL cpu",
-                &cpu_ms(&calls["chain DEL"], Duration::ZERO),
-                &cpu_ms(&floor_beside, Duration::ZERO),
-            );
+        // What the pairs took they gave back: the written leases stay.
+        let extra: Vec<String> = suite
+            .leftovers()
+            .into_iter()
+            .filter(|l| !l.contains("full-") || l.contains("full-extra") || l.contains("full-ipam"))
+            .filter(|l| {
+                !l.starts_with("lease file ")
+                    || !among_written(&suite.subnet, leases, &l["lease file ".len()..])
+            })
+            .collect();
+        if !extra.is_empty() {
+            out.problem(format!("full ({}) left behind: {extra:?}", suite.setup.label()));
         }
-        fresh.extend(floor_beside);
     }
-    floor.record(out, "floor veth delete fresh", &fresh);
+}
+
+/// Writes the reference's lease files for `leases` addresses in each full
+/// suite and makes one ADD and DEL, so that ours imports them (and starts
+/// its service) as a migrated node does before the phase measures; checks
+/// that ours really holds them all.
+fn prepare_full(out: &mut Outcome, suites: &[Suite], leases: usize) {
+    for suite in suites {
+        eprintln!(
+            "bench: writing {leases} reference-format leases for {}",
+            suite.setup.label()
+        );
+        write_reference_leases(&suite.data_dir(), &suite.network, &suite.subnet, leases);
+        let pod = Netns::new("warm");
+        let add = suite.call(
+            "bridge",
+            "ADD",
+            "warm-up",
+            pod.path_str(),
+            &suite.bridge_conf(None),
+        );
+        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
+        let del = suite.bridge_del("warm-up", pod.path_str(), &result);
+        check_calls(out, "full warm-up", suite.setup, &[add, del]);
+        if suite.setup != Setup::Reference {
+            let held = suite.leases().len();
+            if held != leases {
+                out.problem(format!(
+                    "full ({}) holds {held} leases after importing {leases}",
+                    suite.setup.label()
+                ));
+            }
+        }
+    }
 }
 
 /// Fresh pods, loopback ADD then DEL.
@@ -738,10 +823,10 @@ fn loopback(out: &mut Outcome, suites: &[Suite], n: usize) {
         dels[s].push(suites[s].call("loopback", "DEL", &id, pod.path_str(), &conf));
     }
     for (s, suite) in suites.iter().enumerate() {
-        check_calls(out, "loopback ADD", suite.side, &adds[s]);
-        check_calls(out, "loopback DEL", suite.side, &dels[s]);
-        record_latencies(out, "loopback ADD", suite.side, &adds[s], Duration::ZERO);
-        record_latencies(out, "loopback DEL", suite.side, &dels[s], Duration::ZERO);
+        check_calls(out, "loopback ADD", suite.setup, &adds[s]);
+        check_calls(out, "loopback DEL", suite.setup, &dels[s]);
+        out.sample("loopback ADD", suite.side(), &adds[s], Duration::ZERO);
+        out.sample("loopback DEL", suite.side(), &dels[s], Duration::ZERO);
     }
 }
 
@@ -810,10 +895,10 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
         let fresh_ns = NetNs::open(fresh.path()).expect("pod netns");
         bare.push(exec(&fresh_ns, Path::new(tool), tool_args, &[], &rules));
     }
-    check_calls(out, metric, Side::Ours, &adds);
-    check_calls(out, &format!("bare {tool}"), Side::Reference, &bare);
-    record_latencies(out, metric, Side::Ours, &adds, Duration::ZERO);
-    record_latencies(out, metric, Side::Reference, &bare, Duration::ZERO);
+    check_calls(out, metric, Setup::DropIn, &adds);
+    check_calls(out, &format!("bare {tool}"), Setup::Reference, &bare);
+    out.sample(metric, Side::Ours, &adds, Duration::ZERO);
+    out.sample(metric, Side::Reference, &bare, Duration::ZERO);
 }
 
 /// What this machine charges anyone: a process, and one pod's masquerade
@@ -853,13 +938,106 @@ fn floors(out: &mut Outcome, n: usize) {
         ("floor restore add", &adds),
         ("floor restore delete", &dels),
     ] {
-        check_calls(out, name, Side::Ours, calls);
-        out.record(name, Side::Ours, median(&walls(calls)));
-        out.record(
-            &format!("{name} cpu"),
-            Side::Ours,
-            median(&cpu_ms(calls, Duration::ZERO)),
+        check_calls(out, name, Setup::DropIn, calls);
+        out.sample(name, Side::Ours, calls, Duration::ZERO);
+    }
+}
+
+/// Pods per side and round in the CRI phase (each costs a pause container).
+const CRI_PODS: usize = 30;
+
+/// containerd's CRI as kubelet drives it: RunPodSandbox per pod, through
+/// ours (the drop-in configuration) and through the reference, with the
+/// same containerd build, one daemon at a time; beside each pod a
+/// `hostNetwork` sandbox on the same daemon, which calls no CNI plugin:
+/// what a pod costs besides its network.
+fn cri(out: &mut Outcome, pods: usize, round: usize) {
+    let n = pods.min(CRI_PODS);
+    let sides = [
+        (Side::Ours, bin_dir(), "10.75.0.0/16"),
+        (Side::Reference, PathBuf::from(REFERENCE_DIR), "10.76.0.0/16"),
+    ];
+    for k in 0..sides.len() {
+        let (side, bins, subnet) = &sides[(round + k) % sides.len()];
+        let setup = if *side == Side::Ours {
+            Setup::DropIn
+        } else {
+            Setup::Reference
+        };
+        let node = Node::new();
+        let data_dir = node.path("ipam");
+        node.write_conf(
+            "10-cri.conflist",
+            &json!({"cniVersion": "1.0.0", "name": "cri-net", "plugins": [
+                {"type": "bridge", "bridge": "cnicri0", "isGateway": true, "ipMasq": true,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir,
+                          "routes": [{"dst": "0.0.0.0/0"}]}}]}),
         );
+        let settings = Cri {
+            conf_dir: node.conf_dir(),
+            bin_dir: bins.clone(),
+            sandbox_image: PAUSE.into(),
+        };
+        let containerd = Containerd::start(&node, Some(&settings));
+        containerd.import_busybox(&node, "k8s.io", PAUSE, &["/bin/sleep", "2147483647"]);
+        let mut kubelet = Kubelet::connect(containerd.address());
+        let mut sandboxes = Vec::new();
+        let (mut networked, mut host) = (Vec::new(), Vec::new());
+        for i in 0..=n {
+            for host_network in [false, true] {
+                let name = format!("{}-{i}", if host_network { "host" } else { "pod" });
+                let started = Instant::now();
+                let run = if host_network {
+                    kubelet.run_host_network_pod("default", &name)
+                } else {
+                    kubelet.run_pod("default", &name, &[])
+                };
+                let wall = ms(started.elapsed());
+                let id = run.map_err(|e| {
+                    out.problem(format!("cri ({}) RunPodSandbox {name}: {e}", setup.label()));
+                });
+                if let Ok(id) = id {
+                    sandboxes.push(id);
+                    // The first pod of the node makes its bridge (and ours
+                    // starts the lease service): reported apart.
+                    match (i, host_network) {
+                        (0, false) => out.record("cri first RunPodSandbox", *side, wall),
+                        (_, false) => networked.push(wall),
+                        (_, true) => host.push(wall),
+                    }
+                }
+            }
+        }
+        for id in &sandboxes {
+            kubelet.stop_and_remove(id);
+        }
+        for (metric, walls) in [
+            ("cri RunPodSandbox", networked),
+            ("cri RunPodSandbox hostNetwork", host),
+        ] {
+            out.samples
+                .entry(metric.to_owned())
+                .or_default()
+                .entry(*side)
+                .or_default()
+                .extend(walls);
+        }
+        let mut left = node.veths();
+        left.extend(node.container_nat_chains());
+        left.extend(
+            node.cache_entries()
+                .into_iter()
+                .map(|e| format!("cache entry {e}")),
+        );
+        if setup == Setup::DropIn {
+            let leases = node.lease_records("cri-net", &data_dir, "");
+            left.extend(leases.iter().map(|l| format!("lease {l}")));
+        }
+        if !left.is_empty() {
+            out.problem(format!("cri ({}) left behind: {left:?}", setup.label()));
+        }
+        drop(kubelet);
+        drop(containerd);
     }
 }
 
@@ -878,16 +1056,17 @@ const PROFILERS: [(&str, &[&str]); 2] = [
 ];
 
 /// One more ADD and DEL per suite and profiler, for the report: where a
-/// call's time and CPU go, child processes included. A profiler that does
-/// not work here (perf without access to counters) is reported as such; a
-/// plain DEL afterwards and the leak check keep the suites honest anyway.
+/// call's time and CPU go, child processes included (not the lease
+/// service's: another process). A profiler that does not work here (perf
+/// without access to counters) is reported as such; a plain DEL
+/// afterwards and the leak check keep the suites honest anyway.
 fn profile(out: &mut Outcome, suites: &[Suite]) {
     for suite in suites {
         for (tool, args) in PROFILERS {
             let title = |verb: &str| {
                 format!(
                     "{} bridge {verb} under `{tool} {}`",
-                    suite.side.label(),
+                    suite.setup.label(),
                     args.join(" ")
                 )
             };
@@ -922,7 +1101,7 @@ fn profile(out: &mut Outcome, suites: &[Suite]) {
             check_calls(
                 out,
                 "DEL after profiling",
-                suite.side,
+                suite.setup,
                 std::slice::from_ref(&cleanup),
             );
         }
@@ -937,62 +1116,39 @@ fn installed(tool: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-/// Runs every phase `repeats` times.
+/// Runs every phase `repeats` times. The drop-in setup is the headline;
+/// the service setup runs beside it in the sequential and burst phases.
 pub fn run(options: &Options) -> Outcome {
     let mut out = Outcome::default();
     let suites = vec![
-        Suite::new(Side::Ours, "bench-ours", "cnibench0", "10.70.0.0/16"),
-        Suite::new(Side::Reference, "bench-ref", "cnibench1", "10.71.0.0/16"),
+        Suite::new(Setup::DropIn, "bench-ours", "cnibench0", "10.70.0.0/16"),
+        Suite::new(Setup::Reference, "bench-ref", "cnibench1", "10.71.0.0/16"),
+        Suite::new(Setup::Service, "bench-svc", "cnibench2", "10.74.0.0/16"),
     ];
     let full_suites = vec![
-        Suite::new(Side::Ours, "full-ours", "cnifull0", "10.72.0.0/16"),
-        Suite::new(Side::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
+        Suite::new(Setup::DropIn, "full-ours", "cnifull0", "10.72.0.0/16"),
+        Suite::new(Setup::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
     ];
-    for suite in &full_suites {
-        eprintln!(
-            "bench: writing {} reference-format leases for {}",
-            options.full_leases,
-            suite.side.label()
-        );
-        write_reference_leases(
-            &suite.data_dir(),
-            &suite.network,
-            &suite.subnet,
-            options.full_leases,
-        );
-        // Ours imports them on first use, as a migrated node does; that
-        // one-time import is not what the phase measures.
-        let pod = Netns::new("warm");
-        let add = suite.call(
-            "bridge",
-            "ADD",
-            "warm-up",
-            pod.path_str(),
-            &suite.bridge_conf(None),
-        );
-        let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
-        let del = suite.call(
-            "bridge",
-            "DEL",
-            "warm-up",
-            pod.path_str(),
-            &suite.bridge_conf(Some(&result)),
-        );
-        check_calls(&mut out, "full warm-up", suite.side, &[add, del]);
-    }
+    out.repeats.push(BTreeMap::new());
+    // First, on a quiet node: writing the full phase's lease files leaves
+    // the disk busy for a while.
+    warm_up(&mut out, &suites);
+    prepare_full(&mut out, &full_suites, options.full_leases);
     for round in 0..options.repeats {
         eprintln!("bench: round {}/{}", round + 1, options.repeats);
-        out.repeats.push(BTreeMap::new());
+        if round > 0 {
+            out.repeats.push(BTreeMap::new());
+        }
         seq(&mut out, &suites, options.pods);
         burst(&mut out, &suites, options.pods, round);
-        full_round(&mut out, &full_suites, round);
-        loopback(&mut out, &suites, options.pods);
+        full_round(&mut out, &full_suites, round, options.full_leases);
+        loopback(&mut out, &suites[..2], options.pods);
         istio(&mut out, &suites[0], options.pods, false);
         istio(&mut out, &suites[0], options.pods, true);
         floors(&mut out, options.pods.min(20));
-        judge_floors(&mut out);
+        cri(&mut out, options.pods, round);
     }
-    profile(&mut out, &suites);
+    profile(&mut out, &suites[..2]);
     out
 }
 
@@ -1000,21 +1156,49 @@ pub fn run(options: &Options) -> Outcome {
 mod tests {
     use super::*;
 
-    fn del_with(stderr: &str) -> Call {
-        Call {
-            wall: Duration::from_millis(30),
-            cpu: Duration::ZERO,
-            ok: true,
-            stdout: String::new(),
-            stderr: stderr.to_owned(),
-        }
+    #[test]
+    fn addresses_of_written_leases_are_known() {
+        assert_eq!(nth_address("10.72.0.0/16", 2).to_string(), "10.72.0.2");
+        assert_eq!(nth_address("10.72.0.0/16", 300).to_string(), "10.72.1.44");
+        assert!(among_written("10.72.0.0/16", 300, "10.72.0.2/16"));
+        assert!(among_written("10.72.0.0/16", 300, "10.72.1.45/16"));
+        assert!(!among_written("10.72.0.0/16", 300, "10.72.1.46/16"));
+        assert!(!among_written("10.72.0.0/16", 300, "10.72.0.1/16"));
     }
 
     #[test]
-    fn the_kernel_deletion_is_read_from_the_bridge_debug_log() {
-        let logged = "2026-11-22T22:01:02.003Z DEBUG bridge[7]: DEL container=a ifname=eth0 netns=/x\n\
-                      2026-11-22T22:01:02.030Z DEBUG bridge[7]: the kernel took 23.456 ms to delete eth0\n";
-        assert_eq!(kernel_deletion_ms(&del_with(logged)), Some(23.456));
-        assert_eq!(kernel_deletion_ms(&del_with("")), None);
+    fn figures_pool_every_call_and_take_medians_of_repeats() {
+        let mut out = Outcome::default();
+        let call = |ms: u64| Call {
+            wall: Duration::from_millis(ms),
+            cpu: Duration::from_millis(1),
+            ok: true,
+            stdout: String::new(),
+            stderr: String::new(),
+        };
+        for (round, (walls, burst)) in [(vec![1, 2, 3], 10.0), (vec![4, 100], 30.0), (vec![5], 20.0)]
+            .into_iter()
+            .enumerate()
+        {
+            out.repeats.push(BTreeMap::new());
+            let calls: Vec<Call> = walls.into_iter().map(call).collect();
+            out.sample(
+                "seq ADD",
+                Side::Ours,
+                &calls,
+                Duration::from_millis(u64::try_from(round).expect("round")),
+            );
+            out.record("burst ADD wall", Side::Ours, burst);
+        }
+        let figures = out.figures();
+        let ours = |m: &str| figures[m][&Side::Ours];
+        assert_eq!(ours("seq ADD p50"), 3.0);
+        assert_eq!(
+            ours("seq ADD max"),
+            100.0,
+            "the maximum over all calls, not a median of maxima"
+        );
+        assert_eq!(ours("burst ADD wall"), 20.0);
+        assert!(ours("seq ADD cpu p50") >= 1.0);
     }
 }

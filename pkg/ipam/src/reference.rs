@@ -50,6 +50,8 @@ fn address_of(name: &str) -> Option<IpAddr> {
         .map(|ip| ip.to_canonical())
 }
 
+/// Imports the reference directory's leases if it changed since the last
+/// import; whether any lease was imported.
 pub(crate) fn import_if_changed(net: &Network) -> Result<bool, Error> {
     let Some(mtime) = dir_mtime(net.reference_dir()) else {
         return Ok(false);
@@ -62,7 +64,7 @@ pub(crate) fn import_if_changed(net: &Network) -> Result<bool, Error> {
     for conflict in &report.conflicts {
         log::warn!("reference lease not imported: {conflict}");
     }
-    Ok(true)
+    Ok(!report.imported.is_empty())
 }
 
 /// Imports the reference-format leases in `dir`. Files there are the

@@ -89,6 +89,57 @@ pub fn call(ipam_type: &str, command: Command, req: &Request<NoConfig>) -> Resul
     }
 }
 
+/// An IPAM ADD running on a thread of its own while the bridge makes the
+/// links: the two wait on different things (the lease service or a
+/// process; the kernel), so an ADD costs the longer of them rather than
+/// both. A lease that was handed out but never taken (the ADD failed
+/// before it needed it) is released when this is dropped.
+pub struct Pending<'scope, 'env> {
+    ipam_type: &'env str,
+    req: &'env Request<NoConfig>,
+    running: Option<std::thread::ScopedJoinHandle<'scope, Result<CniResult>>>,
+}
+
+impl<'scope, 'env> Pending<'scope, 'env> {
+    pub fn start(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        ipam_type: &'env str,
+        req: &'env Request<NoConfig>,
+    ) -> Self {
+        Pending {
+            ipam_type,
+            req,
+            running: Some(scope.spawn(move || add(ipam_type, req))),
+        }
+    }
+
+    /// The lease, once IPAM has answered; from here on the caller undoes it.
+    pub fn wait(mut self) -> Result<CniResult> {
+        let running = self.running.take();
+        running.map_or_else(
+            || Err(cni::Error::internal("IPAM was already waited for")),
+            |handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err(cni::Error::internal("the IPAM thread panicked")))
+            },
+        )
+    }
+}
+
+impl Drop for Pending<'_, '_> {
+    fn drop(&mut self) {
+        let Some(handle) = self.running.take() else {
+            return;
+        };
+        if let Ok(Ok(_)) = handle.join()
+            && let Err(e) = call(self.ipam_type, Command::Del, self.req)
+        {
+            log::warn!("rollback: could not release the IPAM lease: {e}");
+        }
+    }
+}
+
 /// ADD: the IPAM result, read whatever version it was printed in.
 pub fn add(ipam_type: &str, req: &Request<NoConfig>) -> Result<CniResult> {
     let stdout = call(ipam_type, Command::Add, req)?;

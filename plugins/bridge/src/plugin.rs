@@ -157,109 +157,126 @@ impl Plugin for Bridge {
             )));
         }
 
-        // The bridge is shared by every pod of the node and is never undone.
-        let bridge = host::ensure_bridge(&host_nl, &cfg)?;
-        let mut undo = Undo::default();
-        let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &cfg)?;
-        {
-            let (nl, veth) = (&host_nl, host_veth.clone());
-            undo.push("the veth pair", move || {
-                nl.delete_link(&veth).map_err(|e| e.to_string())
-            });
-        }
-        host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
-        fault::pause("bridge:veth");
-        let bridge = host::pin_mac(&host_nl, &bridge)?;
-        let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
-        if cfg.macspoofchk {
-            let id = spoofcheck::reference_id(&att.container_id, &att.ifname);
-            spoofcheck::setup(&host_veth.name, &container.mac, &id)
-                .map_err(|e| firewall_error(e).context("failed to set up MAC spoof checking"))?;
-            undo.push("the MAC spoof check", move || {
-                spoofcheck::teardown(&id).map_err(|e| e.to_string())
-            });
-        }
-
-        let mut result = CniResult::default();
-        let mut vlan_interface = None;
-        if let Some(ipam) = &cfg.ipam_type {
-            let leased = lease::add(ipam, req)?;
-            undo.push("the IPAM lease", || {
-                lease::call(ipam, Command::Del, req)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            });
-            fault::pause("bridge:leased");
-            if leased.ips.is_empty() {
-                return Err(Error::plugin(
-                    plugin_codes::ADDRESS_UNAVAILABLE,
-                    "IPAM plugin returned missing IP config",
-                ));
+        std::thread::scope(|scope| {
+            // Started before the links are made (and from this thread, in
+            // the node's namespace); taken when the addresses are needed.
+            let mut pending = cfg
+                .ipam_type
+                .as_deref()
+                .map(|ipam| (ipam, lease::Pending::start(scope, ipam, req)));
+            // The bridge is shared by every pod of the node and is never undone.
+            let bridge = host::ensure_bridge(&host_nl, &cfg)?;
+            let mut undo = Undo::default();
+            let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &cfg)?;
+            {
+                let (nl, veth) = (&host_nl, host_veth.clone());
+                undo.push("the veth pair", move || {
+                    nl.delete_link(&veth).map_err(|e| e.to_string())
+                });
             }
-            let plan = plan_l3(&cfg, &leased);
-            let addresses: Vec<IpNetwork> = plan.ips.iter().map(|ip| ip.address).collect();
-            pod::configure(
-                &pod_ns,
-                &pod_nl,
-                &container,
-                &addresses,
-                &plan.routes,
-                plan.gateways,
-                cfg.enable_dad,
-            )?;
-            fault::pause("bridge:configured");
-            if cfg.is_gateway {
-                let holder = if cfg.vlan != 0 && !plan.bridge_addresses.is_empty() {
-                    let vlan_gateway = host::ensure_vlan_gateway(&host_nl, &bridge, &cfg)?;
-                    vlan_interface = Some(vlan_gateway.name.clone());
-                    vlan_gateway
-                } else {
-                    bridge.clone()
-                };
-                for gateway in &plan.bridge_addresses {
-                    host::ensure_gateway_address(&host_nl, &holder, *gateway, cfg.force_address)?;
+            host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
+            fault::pause("bridge:veth");
+            let bridge = host::pin_mac(&host_nl, &bridge)?;
+            let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
+            if cfg.macspoofchk {
+                let id = spoofcheck::reference_id(&att.container_id, &att.ifname);
+                spoofcheck::setup(&host_veth.name, &container.mac, &id)
+                    .map_err(|e| firewall_error(e).context("failed to set up MAC spoof checking"))?;
+                undo.push("the MAC spoof check", move || {
+                    spoofcheck::teardown(&id).map_err(|e| e.to_string())
+                });
+            }
+
+            let mut result = CniResult::default();
+            let mut vlan_interface = None;
+            if let Some((ipam, running)) = pending.take() {
+                let leased = running.wait()?;
+                undo.push("the IPAM lease", || {
+                    lease::call(ipam, Command::Del, req)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                });
+                fault::pause("bridge:leased");
+                if leased.ips.is_empty() {
+                    return Err(Error::plugin(
+                        plugin_codes::ADDRESS_UNAVAILABLE,
+                        "IPAM plugin returned missing IP config",
+                    ));
                 }
-                for v4 in [true, false] {
-                    if plan.bridge_addresses.iter().any(|g| g.is_ipv4() == v4) {
-                        host::enable_forwarding(v4)?;
+                let plan = plan_l3(&cfg, &leased);
+                let addresses: Vec<IpNetwork> = plan.ips.iter().map(|ip| ip.address).collect();
+                // The subnet's masquerade (a process and a kernel commit for
+                // a node's first pod) beside the pod's addresses and routes,
+                // from a thread started here, in the node's namespace.
+                let masquerading = cfg.ip_masq.then(|| {
+                    let (cfg, network, addresses) = (&cfg, &req.conf.name, addresses.clone());
+                    scope.spawn(move || masq::ensure(cfg, network, &addresses))
+                });
+                pod::configure(
+                    &pod_ns,
+                    &pod_nl,
+                    &container,
+                    &addresses,
+                    &plan.routes,
+                    plan.gateways,
+                    cfg.enable_dad,
+                )?;
+                fault::pause("bridge:configured");
+                if cfg.is_gateway {
+                    let holder = if cfg.vlan != 0 && !plan.bridge_addresses.is_empty() {
+                        let vlan_gateway = host::ensure_vlan_gateway(&host_nl, &bridge, &cfg)?;
+                        vlan_interface = Some(vlan_gateway.name.clone());
+                        vlan_gateway
+                    } else {
+                        bridge.clone()
+                    };
+                    for gateway in &plan.bridge_addresses {
+                        host::ensure_gateway_address(&host_nl, &holder, *gateway, cfg.force_address)?;
+                    }
+                    for v4 in [true, false] {
+                        if plan.bridge_addresses.iter().any(|g| g.is_ipv4() == v4) {
+                            host::enable_forwarding(v4)?;
+                        }
                     }
                 }
+                if let Some(masquerading) = masquerading {
+                    // Shared by the subnet's pods: nothing to undo.
+                    masquerading
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::internal("the masquerade thread panicked")))?;
+                    fault::pause("bridge:masqueraded");
+                }
+                result.ips = plan.ips;
+                result.routes = plan.routes;
+                result.dns = leased.dns;
+            } else if !cfg.disable_container_interface {
+                pod_nl.set_up(&container).map_err(netlink_error)?;
             }
-            if cfg.ip_masq {
-                // Shared by the subnet's pods: nothing to undo.
-                masq::ensure(&cfg, &req.conf.name, &addresses)?;
-                fault::pause("bridge:masqueraded");
-            }
-            result.ips = plan.ips;
-            result.routes = plan.routes;
-            result.dns = leased.dns;
-        } else if !cfg.disable_container_interface {
-            pod_nl.set_up(&container).map_err(netlink_error)?;
-        }
 
-        let host_veth = if cfg.disable_container_interface {
-            host_nl.require_link(&host_veth.name).map_err(netlink_error)?
-        } else {
-            host::wait_port_up(&host_nl, &host_veth)?
-        };
-        result.interfaces = vec![
-            interface(&bridge, None),
-            interface(&host_veth, None),
-            interface(&container, Some(&sandbox)),
-        ];
-        // The reference lists the VLAN gateway interface fourth.
-        if let Some(name) = vlan_interface {
-            result.interfaces.push(interface(
-                &host_nl.require_link(&name).map_err(netlink_error)?,
-                None,
-            ));
-        }
-        if let Some(dns) = configured_dns(&req.conf) {
-            result.dns = dns;
-        }
-        still_at_its_path(&pod_ns, &sandbox)?;
-        undo.commit();
-        Ok(result)
+            let host_veth = if cfg.disable_container_interface {
+                host_nl.require_link(&host_veth.name).map_err(netlink_error)?
+            } else {
+                host::wait_port_up(&host_nl, &host_veth)?
+            };
+            result.interfaces = vec![
+                interface(&bridge, None),
+                interface(&host_veth, None),
+                interface(&container, Some(&sandbox)),
+            ];
+            // The reference lists the VLAN gateway interface fourth.
+            if let Some(name) = vlan_interface {
+                result.interfaces.push(interface(
+                    &host_nl.require_link(&name).map_err(netlink_error)?,
+                    None,
+                ));
+            }
+            if let Some(dns) = configured_dns(&req.conf) {
+                result.dns = dns;
+            }
+            still_at_its_path(&pod_ns, &sandbox)?;
+            undo.commit();
+            Ok(result)
+        })
     }
 
     fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
