@@ -23,7 +23,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
 
-.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-smoke soak test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo clean
 
 all: build
 
@@ -142,6 +142,14 @@ bench: build
 		echo "bench: perf is not installable here; its profiles are skipped"
 	cargo build --release --locked -p integration --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
+
+# The README's bench table, generated from the run it shows: `make bench`,
+# then this, which keeps that run's report, chart and JSON line in docs/bench.
+bench-readme:
+	cargo build --release --locked -p integration --bin cni-bench
+	install -d docs/bench
+	cp bench-results/run.json bench-results/report.md bench-results/latency.svg docs/bench/
+	target/release/cni-bench --update-readme README.md --from docs/bench/run.json
 
 # The same program, tiny, so the bench keeps working (no timing is judged).
 bench-smoke: build

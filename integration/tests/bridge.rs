@@ -19,6 +19,15 @@ impl Net {
         Net { node: Node::new() }
     }
 
+    /// A veth pair whose one end takes `name`, where a bridge is expected.
+    fn occupy_with_a_veth(&self, name: &str) {
+        let peer = format!("{name}p");
+        self.node
+            .netns
+            .ip(&["link", "add", name, "type", "veth", "peer", "name", &peer])
+            .success();
+    }
+
     /// Writes the conflist: a bridge entry (with `bridge` options merged in)
     /// and host-local IPAM over `ranges`.
     fn conf(&self, version: &str, bridge: Value, ranges: Value) -> Value {
@@ -439,19 +448,7 @@ fn a_failure_after_ipam_releases_the_lease_and_removes_the_veth() {
 #[test]
 fn a_failure_before_the_lease_is_taken_releases_it() {
     let net = Net::new();
-    net.node
-        .netns
-        .ip(&[
-            "link",
-            "add",
-            "notabridge",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "notabridgep",
-        ])
-        .success();
+    net.occupy_with_a_veth("notabridge");
     let list = net.v4(json!({"bridge": "notabridge"}));
     let mut conf = list["plugins"][0].clone();
     conf["cniVersion"] = list["cniVersion"].clone();
@@ -673,19 +670,7 @@ fn an_existing_interface_or_a_non_bridge_is_refused_before_any_change() {
         .json();
     assert_eq!(err["msg"], "container veth name provided (eth0) already exists");
     assert_eq!(net.leases(), 0);
-    net.node
-        .netns
-        .ip(&[
-            "link",
-            "add",
-            "notabridge",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "notabridgep",
-        ])
-        .success();
+    net.occupy_with_a_veth("notabridge");
     net.v4(json!({"bridge": "notabridge"}));
     let err = net
         .node

@@ -510,7 +510,7 @@ fn warm_up(out: &mut Outcome, suites: &[Suite]) {
 }
 
 /// Pods added one by one so they accumulate, then deleted one by one,
-/// each DEL followed by its floor on the same bridge; the suites alternate
+/// each DEL beside its floor on the same bridge; the suites alternate
 /// call by call.
 fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let pods: Vec<Vec<Netns>> = suites.iter().map(|_| pods(n, "seq")).collect();
@@ -541,9 +541,17 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
     let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (i, s) in interleaved(n, suites.len()) {
         let suite = &suites[s];
-        dels[s].push(suite.bridge_del(&format!("seq-{i}"), pods[s][i].path_str(), &results[s][i]));
-        let floor = suite.floor_pod();
-        floors[s].push(suite.floor_delete(&floor));
+        let del = || suite.bridge_del(&format!("seq-{i}"), pods[s][i].path_str(), &results[s][i]);
+        let floor = || suite.floor_delete(&suite.floor_pod());
+        // A deletion leaves the kernel work that the next one waits for:
+        // which of the two goes first alternates.
+        if i % 2 == 0 {
+            dels[s].push(del());
+            floors[s].push(floor());
+        } else {
+            floors[s].push(floor());
+            dels[s].push(del());
+        }
     }
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (s, suite) in suites.iter().enumerate() {
@@ -730,9 +738,16 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize, leases: usize) 
                     ));
                 }
             }
-            let del = suite.with_service_cpu(|| suite.bridge_del(&id, pod.path_str(), &result));
-            let floor = suite.floor_pod();
-            let floor_call = suite.floor_delete(&floor);
+            let del = || suite.with_service_cpu(|| suite.bridge_del(&id, pod.path_str(), &result));
+            let floor = || suite.floor_delete(&suite.floor_pod());
+            // Which deletion goes first alternates, as in the seq phase.
+            let (del, floor_call) = if pair % 2 == 0 {
+                let del = del();
+                (del, floor())
+            } else {
+                let floor_call = floor();
+                (del(), floor_call)
+            };
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam = |command| {
                 suite.with_service_cpu(|| {

@@ -420,9 +420,10 @@ pub fn markdown(options: &Options, outcome: &Outcome, figures: &Figures, machine
          Per-call rows (`p50`, `p95`, `p99`, `max`, `cpu p50`) pool every call of all repeats; once-per-repeat \
          rows (a burst's wall time) are medians of the repeats. Floors are measured in the same run, beside \
          the calls they bound, never taken from our own logs: a `… DEL floor` is one `ip -n <pod> link del \
-         eth0` of a pod-like veth (a fresh namespace's eth0, its peer up on the same bridge) made just before \
-         and deleted right after each DEL of that suite; `burst DEL floor wall` is as many such veths deleted \
-         at once by as many `ip` processes. A DEL target counts as met by floor when ours' p50 is within 2 ms \
+         eth0` of a pod-like veth (a fresh namespace's eth0 with an address and a default route, its peer up on \
+         the same bridge) made and deleted beside each DEL of that suite (which of the two deletions goes \
+         first alternates: each leaves the kernel work the next waits for); `burst DEL floor wall` is as \
+         many such veths deleted at once by as many `ip` processes. A DEL target counts as met by floor when ours' p50 is within 2 ms \
          of its floor's p50 (a burst: within 1.25 × its floor).\n\n",
     );
     out.push_str(&markdown_table(figures));
