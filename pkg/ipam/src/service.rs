@@ -183,17 +183,21 @@ impl Response {
     }
 }
 
-/// Holds `lock` (created 0600, never through a symlink) without waiting;
-/// None when another process holds it.
-fn try_lock(lock: &Path) -> io::Result<Option<File>> {
-    let file = OpenOptions::new()
+/// A lock file of the service (created 0600, never through a symlink).
+fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(lock)?;
+        .open(path)
+}
+
+/// Holds `lock` without waiting; None when another process holds it.
+fn try_lock(lock: &Path) -> io::Result<Option<File>> {
+    let file = open_lock_file(lock)?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(std::fs::TryLockError::WouldBlock) => Ok(None),
@@ -382,14 +386,7 @@ pub fn start_detached(exe: &Path, socket: &Path, deadline: Instant) -> io::Resul
     trusted_socket_dir(dir)?;
     let mut turn_path = socket.as_os_str().to_owned();
     turn_path.push(".start");
-    let turn = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(PathBuf::from(turn_path))?;
+    let turn = open_lock_file(Path::new(&turn_path))?;
     turn.lock()?;
     if socket::connect(socket).is_ok() {
         return Ok(());
