@@ -229,11 +229,6 @@ impl Route {
         self
     }
 
-    /// Whether no `socket` was configured.
-    pub fn is_unset(&self) -> bool {
-        self.unset
-    }
-
     /// For a plugin process, from its raw configuration. Unreadable stdin
     /// goes nowhere but here, which answers with the parse error.
     pub fn of_config(stdin: &[u8]) -> Self {
