@@ -78,6 +78,27 @@ impl Net {
         self.node.run("nft", &["list", "ruleset"]).success().stdout
     }
 
+    /// The masquerade of `subnet` in `backend`'s listing: its chain's
+    /// rules and the jump to it, sorted.
+    fn masquerade_of(&self, subnet: &str, backend: &str) -> Vec<String> {
+        let mut lines: Vec<String> = if backend == "iptables" {
+            let chain = subnet_chain(subnet);
+            let nat = self.node.run("iptables-save", &["-t", "nat"]).success().stdout;
+            nat.lines()
+                .filter(|l| l.starts_with("-A ") && l.contains(&chain))
+                .map(str::to_owned)
+                .collect()
+        } else {
+            self.nft_rules()
+                .lines()
+                .filter(|l| l.contains(subnet) && (l.contains(" jump net-") || l.contains("masquerade")))
+                .map(|l| l.trim().to_owned())
+                .collect()
+        };
+        lines.sort();
+        lines
+    }
+
     fn host_veths(&self) -> Vec<String> {
         let links = self
             .node
@@ -297,6 +318,105 @@ fn masquerade_with_iptables_and_nftables_and_nothing_left_after_del() {
         assert_eq!(net.subnet_masquerade(), 2);
         net.node.cnictl(&["del", NETWORK, c.path_str()]).success();
         net.assert_clean();
+    }
+}
+
+#[test]
+fn every_add_repairs_the_subnet_masquerade_and_starts_no_process_when_complete() {
+    for backend in ["iptables", "nftables"] {
+        let net = Net::new();
+        net.conf(
+            "1.1.0",
+            json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}),
+            json!([[{"subnet": "10.45.0.0/24"}]]),
+        );
+        net.add(&net.node.pod("first"));
+        let complete = net.masquerade_of("10.45.0.0/24", backend);
+        assert_eq!(
+            complete.len(),
+            if backend == "iptables" { 3 } else { 2 },
+            "{complete:?}"
+        );
+        let chain = subnet_chain("10.45.0.0/24");
+        let damage: Vec<Vec<&str>> = match backend {
+            "iptables" => vec![
+                vec!["iptables", "-t", "nat", "-F", "POSTROUTING"],
+                vec!["iptables", "-t", "nat", "-F"],
+                vec!["iptables", "-t", "nat", "-D", &chain, "1"],
+            ],
+            _ => vec![
+                vec![
+                    "nft",
+                    "flush",
+                    "chain",
+                    "inet",
+                    "cni_plugins_masquerade",
+                    "masq_checks",
+                ],
+                vec!["nft", "flush", "table", "inet", "cni_plugins_masquerade"],
+            ],
+        };
+        for (round, command) in damage.iter().enumerate() {
+            let damaged = net.node.run(command[0], &command[1..]);
+            assert!(damaged.ok(), "{damaged:?}");
+            assert_ne!(net.masquerade_of("10.45.0.0/24", backend), complete);
+            net.add(&net.node.pod(&format!("after-{round}")));
+            assert_eq!(
+                net.masquerade_of("10.45.0.0/24", backend),
+                complete,
+                "{backend}: the ADD after `{}` left it complete, once",
+                command.join(" ")
+            );
+            if backend == "nftables" {
+                let nft = net.nft_rules();
+                assert!(nft.contains("goto masq_checks"), "{nft}");
+            }
+        }
+        // Nothing missing: the ADD starts no process but host-local's.
+        let trace = net.node.path("exec.trace");
+        let pod = net.node.pod("quiet");
+        let cache = net.node.cache_dir();
+        let conf = net.node.conf_dir();
+        let bins = integration::bin_dir();
+        let cnictl = bin("cnictl");
+        let traced = run_in(
+            net.node.netns.path(),
+            std::path::Path::new("strace"),
+            &[
+                "-f",
+                "-qq",
+                "-e",
+                "trace=execve",
+                "-o",
+                trace.to_str().expect("UTF-8"),
+                cnictl.to_str().expect("UTF-8"),
+                "--cache-dir",
+                cache.to_str().expect("UTF-8"),
+                "add",
+                NETWORK,
+                pod.path_str(),
+            ],
+            &[
+                ("NETCONFPATH", conf.to_str().expect("UTF-8")),
+                ("CNI_PATH", bins.to_str().expect("UTF-8")),
+            ],
+            "",
+        );
+        assert!(traced.ok(), "{traced:?}");
+        let execs = std::fs::read_to_string(&trace).expect("trace");
+        let programs: Vec<&str> = execs
+            .lines()
+            .filter(|l| l.contains("execve(") && !l.contains("ENOENT"))
+            .filter_map(|l| l.split('"').nth(1))
+            .filter_map(|p| p.rsplit('/').next())
+            .collect();
+        assert!(
+            programs
+                .iter()
+                .all(|p| ["cnictl", "bridge", "host-local"].contains(p)),
+            "{programs:?}"
+        );
+        assert_eq!(net.masquerade_of("10.45.0.0/24", backend), complete);
     }
 }
 
@@ -653,6 +773,60 @@ fn check_detects_a_removed_address_or_route() {
         "{err}"
     );
     net.del(pod.path_str());
+    net.assert_clean();
+}
+
+/// The `link/ether` address of `name` in `netns`.
+fn mac_of(netns: &Netns, name: &str) -> String {
+    let shown = netns.ip(&["-o", "link", "show", name]).success().stdout;
+    shown
+        .split("link/ether ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no MAC in {shown}"))
+        .to_owned()
+}
+
+#[test]
+fn the_bridge_keeps_its_own_mac_through_add_and_del() {
+    let net = Net::new();
+    net.v4(json!({"isGateway": true}));
+    // A bridge made before by someone else, and one the first ADD makes.
+    net.node
+        .netns
+        .ip(&["link", "add", "cnitest0", "type", "bridge"])
+        .success();
+    let before = mac_of(&net.node.netns, "cnitest0");
+    let (a, b) = (net.node.pod("a"), net.node.pod("b"));
+    let (ra, rb) = (net.add(&a), net.add(&b));
+    let veths: Vec<String> = net
+        .host_veths()
+        .iter()
+        .map(|veth| mac_of(&net.node.netns, veth))
+        .chain([mac_of(&a, "eth0"), mac_of(&b, "eth0")])
+        .collect();
+    assert_eq!(mac_of(&net.node.netns, "cnitest0"), before);
+    assert!(!veths.contains(&before), "{before} is a veth's: {veths:?}");
+    assert_eq!(ra["interfaces"][0]["mac"], before.as_str());
+    assert_eq!(rb["interfaces"][0]["mac"], before.as_str());
+    net.ping(&a, &address_of(&rb, 0)).success();
+    net.del(a.path_str());
+    net.del(b.path_str());
+    assert_eq!(mac_of(&net.node.netns, "cnitest0"), before);
+
+    net.v4(json!({"isGateway": true, "bridge": "cnitest1"}));
+    let c = net.node.pod("c");
+    let rc = net.add(&c);
+    let made = mac_of(&net.node.netns, "cnitest1");
+    let veth = rc["interfaces"][1]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_ne!(made, mac_of(&net.node.netns, &veth));
+    assert_ne!(made, mac_of(&c, "eth0"));
+    assert_eq!(rc["interfaces"][0]["mac"], made.as_str());
+    net.del(c.path_str());
+    assert_eq!(mac_of(&net.node.netns, "cnitest1"), made);
     net.assert_clean();
 }
 

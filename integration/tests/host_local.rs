@@ -567,6 +567,15 @@ fn cnictl_ipam_inspects_and_repairs() {
         full.extend_from_slice(args);
         ipam.node.cnictl(&full)
     };
+    // As the README says of the layout: the reference's directory and its
+    // `lock`, and no per-address file; leases are read with `ls`.
+    let mut files: Vec<String> = std::fs::read_dir(std::path::Path::new(ipam.data_dir()).join(NETWORK))
+        .expect("the network's directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["lock"]);
     let table = cnictl(&["ls", NETWORK]).success();
     assert!(table.stdout.starts_with("IP"), "{table:?}");
     assert!(

@@ -327,6 +327,49 @@ fn a_rerun_is_unchanged_and_other_istio_rules_are_replaced() {
     assert_holds(&pod, &expected, &[Family::V4], "nft");
 }
 
+/// The pod's policy routing: its rules and table 133, both families.
+fn policy_routing(pod: &Netns) -> String {
+    ["-4", "-6"]
+        .iter()
+        .flat_map(|family| {
+            [
+                pod.ip(&[family, "rule"]).stdout,
+                pod.ip(&[family, "route", "show", "table", "133"]).stdout,
+            ]
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn a_rerun_with_another_layout_converges_to_a_fresh_add_of_it() {
+    let node = Node::new();
+    let tproxy = entry(json!({"redirect": {"interceptionMode": "TPROXY"}}));
+    let redirect = entry(json!({"redirect": {"interceptionMode": "REDIRECT"}}));
+    let fresh = addressed_pod(&node, &["10.60.0.2/24", "fd60::2/64"]);
+    add(&node, &fresh, &redirect).success();
+    let rerun = addressed_pod(&node, &["10.60.0.2/24", "fd60::2/64"]);
+    add(&node, &rerun, &tproxy).success();
+    let routing = policy_routing(&rerun);
+    assert!(routing.contains("fwmark 0x539 lookup 133"), "{routing}");
+    assert!(routing.contains("local default dev lo"), "{routing}");
+    add(&node, &rerun, &redirect).success();
+    assert_eq!(policy_routing(&rerun), policy_routing(&fresh));
+    for family in [Family::V4, Family::V6] {
+        assert_eq!(
+            pod_chains(&rerun, family, "nft"),
+            pod_chains(&fresh, family, "nft")
+        );
+    }
+    // And back: TPROXY's routing returns, once.
+    add(&node, &rerun, &tproxy).success();
+    add(&node, &rerun, &tproxy).success();
+    assert_eq!(
+        policy_routing(&rerun).matches("fwmark 0x539 lookup 133").count(),
+        2
+    );
+}
+
 #[test]
 fn check_names_missing_rules() {
     let node = Node::new();
@@ -805,6 +848,72 @@ fn pods_are_read_from_the_api_server() {
         .failure();
     assert_eq!(error_code(&refused), 11, "{refused:?}");
     assert!(no_istio_rules(&pod));
+}
+
+#[test]
+fn one_deadline_bounds_the_whole_pod_lookup() {
+    let node = Node::new();
+    node.netns.ip(&["link", "set", "lo", "up"]).success();
+    let server = ApiServer::start(node.netns.path(), "s3cret");
+    let ns = netns::NetNs::open(node.netns.path()).expect("node netns");
+    // One that accepts and never says a thing, and one that begins a TLS
+    // record of 16 KiB and sends it a byte every 200 ms.
+    let silent = ns
+        .run(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("enter")
+        .expect("bind");
+    let trickling = ns
+        .run(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("enter")
+        .expect("bind");
+    let ports = [silent.local_addr(), trickling.local_addr()].map(|a| a.expect("addr").port());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    std::thread::spawn(move || {
+        for mut stream in trickling.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = stream.write_all(&[0x16, 0x03, 0x03, 0x40, 0x00]);
+                while stream.write_all(&[0]).is_ok() {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+            });
+        }
+    });
+    let dir = node.path("kc");
+    fs::create_dir_all(&dir).expect("mkdir");
+    let kubeconfig = server.kubeconfig(&dir, "127.0.0.1", "s3cret");
+    for port in ports {
+        let pointed = node.path(&format!("kc-{port}"));
+        let text = fs::read_to_string(&kubeconfig)
+            .expect("kubeconfig")
+            .replace(&format!(":{}\n", server.port), &format!(":{port}\n"));
+        fs::write(&pointed, text).expect("write");
+        let conf = entry(
+            json!({"kubeconfig": pointed, "api_attempts": 30, "api_retry_delay_ms": 1000,
+                                "api_deadline_ms": 1500}),
+        );
+        let pod = addressed_pod(&node, &["10.60.0.2/24"]);
+        let started = std::time::Instant::now();
+        let failed = Exec::new("ADD", &pod)
+            .args(&k8s_args("default", "web-0"))
+            .run(&node, &conf)
+            .failure();
+        let took = started.elapsed();
+        assert_eq!(error_code(&failed), 11, "{failed:?}");
+        assert!(
+            failed
+                .stdout
+                .contains("did not answer within 1.5 s (api_deadline_ms)"),
+            "{failed:?}"
+        );
+        assert!(took < std::time::Duration::from_secs(4), "{took:?}");
+        assert!(no_istio_rules(&pod), "it still fails closed");
+    }
 }
 
 // --- traffic -------------------------------------------------------------

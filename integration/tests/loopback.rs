@@ -173,7 +173,7 @@ fn protocol_errors_are_one_json_document_with_the_spec_code() {
             BTreeMap::from([("CNI_COMMAND", "ADD"), ("CNI_IFNAME", "lo")]),
             good.clone(),
             4,
-            "required env variables [CNI_CONTAINERID,CNI_NETNS] missing",
+            "required env variables [CNI_CONTAINERID,CNI_NETNS,CNI_PATH] missing",
         ),
         (plugin_env("ADD", netns), "{not json".into(), 6, ""),
         (
@@ -215,6 +215,56 @@ fn protocol_errors_are_one_json_document_with_the_spec_code() {
         assert!(err["cniVersion"].is_string(), "{err}");
     }
     assert!(!pod.link_is_up("lo"), "no failed invocation changed the pod");
+}
+
+#[test]
+fn errors_found_before_the_configuration_is_read_speak_its_version() {
+    let node = Node::new();
+    let pod = node.pod("pod");
+    for version in ["0.3.1", "1.0.0"] {
+        let conf = json!({"cniVersion": version, "name": "lo-net", "type": "loopback"}).to_string();
+        let mut env = plugin_env("ADD", pod.path_str());
+        env.insert("CNI_IFNAME", "sixteen-bytes-xx");
+        let err = node.exec_plugin("loopback", &env, &conf).failure().json();
+        assert_eq!(
+            (&err["code"], &err["cniVersion"]),
+            (&json!(4), &json!(version)),
+            "{err}"
+        );
+        env.insert("CNI_IFNAME", "lo");
+        env.remove("CNI_PATH");
+        let err = node.exec_plugin("loopback", &env, &conf).failure().json();
+        assert_eq!(err["msg"], "required env variables [CNI_PATH] missing");
+        assert_eq!(err["cniVersion"], version, "{err}");
+    }
+    // Nothing to read a version from: the newest.
+    let mut env = plugin_env("ADD", pod.path_str());
+    env.insert("CNI_CONTAINERID", "a/b");
+    let err = node.exec_plugin("loopback", &env, "{not json").failure().json();
+    assert_eq!(
+        (&err["code"], &err["cniVersion"]),
+        (&json!(4), &json!("1.1.0")),
+        "{err}"
+    );
+    assert!(!pod.link_is_up("lo"));
+}
+
+#[test]
+fn cni_args_it_does_not_read_do_not_fail_it() {
+    let node = Node::new();
+    let pod = node.pod("pod");
+    let conf = json!({"cniVersion": "1.0.0", "name": "lo-net", "type": "loopback"}).to_string();
+    for args in ["none", "K", "=V;;x"] {
+        let mut env = plugin_env("ADD", pod.path_str());
+        env.insert("CNI_ARGS", args);
+        let added = node.exec_plugin("loopback", &env, &conf).success().json();
+        let prev = json!({"cniVersion": "1.0.0", "name": "lo-net", "type": "loopback",
+                          "prevResult": added});
+        for command in ["CHECK", "DEL"] {
+            env.insert("CNI_COMMAND", command);
+            node.exec_plugin("loopback", &env, &prev.to_string()).success();
+        }
+    }
 }
 
 #[test]

@@ -253,3 +253,60 @@ fn reference_bridge_and_host_local_then_our_istio_redirect() {
         assert!(!files.contains("10.54.0.2"), "{version}: {files}");
     }
 }
+
+/// Keys spelled as Go's decoder still matches them (any case, the later of
+/// two winning): ours reads them as the reference does.
+#[test]
+fn keys_in_any_case_work_as_with_the_reference() {
+    for suite in ["ours", "reference"] {
+        let node = Node::new();
+        let pod = node.pod("pod");
+        let bins = match suite {
+            "ours" => bin("bridge").parent().expect("dir").to_path_buf(),
+            _ => PathBuf::from(REFERENCE),
+        };
+        let conf = json!({"CNIVersion": "1.0.0", "Name": NETWORK, "type": "bridge",
+            "Bridge": "cnicase0", "isgateway": true, "IPMasq": false, "ipmasq": true,
+            "capabilities": {"mac": true}, "RuntimeConfig": {"MAC": "c2:11:22:33:44:55"},
+            "IPAM": {"Type": "host-local", "Socket": "", "Ranges": [[{"Subnet": "10.47.0.0/24"}]],
+                     "DataDir": node.path("ipam").to_str().expect("UTF-8")}});
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "case-1"),
+            ("CNI_NETNS", pod.path_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", bins.to_str().expect("UTF-8")),
+        ];
+        let added = run_in(
+            node.netns.path(),
+            &bins.join("bridge"),
+            &[],
+            &env,
+            &conf.to_string(),
+        );
+        assert!(added.ok(), "{suite}: {added:?}");
+        let result: Value = serde_json::from_str(&added.stdout).expect("a result");
+        assert_eq!(result["cniVersion"], "1.0.0", "{suite}");
+        assert_eq!(result["ips"][0]["address"], "10.47.0.2/24", "{suite}");
+        let bridge = node.netns.ip(&["-o", "addr", "show", "cnicase0"]).stdout;
+        assert!(bridge.contains("10.47.0.1/24"), "{suite}: isgateway: {bridge}");
+        let eth0 = pod.ip(&["-o", "link", "show", "eth0"]).stdout;
+        assert!(
+            eth0.contains("c2:11:22:33:44:55"),
+            "{suite}: RuntimeConfig.MAC: {eth0}"
+        );
+        let nat = node.run("iptables-save", &["-t", "nat"]).stdout;
+        assert!(
+            nat.contains("-j MASQUERADE"),
+            "{suite}: the later ipmasq wins: {nat}"
+        );
+        let del = run_in(
+            node.netns.path(),
+            &bins.join("bridge"),
+            &[],
+            &[("CNI_COMMAND", "DEL"), env[1], env[2], env[3], env[4]],
+            &conf.to_string(),
+        );
+        assert!(del.ok(), "{suite}: {del:?}");
+    }
+}

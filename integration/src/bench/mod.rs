@@ -379,6 +379,29 @@ impl Suite {
         pod
     }
 
+    /// `del` and the floor beside it: an `ip link del` of a pod-like veth
+    /// made right before it on the same bridge. A deletion leaves kernel work
+    /// that the next one waits for, so which goes first alternates with
+    /// `turn`; and deleting a namespace starts such work too, so the
+    /// floor's namespace joins `kept`, deleted by the caller after the
+    /// phase (a namespace deleted right after the floor had delayed only
+    /// the DEL that followed it).
+    fn beside_floor(&self, turn: usize, del: impl FnOnce() -> Call, kept: &mut Vec<Netns>) -> (Call, Call) {
+        let mut floor = || {
+            let pod = self.floor_pod();
+            let call = self.floor_delete(&pod);
+            kept.push(pod);
+            call
+        };
+        if turn.is_multiple_of(2) {
+            let del = del();
+            (del, floor())
+        } else {
+            let floor = floor();
+            (del(), floor)
+        }
+    }
+
     /// `ip -n <pod> link del eth0`, timed as one process: what no bridge
     /// DEL can go below (the kernel unregisters the pair in that call).
     fn floor_delete(&self, pod: &Netns) -> Call {
@@ -539,20 +562,15 @@ fn seq(out: &mut Outcome, suites: &[Suite], n: usize) {
         }
     }
     let cpu_mid: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
+    let mut floor_pods = Vec::new();
     for (i, s) in interleaved(n, suites.len()) {
         let suite = &suites[s];
         let del = || suite.bridge_del(&format!("seq-{i}"), pods[s][i].path_str(), &results[s][i]);
-        let floor = || suite.floor_delete(&suite.floor_pod());
-        // A deletion leaves the kernel work that the next one waits for:
-        // which of the two goes first alternates.
-        if i % 2 == 0 {
-            dels[s].push(del());
-            floors[s].push(floor());
-        } else {
-            floors[s].push(floor());
-            dels[s].push(del());
-        }
+        let (del, floor) = suite.beside_floor(i, del, &mut floor_pods);
+        dels[s].push(del);
+        floors[s].push(floor);
     }
+    drop(floor_pods);
     let cpu_after: Vec<Duration> = suites.iter().map(Suite::service_cpu).collect();
     for (s, suite) in suites.iter().enumerate() {
         check_calls(out, "seq DEL", suite.setup, &dels[s]);
@@ -723,6 +741,8 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize, leases: usize) 
     for k in 0..suites.len() {
         let suite = &suites[(round + k) % suites.len()];
         let mut calls: BTreeMap<&str, Vec<Call>> = BTreeMap::new();
+        // Every namespace of the round is deleted after it (see beside_floor).
+        let mut kept = Vec::new();
         for pair in 0..FULL_PAIRS {
             let pod = Netns::new("full");
             let id = format!("full-extra-{round}-{pair}");
@@ -739,15 +759,7 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize, leases: usize) 
                 }
             }
             let del = || suite.with_service_cpu(|| suite.bridge_del(&id, pod.path_str(), &result));
-            let floor = || suite.floor_delete(&suite.floor_pod());
-            // Which deletion goes first alternates, as in the seq phase.
-            let (del, floor_call) = if pair % 2 == 0 {
-                let del = del();
-                (del, floor())
-            } else {
-                let floor_call = floor();
-                (del(), floor_call)
-            };
+            let (del, floor_call) = suite.beside_floor(pair, del, &mut kept);
             let ipam_id = format!("full-ipam-{round}-{pair}");
             let ipam = |command| {
                 suite.with_service_cpu(|| {
@@ -771,7 +783,9 @@ fn full_round(out: &mut Outcome, suites: &[Suite], round: usize, leases: usize) 
             ] {
                 calls.entry(what).or_default().push(call);
             }
+            kept.push(pod);
         }
+        drop(kept);
         for (what, calls) in &calls {
             check_calls(out, what, suite.setup, calls);
             out.sample(what, suite.side(), calls, Duration::ZERO);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
 use cni::result::IpConfig;
-use cni::skel::{NoConfig, Reply, dispatch, emit};
+use cni::skel::{Reply, dispatch, emit};
 use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
 use ipam::client::{self, Route};
 use ipam::config::{IpamConfig, parse_resolv_conf};
@@ -28,8 +28,8 @@ impl HostLocal {
         HostLocal { stores }
     }
 
-    fn config(req: &Request<NoConfig>) -> Result<IpamConfig> {
-        IpamConfig::load(&req.conf, &req.env.args).map_err(Error::from)
+    fn config(req: &Request) -> Result<IpamConfig> {
+        IpamConfig::load(&req.conf, &req.env.args()?).map_err(Error::from)
     }
 
     fn on_network<T>(
@@ -45,9 +45,9 @@ impl HostLocal {
 
 impl Plugin for HostLocal {
     const NAME: &'static str = "host-local";
-    type Config = NoConfig;
+    const KEYS: cni::keys::Shape = ipam::config::KEYS;
 
-    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
+    fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = HostLocal::config(req)?;
         // Read before anything is leased, so a bad path leaves nothing behind.
         let dns = match &cfg.resolv_conf {
@@ -86,7 +86,7 @@ impl Plugin for HostLocal {
         })
     }
 
-    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+    fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
         let cfg = HostLocal::config(req)?;
         let reported: Option<Vec<IpAddr>> = req
             .conf
@@ -103,7 +103,7 @@ impl Plugin for HostLocal {
         })
     }
 
-    fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+    fn del(&self, req: &Request, att: &Attachment) -> Result<()> {
         let cfg = HostLocal::config(req)?;
         self.on_network(&cfg, |net| {
             pool::release(net, &att.container_id, &att.ifname, att.netns.as_deref())
@@ -111,7 +111,7 @@ impl Plugin for HostLocal {
         .map(drop)
     }
 
-    fn gc(&self, req: &Request<NoConfig>) -> Result<()> {
+    fn gc(&self, req: &Request) -> Result<()> {
         let cfg = HostLocal::config(req)?;
         let valid = req.conf.gc_valid_attachments()?;
         let report = self.on_network(&cfg, |net| pool::gc(net, &valid))?;
@@ -126,7 +126,7 @@ impl Plugin for HostLocal {
         }
     }
 
-    fn status(&self, req: &Request<NoConfig>) -> Result<()> {
+    fn status(&self, req: &Request) -> Result<()> {
         let cfg = HostLocal::config(req)?;
         match self.on_network(&cfg, |net| pool::exhausted_set(net, &cfg.range_sets))? {
             None => Ok(()),
@@ -190,11 +190,15 @@ fn reaches_store(env: &BTreeMap<String, String>, stdin: &[u8]) -> bool {
     let Ok(Some(environment)) = cni::Environment::load(env) else {
         return false;
     };
-    let conf = cni::conf::parse_document(stdin).and_then(|doc| {
+    let conf = cni::skel::parse_as::<HostLocal>(stdin).and_then(|doc| {
         let version = cni::conf::config_version(&doc)?;
         cni::NetConf::from_document(doc, version)
     });
-    conf.is_ok_and(|conf| IpamConfig::load(&conf, &environment.args).is_ok())
+    conf.is_ok_and(|conf| {
+        environment
+            .args()
+            .is_ok_and(|args| IpamConfig::load(&conf, &args).is_ok())
+    })
 }
 
 fn read_stdin() -> std::io::Result<Vec<u8>> {

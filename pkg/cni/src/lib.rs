@@ -16,6 +16,7 @@ pub mod env;
 pub mod error;
 pub mod exec;
 pub mod fault;
+pub mod keys;
 pub mod log;
 pub mod result;
 pub mod skel;

@@ -7,12 +7,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::conf::{NetConf, config_version, parse_document};
 use crate::env::{Command, EnvSource, Environment, ProcessEnv};
 use crate::error::{Code, Error, Result};
+use crate::keys::{self, Shape};
 use crate::result::CniResult;
 use crate::version::Version;
 
@@ -24,38 +24,31 @@ pub const SUITE_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub trait Plugin {
     /// The binary's name, for the about text and logs.
     const NAME: &'static str;
-    /// The plugin's own keys, read from the same stdin document.
-    type Config: DeserializeOwned;
+    /// The structs the reference plugin decodes its configuration into:
+    /// keys are matched to them as Go matches them (see [`keys`]) before
+    /// anything reads the document. A plugin reads its own keys from
+    /// [`Request::conf`].
+    const KEYS: Shape;
 
-    fn add(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<CniResult>;
-    fn check(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<()>;
-    fn del(&self, req: &Request<Self::Config>, attachment: &Attachment) -> Result<()>;
+    fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult>;
+    fn check(&self, req: &Request, attachment: &Attachment) -> Result<()>;
+    fn del(&self, req: &Request, attachment: &Attachment) -> Result<()>;
 
-    fn gc(&self, _req: &Request<Self::Config>) -> Result<()> {
+    fn gc(&self, _req: &Request) -> Result<()> {
         Ok(())
     }
 
-    fn status(&self, _req: &Request<Self::Config>) -> Result<()> {
+    fn status(&self, _req: &Request) -> Result<()> {
         Ok(())
-    }
-}
-
-/// The configuration type of a plugin that has no keys of its own.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NoConfig;
-
-impl<'de> serde::Deserialize<'de> for NoConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        serde::de::IgnoredAny::deserialize(d).map(|_| NoConfig)
     }
 }
 
 /// Everything one invocation received.
 #[derive(Debug)]
-pub struct Request<C> {
+pub struct Request {
     pub env: Environment,
+    /// The configuration, its keys matched to the plugin's [`Plugin::KEYS`].
     pub conf: NetConf,
-    pub config: C,
     /// stdin as received, for delegation to an IPAM plugin.
     pub stdin: Vec<u8>,
 }
@@ -164,7 +157,15 @@ pub fn dispatch<P: Plugin>(
     let env = match Environment::load(source) {
         Ok(Some(env)) => env,
         Ok(None) => return Reply::About(about_text(P::NAME)),
-        Err(e) => return Reply::Failed(e, Version::LATEST),
+        // Like every other error, it speaks the configuration's version
+        // whenever there is one to read.
+        Err(e) => {
+            let version = read_stdin()
+                .ok()
+                .and_then(|stdin| parse_as::<P>(&stdin).and_then(|doc| config_version(&doc)).ok())
+                .unwrap_or(Version::LATEST);
+            return Reply::Failed(e, version);
+        }
     };
     let stdin = match read_stdin() {
         Ok(bytes) => bytes,
@@ -178,7 +179,7 @@ pub fn dispatch<P: Plugin>(
     if env.command == Command::Version {
         return Reply::Document(version_document(&stdin));
     }
-    let doc = match parse_document(&stdin).and_then(|doc| Ok((config_version(&doc)?, doc))) {
+    let doc = match parse_as::<P>(&stdin).and_then(|doc| Ok((config_version(&doc)?, doc))) {
         Ok(parsed) => parsed,
         Err(e) => return Reply::Failed(e, Version::LATEST),
     };
@@ -188,6 +189,13 @@ pub fn dispatch<P: Plugin>(
         Ok(None) => Reply::Done,
         Err(e) => Reply::Failed(e, version),
     }
+}
+
+/// stdin as a JSON object whose keys are matched to the plugin's.
+pub fn parse_as<P: Plugin>(stdin: &[u8]) -> Result<Value> {
+    let mut doc = parse_document(stdin)?;
+    keys::fold(&mut doc, &P::KEYS);
+    Ok(doc)
 }
 
 fn invoke<P: Plugin>(
@@ -211,17 +219,11 @@ fn invoke<P: Plugin>(
     }
     let conf = NetConf::from_document(doc, version)?;
     crate::log::configure(conf.log_file.as_deref(), conf.log_level.as_deref())?;
-    let config = conf.plugin_config::<P::Config>()?;
     let attachment = command
         .acts_on_attachment()
         .then(|| attachment_of(&env))
         .transpose()?;
-    let req = Request {
-        env,
-        conf,
-        config,
-        stdin,
-    };
+    let req = Request { env, conf, stdin };
     log::debug!(
         "{} container={} ifname={} netns={}",
         command.as_str(),

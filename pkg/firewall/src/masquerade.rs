@@ -100,19 +100,25 @@ pub fn render_setup(family: Family, network: &str, container_id: &str, addresses
     out
 }
 
-/// The input that creates a subnet's chain and its POSTROUTING jump. `-N`
-/// makes the whole batch fail when the chain exists already, so two pods
-/// racing to create it cannot double the jump.
-pub fn render_network_setup(family: Family, network: &str, subnet: &IpNetwork) -> String {
+/// The input that writes a subnet's chain whole and, `with_jump`, its
+/// POSTROUTING jump (left out when the jump is there: callers hold the
+/// node's lock, so none is doubled).
+pub fn render_network_setup(family: Family, network: &str, subnet: &IpNetwork, with_jump: bool) -> String {
     let chain = network_chain(network, subnet);
     let comment = quote(&network_comment(network, subnet));
     let subnet = network_of(subnet);
+    // `:chain` creates the chain, or empties the one there: its rules are
+    // written whole, never doubled.
+    let jump = if with_jump {
+        format!("-A POSTROUTING -s {subnet} -m comment --comment {comment} -j {chain}\n")
+    } else {
+        String::new()
+    };
     format!(
-        "*nat\n-N {chain}\n\
+        "*nat\n:{chain} - [0:0]\n\
          -A {chain} -d {subnet} -m comment --comment {comment} -j ACCEPT\n\
          -A {chain} ! -d {} -m comment --comment {comment} -j MASQUERADE\n\
-         -A POSTROUTING -s {subnet} -m comment --comment {comment} -j {chain}\n\
-         COMMIT\n",
+         {jump}COMMIT\n",
         family.multicast()
     )
 }
@@ -264,18 +270,58 @@ fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
         .collect()
 }
 
-/// Masquerade for the subnets of `addresses`: each subnet's chain is
-/// created by the first pod; later pods only find it.
+/// What a subnet's masquerade lacks: nothing (`None`), or its chain's
+/// rules and, when `jump` says so, the POSTROUTING jump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Gap {
+    jump: bool,
+}
+
+/// Looks for a subnet's chain, its two rules and its jump: in-process with
+/// iptables-nft (every rule of ours carries the subnet's comment, which
+/// iptables-nft keeps in the rule's `comment` match), from `iptables-save`
+/// with iptables-legacy.
+fn gap_of(family: Family, network: &str, subnet: &IpNetwork) -> Result<Option<Gap>> {
+    let chain = network_chain(network, subnet);
+    let (rules, jump) = if uses_nf_tables(family) {
+        let table_family = match family {
+            Family::V4 => TableFamily::Ip,
+            Family::V6 => TableFamily::Ip6,
+        };
+        let comment = network_comment(network, subnet);
+        let ours = |chain: &str| nfnl::rules_mentioning(table_family, "nat", chain, &comment);
+        (ours(&chain)?, ours("POSTROUTING")? > 0)
+    } else {
+        let table = read_nat(family)?;
+        let expected = render_network_setup(family, network, subnet, true);
+        let present = |line: &str| table.rules.iter().any(|(_, rule)| rule == line);
+        let in_chain = table.rules.iter().filter(|(c, _)| *c == chain).count();
+        let lines: Vec<&str> = expected.lines().filter(|l| l.starts_with("-A ")).collect();
+        let (own, jump) = lines.split_at(2);
+        let complete = own.iter().all(|l| present(l));
+        (
+            if complete { in_chain } else { 0 },
+            jump.iter().all(|l| present(l)),
+        )
+    };
+    Ok((rules != 2 || !jump).then_some(Gap { jump: !jump }))
+}
+
+/// Masquerade for the subnets of `addresses`, left complete by every ADD:
+/// the first pod of a subnet creates its chain and jump, and a later one
+/// puts back whatever a firewall reload or `iptables -t nat -F` removed, in
+/// one batch. When nothing is missing no process is started.
 pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
     for subnet in subnets_of(addresses) {
         let family = Family::of(&subnet);
-        let chain = network_chain(network, &subnet);
-        if nat_chain_exists(family, &chain)? {
+        let Some(gap) = gap_of(family, network, &subnet)? else {
             continue;
-        }
-        if let Err(e) = restore(family, &render_network_setup(family, network, &subnet)) {
-            // Another pod of the subnet may have created it meanwhile.
-            if !nat_chain_exists(family, &chain)? {
+        };
+        let repair = render_network_setup(family, network, &subnet, gap.jump);
+        if let Err(e) = restore(family, &repair) {
+            // A plugin outside the node's lock (the reference's) may have
+            // made it complete meanwhile.
+            if gap_of(family, network, &subnet)?.is_some() {
                 return Err(e);
             }
         }
@@ -354,7 +400,7 @@ pub fn network_missing(
         .into_iter()
         .filter(|subnet| Family::of(subnet) == family)
         .flat_map(|subnet| {
-            render_network_setup(family, network, &subnet)
+            render_network_setup(family, network, &subnet, true)
                 .lines()
                 .filter(|line| line.starts_with("-A ") && !present.contains(line))
                 .map(str::to_owned)
@@ -495,22 +541,23 @@ COMMIT
         assert_ne!(chain, network_chain("other", &subnet));
         let c = r#""name: \"cni-bridge\" subnet: \"10.88.0.0/16\"""#;
         assert_eq!(
-            render_network_setup(Family::V4, "cni-bridge", &subnet),
+            render_network_setup(Family::V4, "cni-bridge", &subnet, true),
             format!(
-                "*nat\n-N {chain}\n\
+                "*nat\n:{chain} - [0:0]\n\
                  -A {chain} -d 10.88.0.0/16 -m comment --comment {c} -j ACCEPT\n\
                  -A {chain} ! -d 224.0.0.0/4 -m comment --comment {c} -j MASQUERADE\n\
                  -A POSTROUTING -s 10.88.0.0/16 -m comment --comment {c} -j {chain}\n\
                  COMMIT\n"
             )
         );
-        assert!(render_network_setup(Family::V6, "n", &net("fd88::/64")).contains("! -d ff00::/8"));
+        assert!(render_network_setup(Family::V6, "n", &net("fd88::/64"), true).contains("! -d ff00::/8"));
+        assert!(!render_network_setup(Family::V4, "n", &subnet, false).contains("POSTROUTING"));
     }
 
     #[test]
     fn check_reports_missing_network_rules() {
         let addrs = [net("10.88.0.5/16"), net("10.88.0.6/16")];
-        let complete = render_network_setup(Family::V4, "net", &net("10.88.0.0/16")).replace("-N ", ":");
+        let complete = render_network_setup(Family::V4, "net", &net("10.88.0.0/16"), true);
         let table = NatTable::parse(&complete);
         assert!(network_missing(&table, Family::V4, "net", &addrs).is_empty());
         assert_eq!(table.network_chains_of("net").len(), 1);

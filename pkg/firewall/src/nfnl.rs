@@ -104,7 +104,10 @@ fn converse(
             let payload = &buf[at + 16..at + len];
             match kind {
                 NLMSG_ERROR => {
-                    let code = i32::from_ne_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                    let Some(code) = payload.get(..4) else {
+                        return Err(Error::Invalid(format!("nf_tables {what}: a truncated error")));
+                    };
+                    let code = i32::from_ne_bytes([code[0], code[1], code[2], code[3]]);
                     return Ok(if code == 0 { Ok(()) } else { Err(-code) });
                 }
                 NLMSG_DONE => return Ok(Ok(())),
@@ -163,16 +166,20 @@ fn comment_of(userdata: &[u8]) -> Option<String> {
     None
 }
 
-/// The comments of the rules in `chain` (none when the chain or its table
-/// does not exist).
-pub fn rule_comments(family: TableFamily, table: &str, chain: &str) -> Result<Vec<String>> {
+/// Hands each rule of `chain` (none when the chain or its table does not
+/// exist) to `each` as its attributes.
+fn for_each_rule(
+    family: TableFamily,
+    table: &str,
+    chain: &str,
+    mut each: impl FnMut(&[(u16, &[u8])]),
+) -> Result<()> {
     let message = request(
         NFT_MSG_GETRULE,
         NLM_F_DUMP,
         family,
         &[(NFTA_RULE_TABLE, table), (NFTA_RULE_CHAIN, chain)],
     );
-    let mut comments = Vec::new();
     let outcome = converse("rule listing", &message, |kind, payload| {
         if kind != NFT_MSG_NEWRULE {
             return;
@@ -181,22 +188,48 @@ pub fn rule_comments(family: TableFamily, table: &str, chain: &str) -> Result<Ve
         let in_chain = attrs
             .iter()
             .any(|(k, v)| *k == NFTA_RULE_CHAIN && v.split(|b| *b == 0).next() == Some(chain.as_bytes()));
-        if in_chain
-            && let Some(comment) = attrs
-                .iter()
-                .find(|(k, _)| *k == NFTA_RULE_USERDATA)
-                .and_then(|(_, v)| comment_of(v))
-        {
-            comments.push(comment);
+        if in_chain {
+            each(&attrs);
         }
     })?;
     match outcome {
-        Ok(()) | Err(ENOENT) => Ok(comments),
+        Ok(()) | Err(ENOENT) => Ok(()),
         Err(errno) => Err(Error::Invalid(format!(
             "nf_tables rule listing {table}/{chain}: {}",
             std::io::Error::from_raw_os_error(errno)
         ))),
     }
+}
+
+/// The comments of the rules in `chain` that keep one in their user data
+/// (nft's `comment`).
+pub fn rule_comments(family: TableFamily, table: &str, chain: &str) -> Result<Vec<String>> {
+    let mut comments = Vec::new();
+    for_each_rule(family, table, chain, |attrs| {
+        if let Some(comment) = attrs
+            .iter()
+            .find(|(k, _)| *k == NFTA_RULE_USERDATA)
+            .and_then(|(_, v)| comment_of(v))
+        {
+            comments.push(comment);
+        }
+    })?;
+    Ok(comments)
+}
+
+/// How many rules of `chain` carry `text` anywhere in their attributes: a
+/// comment iptables-nft keeps in its `comment` match (which nft does not
+/// show), or one nft keeps in the rule's user data.
+pub fn rules_mentioning(family: TableFamily, table: &str, chain: &str, text: &str) -> Result<usize> {
+    let needle = text.as_bytes();
+    let mut count = 0;
+    for_each_rule(family, table, chain, |attrs| {
+        let found = attrs
+            .iter()
+            .any(|(_, value)| !needle.is_empty() && value.windows(needle.len()).any(|w| w == needle));
+        count += usize::from(found);
+    })?;
+    Ok(count)
 }
 
 #[cfg(test)]

@@ -198,19 +198,31 @@ fn render_base(state: &Masquerade) -> String {
     )
 }
 
-/// The transaction that gives a subnet its chain and jump: the base table
-/// and chains when missing, then `create chain`, which fails the whole
-/// transaction if another pod created it meanwhile (no doubled jump).
-pub fn render_network_setup(state: &Masquerade, network: &str, subnet: &IpNetwork) -> String {
+/// The transaction that writes a subnet's chain whole (the base table and
+/// chains when missing) and, `with_jump`, the jump to it from the checks
+/// chain (left out when it is there: callers hold the node's lock, so none
+/// is doubled).
+pub fn render_network_setup(
+    state: &Masquerade,
+    network: &str,
+    subnet: &IpNetwork,
+    with_jump: bool,
+) -> String {
     let t = format!("inet {TABLE}");
     let chain = network_chain(network, subnet);
     let comment = quote(&network_comment(network, subnet));
     let family = if subnet.is_ipv4() { "ip" } else { "ip6" };
     let subnet = network_of(subnet);
+    let jump = if with_jump {
+        format!("add rule {t} {CHECKS} {family} saddr {subnet} jump {chain} comment {comment}\n")
+    } else {
+        String::new()
+    };
     format!(
-        "{}create chain {t} {chain}\n\
+        "{}add chain {t} {chain}\n\
+         flush chain {t} {chain}\n\
          add rule {t} {chain} {family} daddr != {subnet} masquerade comment {comment}\n\
-         add rule {t} {CHECKS} {family} saddr {subnet} jump {chain} comment {comment}\n",
+         {jump}",
         render_base(state)
     )
 }
@@ -259,21 +271,29 @@ fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
         .collect()
 }
 
-fn chain_exists(chain: &str) -> Result<bool> {
-    nfnl::chain_exists(TableFamily::Inet, TABLE, chain)
+/// Whether a subnet's chain lacks its rule (`Some(_)`) and whether its
+/// jump is missing too (`Some(true)`), asked in-process: both carry the
+/// subnet's comment.
+fn gap_of(network: &str, subnet: &IpNetwork) -> Result<Option<bool>> {
+    let comment = network_comment(network, subnet);
+    let ours = |chain: &str| nfnl::rules_mentioning(TableFamily::Inet, TABLE, chain, &comment);
+    let jump = ours(CHECKS)? > 0;
+    let rules = ours(&network_chain(network, subnet))?;
+    Ok((rules != 1 || !jump).then_some(!jump))
 }
 
-/// Masquerade for the subnets of `addresses`: created by the first pod of
-/// a subnet, found in-process by every later one.
+/// Masquerade for the subnets of `addresses`, left complete by every ADD
+/// (see `masquerade::ensure_network`): created by the first pod of a
+/// subnet, found in-process by every later one, repaired in one
+/// transaction by the first ADD after someone removed part of it.
 pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
     for subnet in subnets_of(addresses) {
-        let chain = network_chain(network, &subnet);
-        if chain_exists(&chain)? {
+        let Some(jump_missing) = gap_of(network, &subnet)? else {
             continue;
-        }
+        };
         let state = read()?;
-        if let Err(e) = apply(&render_network_setup(&state, network, &subnet))
-            && !chain_exists(&chain)?
+        if let Err(e) = apply(&render_network_setup(&state, network, &subnet, jump_missing))
+            && gap_of(network, &subnet)?.is_some()
         {
             return Err(e);
         }
@@ -410,9 +430,11 @@ mod tests {
         let chain = network_chain("net", &"10.0.0.5/24".parse().expect("cidr"));
         assert_eq!(chain, network_chain("net", &subnet));
         assert_eq!(chain.len(), 24);
-        let fresh = render_network_setup(&Masquerade::default(), "net", &subnet);
+        let fresh = render_network_setup(&Masquerade::default(), "net", &subnet, true);
         assert!(fresh.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }"));
-        assert!(fresh.contains(&format!("create chain inet cni_plugins_masquerade {chain}\n")));
+        assert!(fresh.contains(&format!(
+            "add chain inet cni_plugins_masquerade {chain}\nflush chain inet cni_plugins_masquerade {chain}\n"
+        )));
         assert!(fresh.contains(&format!(
             "add rule inet cni_plugins_masquerade {chain} ip daddr != 10.0.0.0/24 masquerade comment"
         )));
@@ -423,10 +445,11 @@ mod tests {
             chains: [CHECKS.to_owned()].into(),
             rules: vec![],
         };
-        let again = render_network_setup(&ready, "net", &subnet);
-        assert!(!again.contains("flush"), "nothing is deleted on a ready table");
-        assert_eq!(again.lines().count(), 3);
-        let v6 = render_network_setup(&ready, "net", &"fd00::/64".parse().expect("cidr"));
+        let again = render_network_setup(&ready, "net", &subnet, true);
+        assert!(!again.contains("postrouting"), "a ready table's base is kept");
+        assert_eq!(again.lines().count(), 4);
+        assert!(!render_network_setup(&ready, "net", &subnet, false).contains("jump"));
+        let v6 = render_network_setup(&ready, "net", &"fd00::/64".parse().expect("cidr"), true);
         assert!(v6.contains("ip6 daddr != fd00::/64 masquerade"));
         let c = network_comment("net", &subnet);
         assert!(is_network_comment(&c), "{c}");

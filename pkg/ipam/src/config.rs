@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use cni::conf::IpRequest;
+use cni::keys::{self, Shape, field, plain};
 use cni::result::{Dns, Route};
 use cni::{CniArgs, NetConf, Version};
 use serde::Deserialize;
@@ -17,6 +18,49 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 /// Where the node-local lease service listens unless the configuration
 /// names another socket (or `""` to never use one).
 pub const DEFAULT_SOCKET: &str = "/run/cni/host-local.sock";
+
+/// The reference's `Range`: a range set's entries, and the legacy keys of
+/// `ipam` itself (Go embeds it in `IPAMConfig`).
+const RANGE: &[keys::Field] = &[
+    plain("rangeStart"),
+    plain("rangeEnd"),
+    plain("subnet"),
+    plain("gateway"),
+];
+
+/// The reference's `IPAMConfig`, and ours: `socket`.
+pub const IPAM: keys::Field = field(
+    "ipam",
+    Shape::Struct(&[
+        RANGE,
+        &[
+            plain("Name"),
+            plain("type"),
+            field("routes", Shape::List(&keys::ROUTE)),
+            plain("dataDir"),
+            plain("resolvConf"),
+            field("ranges", Shape::List(&Shape::List(&Shape::Struct(&[RANGE])))),
+            plain("socket"),
+        ],
+    ]),
+);
+
+/// `runtimeConfig.ipRanges`.
+pub const IP_RANGES: keys::Field = field("ipRanges", Shape::List(&Shape::List(&Shape::Struct(&[RANGE]))));
+
+/// host-local's configuration as the reference's `Net` decodes it, with
+/// the keys every plugin shares.
+pub const KEYS: Shape = Shape::Struct(&[
+    keys::NET_CONF,
+    &[
+        IPAM,
+        field("runtimeConfig", Shape::Struct(&[&[IP_RANGES]])),
+        field(
+            "args",
+            Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("ips")]]))]]),
+        ),
+    ],
+]);
 
 /// The `ipam` section and the network keys host-local reads, checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,7 +224,8 @@ pub struct LeaseSettings {
 
 impl LeaseSettings {
     pub fn read(stdin: &[u8]) -> Option<Self> {
-        let doc: Value = serde_json::from_slice(stdin).ok()?;
+        let mut doc: Value = serde_json::from_slice(stdin).ok()?;
+        keys::fold(&mut doc, &KEYS);
         let ipam = doc.as_object()?.get("ipam");
         let text = |key: &str| {
             ipam.and_then(|section| section.get(key))

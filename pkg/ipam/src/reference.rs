@@ -7,9 +7,11 @@
 //! until its lease is released, then it is removed with it.
 
 use std::fs;
+use std::io::Read;
 use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::UNIX_EPOCH;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -17,6 +19,30 @@ use crate::Error;
 use crate::store::{Change, Lease, Network};
 
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+
+/// Far above what the reference writes (a container ID, CRLF, an
+/// interface name; or one address).
+const FILE_LIMIT: u64 = 4096;
+
+/// The text of a lease or position file and when it was written, read
+/// only if it is a regular file of at most [`FILE_LIMIT`] bytes, and never
+/// through a symlink: the import runs under the network's lock, and
+/// anything else (a FIFO, a symlink to /dev/zero or to a file of another
+/// user) could hold it for ever or feed it what the reference never wrote.
+fn read_lease_file(path: &Path) -> Option<(String, SystemTime)> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    let metadata = file.metadata().ok()?;
+    if !metadata.is_file() || metadata.len() > FILE_LIMIT {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(FILE_LIMIT).read_to_string(&mut text).ok()?;
+    Some((text, metadata.modified().ok()?))
+}
 
 /// What an import did.
 #[derive(Debug, Default, Serialize)]
@@ -86,9 +112,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
             .strip_prefix(LAST_RESERVED_PREFIX)
             .and_then(|n| n.parse::<usize>().ok())
         {
-            let hint = fs::read_to_string(&path)
-                .ok()
-                .and_then(|t| t.trim().parse::<IpAddr>().ok());
+            let hint = read_lease_file(&path).and_then(|(t, _)| t.trim().parse::<IpAddr>().ok());
             if let Some(ip) = hint
                 && net.last_reserved(index)?.is_none()
             {
@@ -97,7 +121,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
             continue;
         }
         let Some(ip) = address_of(&name) else { continue };
-        let Ok(content) = fs::read_to_string(&path) else {
+        let Some((content, written)) = read_lease_file(&path) else {
             continue;
         };
         let (container_id, ifname) = parse_reservation(&content);
@@ -112,13 +136,10 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
                 held.container_id, held.ifname
             )),
             None => {
-                let allocated = entry
-                    .metadata()
-                    .ok()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                let allocated = written
+                    .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
-                    .unwrap_or_else(crate::store::now);
+                    .unwrap_or_else(|_| crate::store::now());
                 change.add.push(Lease {
                     ip,
                     container_id,
@@ -139,7 +160,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
 /// lease's owner. Returns whether a file was removed.
 pub(crate) fn remove_file_of(dir: &Path, lease: &Lease) -> Result<bool, Error> {
     let path = dir.join(lease.ip.to_string());
-    let Ok(content) = fs::read_to_string(&path) else {
+    let Some((content, _)) = read_lease_file(&path) else {
         return Ok(false);
     };
     if parse_reservation(&content) != (lease.container_id.clone(), lease.ifname.clone()) {

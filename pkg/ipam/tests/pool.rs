@@ -269,6 +269,51 @@ fn reference_leases_are_imported_once_and_never_resurrected() {
 }
 
 #[test]
+fn the_import_reads_only_small_regular_files_and_never_through_a_symlink() {
+    let net = Net::new(&["10.0.0.0/28"]);
+    let ref_dir = net.data_dir().join("net");
+    fs::create_dir_all(&ref_dir).expect("mkdir");
+    let elsewhere = net.data_dir().join("elsewhere");
+    fs::write(&elsewhere, "linked\r\neth0").expect("write");
+    nix::unistd::mkfifo(
+        &ref_dir.join("10.0.0.2"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .expect("mkfifo");
+    std::os::unix::fs::symlink("/dev/zero", ref_dir.join("10.0.0.3")).expect("symlink");
+    std::os::unix::fs::symlink(&elsewhere, ref_dir.join("10.0.0.4")).expect("symlink");
+    fs::write(
+        ref_dir.join("10.0.0.5"),
+        format!("big\r\neth0{}", " ".repeat(1 << 20)),
+    )
+    .expect("write");
+    std::os::unix::fs::symlink("/dev/zero", ref_dir.join("last_reserved_ip.0")).expect("symlink");
+    fs::write(ref_dir.join("10.0.0.6"), "real\r\neth0").expect("write");
+    // Run where a hang fails the test instead of stalling it.
+    let (done, finished) = std::sync::mpsc::channel();
+    let data_dir = net.data_dir().to_owned();
+    let sets = net.sets.clone();
+    std::thread::spawn(move || {
+        let added = Stores::direct().with_network(&data_dir, "net", |n| {
+            pool::allocate(n, &sets, &[], "new", "eth0", None)
+        });
+        let _ = done.send(added.map(|a| a.into_iter().map(|a| a.ip).collect::<Vec<_>>()));
+    });
+    let added = finished
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the import finishes")
+        .expect("add");
+    let owners: std::collections::BTreeSet<(String, String)> =
+        net.leases().into_iter().map(|l| (l.0, l.1)).collect();
+    let expected = [
+        ("10.0.0.6".to_owned(), "real".to_owned()),
+        (added[0].to_string(), "new".to_owned()),
+    ];
+    assert_eq!(owners, expected.into_iter().collect());
+    assert_eq!(fs::read_to_string(&elsewhere).expect("read"), "linked\r\neth0");
+}
+
+#[test]
 fn files_are_private() {
     let net = Net::new(&["10.0.0.0/24"]);
     net.add("a", &[]).expect("add");

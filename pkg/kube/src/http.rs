@@ -1,10 +1,10 @@
 //! One HTTPS GET at a time: TLS against the cluster CA (with the client
 //! certificate when there is one), HTTP/1.1 with `Connection: close`.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -76,24 +76,25 @@ impl Server {
         &self.url
     }
 
-    /// GETs `path`, returning the status and the (de-chunked) body.
-    pub fn get(&self, path: &str, token: Option<&str>, timeout: Duration) -> Result<(u16, Vec<u8>)> {
+    /// GETs `path`, returning the status and the (de-chunked) body, or
+    /// [`Error::Timeout`] once `deadline` passes: every read and write,
+    /// the TLS handshake's included, waits only for what is left of it, so
+    /// a server that answers a byte at a time cannot stretch it.
+    pub fn get(&self, path: &str, token: Option<&str>, deadline: Instant) -> Result<(u16, Vec<u8>)> {
         let bare = self.host.trim_start_matches('[').trim_end_matches(']').to_owned();
         let name = ServerName::try_from(bare).map_err(tls_error)?;
         let mut last = Error::Resolve(self.host.clone());
-        for address in resolve::resolve(&self.host, self.port)? {
-            let tcp = match TcpStream::connect_timeout(&address, timeout) {
+        for address in resolve::resolve(&self.host, self.port, deadline)? {
+            let tcp = match TcpStream::connect_timeout(&address, left(deadline)?) {
                 Ok(tcp) => tcp,
+                Err(e) if is_timeout(&e) => return Err(Error::Timeout),
                 Err(e) => {
                     last = Error::Connection(format!("{address}: {e}"));
                     continue;
                 }
             };
-            let io = |e: std::io::Error| Error::Connection(e.to_string());
-            tcp.set_read_timeout(Some(timeout)).map_err(io)?;
-            tcp.set_write_timeout(Some(timeout)).map_err(io)?;
             let connection = ClientConnection::new(Arc::clone(&self.tls), name.clone()).map_err(tls_error)?;
-            let mut stream = StreamOwned::new(connection, tcp);
+            let mut stream = StreamOwned::new(connection, Bounded { tcp, deadline });
             let mut request = format!(
                 "GET {path} HTTP/1.1\r\nHost: {}:{}\r\nAccept: application/json\r\nUser-Agent: istio-redirect\r\nConnection: close\r\n",
                 self.host, self.port
@@ -110,7 +111,7 @@ impl Server {
             {
                 Ok(_) => {}
                 // Servers often close without close_notify after the body.
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !response.is_empty() => {}
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof && !response.is_empty() => {}
                 Err(e) => return Err(classify(&e)),
             }
             return parse_response(&response);
@@ -119,7 +120,52 @@ impl Server {
     }
 }
 
+/// What is left before `deadline`, or [`Error::Timeout`].
+pub(crate) fn left(deadline: Instant) -> Result<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or(Error::Timeout)
+}
+
+pub(crate) fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock)
+}
+
+/// A connection whose every read and write ends by the deadline.
+struct Bounded {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Bounded {
+    fn timeout(&self) -> std::io::Result<Duration> {
+        left(self.deadline).map_err(|_| std::io::Error::from(ErrorKind::TimedOut))
+    }
+}
+
+impl Read for Bounded {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.timeout()?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.timeout()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 fn classify(e: &std::io::Error) -> Error {
+    if is_timeout(e) {
+        return Error::Timeout;
+    }
     match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())

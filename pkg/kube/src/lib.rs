@@ -10,7 +10,7 @@ mod http;
 pub mod resolve;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::Instant;
 
 pub use config::Credentials;
 use serde_json::Value;
@@ -29,6 +29,8 @@ pub enum Error {
     Status { status: u16, body: String },
     #[error("unreadable answer: {0}")]
     Protocol(String),
+    #[error("no complete answer before the deadline")]
+    Timeout,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -38,7 +40,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Client {
     server: http::Server,
     credentials: Credentials,
-    timeout: Duration,
 }
 
 impl Client {
@@ -47,15 +48,15 @@ impl Client {
         Ok(Client {
             server: http::Server::new(&loaded.server, &loaded.ca_pem, &loaded.credentials)?,
             credentials: loaded.credentials,
-            timeout: Duration::from_secs(10),
         })
     }
 
-    /// `GET path`; any status but 200 is an error carrying the status.
-    pub fn get_json(&self, path: &str) -> Result<Value> {
+    /// `GET path`, answered by `deadline` (name resolution included); any
+    /// status but 200 is an error carrying the status.
+    pub fn get_json(&self, path: &str, deadline: Instant) -> Result<Value> {
         let (status, body) = self
             .server
-            .get(path, self.credentials.token.as_deref(), self.timeout)?;
+            .get(path, self.credentials.token.as_deref(), deadline)?;
         let text = String::from_utf8_lossy(&body);
         if status != 200 {
             let message = serde_json::from_slice::<Value>(&body)
@@ -70,8 +71,8 @@ impl Client {
         serde_json::from_slice(&body).map_err(|e| Error::Protocol(e.to_string()))
     }
 
-    pub fn get_pod(&self, namespace: &str, name: &str) -> Result<Value> {
-        self.get_json(&format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+    pub fn get_pod(&self, namespace: &str, name: &str, deadline: Instant) -> Result<Value> {
+        self.get_json(&format!("/api/v1/namespaces/{namespace}/pods/{name}"), deadline)
     }
 
     pub fn server_url(&self) -> &str {

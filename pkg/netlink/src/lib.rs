@@ -88,6 +88,7 @@ pub struct Netlink {
 pub const ENODEV: i32 = 19;
 pub const EEXIST: i32 = 17;
 pub const ESRCH: i32 = 3;
+pub const ENOENT: i32 = 2;
 pub const EADDRNOTAVAIL: i32 = 99;
 
 pub(crate) fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {

@@ -169,28 +169,75 @@ impl Netlink {
         }
     }
 
-    /// `ip [-6] route add local <any>/0 dev <link> table <table>`.
-    pub fn add_local_default_route(&self, v4: bool, link: &Link, table: u32) -> Result<()> {
+    /// `ip [-4|-6] rule del fwmark <mark> lookup <table>`; none there is
+    /// not an error. Returns whether there was one.
+    pub fn del_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<bool> {
+        use rtnetlink::packet_route::rule::RuleAction;
+        let request = self
+            .handle
+            .rule()
+            .add()
+            .fw_mark(mark)
+            .table_id(table)
+            .action(RuleAction::ToTable);
+        let message = if v4 {
+            request.v4().message_mut().clone()
+        } else {
+            request.v6().message_mut().clone()
+        };
+        let op = format!("delete rule fwmark {mark} lookup {table}");
+        match self
+            .runtime
+            .block_on(self.handle.rule().del(message).execute())
+            .map_err(netlink_err(op))
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(crate::ENOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn local_default_route(v4: bool, link: &Link, table: u32) -> Result<(String, RouteMessage)> {
         let any: IpAddr = if v4 {
             std::net::Ipv4Addr::UNSPECIFIED.into()
         } else {
             std::net::Ipv6Addr::UNSPECIFIED.into()
         };
-        let op = format!("add local route {any}/0 table {table}");
+        let what = format!("local route {any}/0 table {table}");
         let message = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(any, 0)
-            .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?
+            .map_err(|e| crate::Error::InvalidRoute(format!("{what}: {e}")))?
             .output_interface(link.index)
             .table_id(table)
             .scope(RouteScope::Host)
             .kind(RouteType::Local)
             .build();
+        Ok((what, message))
+    }
+
+    /// `ip [-6] route add local <any>/0 dev <link> table <table>`.
+    pub fn add_local_default_route(&self, v4: bool, link: &Link, table: u32) -> Result<()> {
+        let (what, message) = Self::local_default_route(v4, link, table)?;
         match self
             .runtime
             .block_on(self.handle.route().add(message).execute())
-            .map_err(netlink_err(op))
+            .map_err(netlink_err(format!("add {what}")))
         {
             Err(e) if e.errno() == Some(crate::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `ip [-6] route del local <any>/0 dev <link> table <table>`; none
+    /// there is not an error.
+    pub fn del_local_default_route(&self, v4: bool, link: &Link, table: u32) -> Result<()> {
+        let (what, message) = Self::local_default_route(v4, link, table)?;
+        match self
+            .runtime
+            .block_on(self.handle.route().del(message).execute())
+            .map_err(netlink_err(format!("delete {what}")))
+        {
+            Err(e) if matches!(e.errno(), Some(crate::ESRCH | crate::ENOENT)) => Ok(()),
             other => other,
         }
     }

@@ -3,10 +3,48 @@
 
 use std::collections::BTreeSet;
 
+use cni::keys::{self, Shape, field, plain};
 use cni::{CniArgs, Error, NetConf, Result};
 use serde::Deserialize;
 
 pub const DEFAULT_BRIDGE: &str = "cni0";
+
+/// The reference's `NetConf` (with `types.NetConf` embedded), and
+/// host-local's `ipam`: the bridge checks host-local's configuration before
+/// it changes anything, as host-local would read it.
+pub const KEYS: Shape = Shape::Struct(&[
+    keys::NET_CONF,
+    &[
+        plain("bridge"),
+        plain("isDefaultGateway"),
+        plain("forceAddress"),
+        plain("isGateway"),
+        plain("ipMasq"),
+        plain("ipMasqBackend"),
+        plain("mtu"),
+        plain("hairpinMode"),
+        plain("promiscMode"),
+        plain("vlan"),
+        field(
+            "vlanTrunk",
+            Shape::List(&Shape::Struct(&[&[plain("minID"), plain("maxID"), plain("id")]])),
+        ),
+        plain("preserveDefaultVlan"),
+        plain("macspoofchk"),
+        plain("enabledad"),
+        plain("disableContainerInterface"),
+        plain("portIsolation"),
+        field(
+            "runtimeConfig",
+            Shape::Struct(&[&[plain("mac"), ipam::config::IP_RANGES]]),
+        ),
+        field(
+            "args",
+            Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("mac")]]))]]),
+        ),
+        ipam::config::IPAM,
+    ],
+]);
 
 /// A `vlanTrunk` entry: one `id`, or a `minID`..`maxID` range.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -157,24 +157,37 @@ pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, f
     Ok(())
 }
 
-/// Pins the bridge's MAC to the one it has now, so it stops following the
-/// lowest port's as pods come and go (results and CHECK stay right). Read
-/// fresh: it changed when the port was enslaved; and a bridge whose ports
-/// all went away before it was pinned has none (all zeros), which the
-/// kernel refuses (the reference's "could not set bridge's mac",
-/// plugins#620). The reference pins only gateways; every bridge is pinned
-/// here. Returns the bridge as read, which the result shows: nothing later
-/// in ADD changes its name or MAC.
-pub fn pin_mac(nl: &Netlink, bridge: &Link) -> Result<Link> {
-    let current = nl
-        .link_by_index(bridge.index)
-        .map_err(netlink_error)?
-        .ok_or_else(|| state_error(format!("the bridge {:?} vanished during ADD", bridge.name)))?;
-    if let Some(mac) = netlink::ops::parse_mac(&current.mac).filter(|m| m.iter().any(|b| *b != 0)) {
-        nl.set_mac(bridge, mac)
-            .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
-    }
-    Ok(current)
+/// Pins the bridge's MAC to the one it has before this ADD attaches a
+/// port: a bridge whose address was never set takes its lowest port's, so
+/// the node's gateway MAC would become a pod's veth MAC, change as pods
+/// come and go, and a bridge made by someone else would change under its
+/// neighbours' ARP caches. (The reference pins, for gateways, the address
+/// it read before attaching; every bridge is pinned here.) A bridge whose
+/// ports all went away before it was pinned has none (all zeros), which
+/// the kernel refuses (the reference's "could not set bridge's mac",
+/// plugins#620): it gets a random locally administered one. Returns the
+/// bridge with the address it keeps, which the result shows.
+pub fn pin_mac(nl: &Netlink, bridge: Link) -> Result<Link> {
+    let mac = netlink::ops::parse_mac(&bridge.mac)
+        .filter(|m| m.iter().any(|b| *b != 0))
+        .unwrap_or_else(random_local_mac);
+    nl.set_mac(&bridge, mac)
+        .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
+    Ok(Link {
+        mac: netlink::format_mac(&mac),
+        ..bridge
+    })
+}
+
+/// A unicast, locally administered MAC.
+fn random_local_mac() -> [u8; 6] {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+        .to_le_bytes();
+    let mut mac = [0x02, random[0], random[1], random[2], random[3], random[4]];
+    mac[0] |= random[5] & 0xfc;
+    mac
 }
 
 /// The name of the host interface that holds the gateway of an access

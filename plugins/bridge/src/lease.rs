@@ -17,7 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use cni::exec::{delegate, find_plugin};
-use cni::skel::{NoConfig, Reply};
+use cni::skel::Reply;
 use cni::{CniResult, Command, Request, Result};
 use ipam::client::{self, Route};
 use ipam::config::{LeaseSettings, SocketSetting};
@@ -47,9 +47,9 @@ fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Ro
 /// anything: a bad range or CNI_ARGS then leaves no bridge or veth behind,
 /// with host-local's own error. Other IPAM plugins check theirs when they
 /// run (dhcp needs the pod's interface to exist first).
-pub fn validate(ipam_type: Option<&str>, req: &Request<NoConfig>) -> Result<()> {
+pub fn validate(ipam_type: Option<&str>, req: &Request) -> Result<()> {
     if ipam_type == Some(HOST_LOCAL) {
-        ipam::config::IpamConfig::load(&req.conf, &req.env.args)?;
+        ipam::config::IpamConfig::load(&req.conf, &req.env.args()?)?;
     }
     Ok(())
 }
@@ -57,7 +57,7 @@ pub fn validate(ipam_type: Option<&str>, req: &Request<NoConfig>) -> Result<()> 
 /// Runs `command` on the IPAM plugin; returns what it printed.
 /// A service gets the variables this process would pass to host-local:
 /// its own, with CNI_COMMAND set.
-pub fn call(ipam_type: &str, command: Command, req: &Request<NoConfig>) -> Result<Vec<u8>> {
+pub fn call(ipam_type: &str, command: Command, req: &Request) -> Result<Vec<u8>> {
     let execute = || delegate(ipam_type, command, &req.stdin, &req.env.path);
     let Some(route) = lease_route(ipam_type, &req.stdin, &req.env.path) else {
         return execute();
@@ -96,7 +96,7 @@ pub fn call(ipam_type: &str, command: Command, req: &Request<NoConfig>) -> Resul
 /// before it needed it) is released when this is dropped.
 pub struct Pending<'scope, 'env> {
     ipam_type: &'env str,
-    req: &'env Request<NoConfig>,
+    req: &'env Request,
     running: Option<std::thread::ScopedJoinHandle<'scope, Result<CniResult>>>,
 }
 
@@ -104,7 +104,7 @@ impl<'scope, 'env> Pending<'scope, 'env> {
     pub fn start(
         scope: &'scope std::thread::Scope<'scope, 'env>,
         ipam_type: &'env str,
-        req: &'env Request<NoConfig>,
+        req: &'env Request,
     ) -> Self {
         Pending {
             ipam_type,
@@ -141,7 +141,7 @@ impl Drop for Pending<'_, '_> {
 }
 
 /// ADD: the IPAM result, read whatever version it was printed in.
-pub fn add(ipam_type: &str, req: &Request<NoConfig>) -> Result<CniResult> {
+pub fn add(ipam_type: &str, req: &Request) -> Result<CniResult> {
     let stdout = call(ipam_type, Command::Add, req)?;
     CniResult::from_slice(&stdout).map_err(|e| e.context(format!("result of {ipam_type}")))
 }

@@ -5,7 +5,6 @@ use std::net::IpAddr;
 use cni::conf::NetConf;
 use cni::error::plugin_codes;
 use cni::result::{Interface, IpConfig, Route};
-use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result, fault};
 use firewall::{Family, spoofcheck};
 use ipnetwork::IpNetwork;
@@ -142,10 +141,10 @@ fn configured_dns(conf: &NetConf) -> Option<cni::result::Dns> {
 
 impl Plugin for Bridge {
     const NAME: &'static str = "bridge";
-    type Config = NoConfig;
+    const KEYS: cni::keys::Shape = crate::config::KEYS;
 
-    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
-        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+    fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         lease::validate(cfg.ipam_type.as_deref(), req)?;
         let (pod_ns, sandbox) = open_netns(att)?;
         let host_nl = Netlink::connect().map_err(netlink_error)?;
@@ -165,7 +164,7 @@ impl Plugin for Bridge {
                 .as_deref()
                 .map(|ipam| (ipam, lease::Pending::start(scope, ipam, req)));
             // The bridge is shared by every pod of the node and is never undone.
-            let bridge = host::ensure_bridge(&host_nl, &cfg)?;
+            let bridge = host::pin_mac(&host_nl, host::ensure_bridge(&host_nl, &cfg)?)?;
             let mut undo = Undo::default();
             let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &cfg)?;
             {
@@ -176,7 +175,6 @@ impl Plugin for Bridge {
             }
             host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
             fault::pause("bridge:veth");
-            let bridge = host::pin_mac(&host_nl, &bridge)?;
             let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
             if cfg.macspoofchk {
                 let id = spoofcheck::reference_id(&att.container_id, &att.ifname);
@@ -279,8 +277,8 @@ impl Plugin for Bridge {
         })
     }
 
-    fn del(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
-        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+    fn del(&self, req: &Request, att: &Attachment) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         // Deleting a veth waits for the kernel (about as long as the rest of
         // DEL together), so it runs beside the IPAM and firewall work.
         let link_removal = att.netns.clone().map(|path| {
@@ -325,8 +323,8 @@ impl Plugin for Bridge {
         combine(failures)
     }
 
-    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
-        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+    fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         let (pod_ns, sandbox) = open_netns(att)?;
         if let Some(ipam) = &cfg.ipam_type {
             lease::call(ipam, Command::Check, req)?;
@@ -398,8 +396,8 @@ impl Plugin for Bridge {
         Ok(())
     }
 
-    fn gc(&self, req: &Request<NoConfig>) -> Result<()> {
-        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+    fn gc(&self, req: &Request) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         let valid = req.conf.gc_valid_attachments()?;
         let mut failures = Vec::new();
         if let Some(ipam) = &cfg.ipam_type
@@ -414,8 +412,8 @@ impl Plugin for Bridge {
         combine(failures)
     }
 
-    fn status(&self, req: &Request<NoConfig>) -> Result<()> {
-        let cfg = BridgeConfig::load(&req.conf, &req.env.args)?;
+    fn status(&self, req: &Request) -> Result<()> {
+        let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         match &cfg.ipam_type {
             Some(ipam) => lease::call(ipam, Command::Status, req).map(drop),
             None => Ok(()),

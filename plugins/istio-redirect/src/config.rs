@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
 use firewall::istio::apply::Backend;
 use serde::de::DeserializeOwned;
@@ -16,6 +17,32 @@ use crate::annotations::Proxy;
 /// Where Istio's install puts the plugin's kubeconfig.
 pub const DEFAULT_RUN_DIR: &str = "/var/run/istio-cni";
 pub const KUBECONFIG_FILE: &str = "istio-cni-kubeconfig";
+
+/// Istio's `Config` (with `types.NetConf` embedded), and our own keys.
+pub const KEYS: Shape = Shape::Struct(&[
+    keys::NET_CONF,
+    &[
+        keys::IPAM_TYPE,
+        plain("plugin_log_level"),
+        plain("cni_agent_run_dir"),
+        plain("ambient_enabled"),
+        plain("enablement_selectors"),
+        plain("exclude_namespaces"),
+        plain("pod_namespace"),
+        plain("native_nftables"),
+        plain("kubeconfig"),
+        plain("proxy_uid"),
+        plain("proxy_gid"),
+        plain("dns_capture"),
+        plain("dual_stack"),
+        plain("invalid_drop"),
+        keys::field("redirect", Shape::Map(&Shape::Any)),
+        plain("iptables_backend"),
+        plain("api_attempts"),
+        plain("api_retry_delay_ms"),
+        plain("api_deadline_ms"),
+    ],
+]);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct IstioConfig {
@@ -33,6 +60,10 @@ pub struct IstioConfig {
     pub backend: Option<Backend>,
     pub api_attempts: u32,
     pub api_retry_delay: Duration,
+    /// One limit for the whole pod lookup, retries included: below
+    /// kubelet's 2-minute runtime request timeout, with the rest of the
+    /// chain's time to spare.
+    pub api_deadline: Duration,
 }
 
 fn field<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
@@ -74,6 +105,9 @@ impl IstioConfig {
             backend,
             api_attempts: field::<u32>(doc, "api_attempts")?.unwrap_or(30).max(1),
             api_retry_delay: Duration::from_millis(field(doc, "api_retry_delay_ms")?.unwrap_or(1000)),
+            api_deadline: Duration::from_millis(
+                field::<u64>(doc, "api_deadline_ms")?.unwrap_or(60_000).max(1),
+            ),
         })
     }
 
@@ -112,6 +146,7 @@ mod tests {
         assert_eq!(c.log_level(), Some("debug"));
         assert_eq!(c.proxy, Proxy::default());
         assert_eq!((c.api_attempts, c.api_retry_delay), (30, Duration::from_secs(1)));
+        assert_eq!(c.api_deadline, Duration::from_secs(60));
     }
 
     #[test]

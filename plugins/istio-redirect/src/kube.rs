@@ -1,6 +1,11 @@
-//! The pod from the Kubernetes API, retried with a bounded backoff (Istio:
-//! 30 attempts, 1 s apart). A pod that cannot be read fails ADD: a pod must
-//! never start without its capture (fail closed, Istio #17583).
+//! The pod from the Kubernetes API, retried (Istio: 30 attempts, 1 s
+//! apart) within one deadline for the whole lookup, name resolution, TLS
+//! and every byte of every answer included: a server that never answers,
+//! or answers a byte at a time, costs at most `api_deadline_ms`. A pod that
+//! cannot be read fails ADD: a pod must never start without its capture
+//! (fail closed, Istio #17583).
+
+use std::time::Instant;
 
 use cni::{Error, Result};
 use serde_json::Value;
@@ -8,27 +13,44 @@ use serde_json::Value;
 use crate::config::IstioConfig;
 
 pub fn get_pod(cfg: &IstioConfig, namespace: &str, name: &str) -> Result<Value> {
+    let deadline = Instant::now() + cfg.api_deadline;
     let client = kube::Client::from_kubeconfig(&cfg.kubeconfig)
         .map_err(|e| Error::try_again_later(format!("cannot build a Kubernetes client: {e}")))?;
     let mut last = String::new();
-    for attempt in 1..=cfg.api_attempts {
-        match client.get_pod(namespace, name) {
+    let mut attempts = 0;
+    while attempts < cfg.api_attempts {
+        attempts += 1;
+        match client.get_pod(namespace, name, deadline) {
             Ok(pod) => return Ok(pod),
+            Err(kube::Error::Timeout) => break,
             Err(e) => {
                 log::warn!(
-                    "attempt {attempt}/{}: get pod {namespace}/{name}: {e}",
+                    "attempt {attempts}/{}: get pod {namespace}/{name}: {e}",
                     cfg.api_attempts
                 );
                 last = e.to_string();
             }
         }
-        if attempt < cfg.api_attempts {
-            std::thread::sleep(cfg.api_retry_delay);
+        let pause = cfg
+            .api_retry_delay
+            .min(deadline.saturating_duration_since(Instant::now()));
+        if attempts < cfg.api_attempts {
+            std::thread::sleep(pause);
         }
     }
+    let server = client.server_url();
+    if Instant::now() >= deadline {
+        let seconds = cfg.api_deadline.as_secs_f64();
+        let after = if last.is_empty() {
+            String::new()
+        } else {
+            format!(" (last error: {last})")
+        };
+        return Err(Error::try_again_later(format!(
+            "failed to get pod {namespace}/{name}: the Kubernetes API server {server} did not answer within {seconds} s (api_deadline_ms), {attempts} attempts{after}"
+        )));
+    }
     Err(Error::try_again_later(format!(
-        "failed to get pod {namespace}/{name} from {} after {} attempts: {last}",
-        client.server_url(),
-        cfg.api_attempts
+        "failed to get pod {namespace}/{name} from {server} after {attempts} attempts: {last}"
     )))
 }

@@ -5,7 +5,6 @@ use std::net::IpAddr;
 use cni::conf::POD_ANNOTATIONS_KEY;
 use cni::error::plugin_codes;
 use cni::fault;
-use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
 use firewall::istio::apply::{self, Backend, Outcome};
@@ -50,8 +49,8 @@ fn netlink_error(e: netlink::Error) -> Error {
 /// Istio's order: its own pods, missing Kubernetes arguments (then the
 /// static settings, or nothing), excluded namespaces, the pod's own skip
 /// rules, then its annotations.
-fn decide(req: &Request<NoConfig>, cfg: &IstioConfig) -> Result<Decision> {
-    let args = &req.env.args;
+fn decide(req: &Request, cfg: &IstioConfig) -> Result<Decision> {
+    let args = req.env.args()?;
     args.expect_only(&K8S_ARGS)?;
     let arg = |key: &str| args.get(key).filter(|v| !v.is_empty());
     let (Some(namespace), Some(name)) = (arg("K8S_POD_NAMESPACE"), arg("K8S_POD_NAME")) else {
@@ -87,7 +86,7 @@ fn decide(req: &Request<NoConfig>, cfg: &IstioConfig) -> Result<Decision> {
 
 /// The pod's annotations from the runtime when the entry declares the
 /// capability and the runtime sent them; otherwise the Kubernetes API.
-fn pod_info(req: &Request<NoConfig>, cfg: &IstioConfig, namespace: &str, name: &str) -> Result<PodInfo> {
+fn pod_info(req: &Request, cfg: &IstioConfig, namespace: &str, name: &str) -> Result<PodInfo> {
     let conf = &req.conf;
     if conf.has_capability(POD_ANNOTATIONS_KEY) && conf.runtime_config.get(POD_ANNOTATIONS_KEY).is_some() {
         return PodInfo::from_annotations(conf.runtime_config.pod_annotations()?).map_err(config_error);
@@ -223,12 +222,21 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
         )
         .map_err(netlink_error)?;
     }
-    if redirect.mode == Mode::Tproxy && redirect.captures_inbound() {
-        for family in &target.families {
-            let v4 = *family == Family::V4;
+    // A rerun with another layout (TPROXY before, REDIRECT now) converges
+    // to what a fresh ADD of this one makes: TPROXY's policy routing goes.
+    let tproxy = redirect.mode == Mode::Tproxy && redirect.captures_inbound();
+    for family in [Family::V4, Family::V6] {
+        let v4 = family == Family::V4;
+        if tproxy && target.families.contains(&family) {
             nl.add_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
                 .map_err(netlink_error)?;
             nl.add_local_default_route(v4, &lo, TPROXY_TABLE)
+                .map_err(netlink_error)?;
+        } else if nl
+            .del_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
+            .map_err(netlink_error)?
+        {
+            nl.del_local_default_route(v4, &lo, TPROXY_TABLE)
                 .map_err(netlink_error)?;
         }
     }
@@ -237,9 +245,9 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
 
 impl Plugin for IstioRedirect {
     const NAME: &'static str = "istio-redirect";
-    type Config = NoConfig;
+    const KEYS: cni::keys::Shape = crate::config::KEYS;
 
-    fn add(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<CniResult> {
+    fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = IstioConfig::load(&req.conf)?;
         if let Some(level) = cfg.log_level() {
             cni::log::configure(None, Some(level))?;
@@ -252,7 +260,7 @@ impl Plugin for IstioRedirect {
         Ok(result)
     }
 
-    fn check(&self, req: &Request<NoConfig>, att: &Attachment) -> Result<()> {
+    fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
         let cfg = IstioConfig::load(&req.conf)?;
         let Decision::Capture(redirect) = decide(req, &cfg)? else {
             return Ok(());
@@ -271,7 +279,7 @@ impl Plugin for IstioRedirect {
 
     /// The rules live in the pod's namespace and go with it; DEL has
     /// nothing to undo, and must succeed with no netns and no prevResult.
-    fn del(&self, _req: &Request<NoConfig>, _att: &Attachment) -> Result<()> {
+    fn del(&self, _req: &Request, _att: &Attachment) -> Result<()> {
         Ok(())
     }
 }

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use cni::error::plugin_codes;
 use cni::result::{Interface, IpConfig};
-use cni::skel::NoConfig;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
@@ -17,9 +16,9 @@ pub struct Loopback;
 
 impl Plugin for Loopback {
     const NAME: &'static str = "loopback";
-    type Config = NoConfig;
+    const KEYS: cni::keys::Shape = cni::keys::PLAIN_PLUGIN;
 
-    fn add(&self, req: &Request<NoConfig>, attachment: &Attachment) -> Result<CniResult> {
+    fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult> {
         let netns_path = required_netns(attachment)?;
         // A prevResult that cannot be read must fail before anything changes.
         let prev_result = req.conf.prev_result()?;
@@ -42,7 +41,7 @@ impl Plugin for Loopback {
         Ok(loopback_result(&lo, &addresses, netns_path))
     }
 
-    fn check(&self, _req: &Request<NoConfig>, attachment: &Attachment) -> Result<()> {
+    fn check(&self, _req: &Request, attachment: &Attachment) -> Result<()> {
         let (_, lo) = open_loopback(&open_netns(required_netns(attachment)?)?)?;
         if lo.up {
             Ok(())
@@ -54,7 +53,7 @@ impl Plugin for Loopback {
         }
     }
 
-    fn del(&self, _req: &Request<NoConfig>, attachment: &Attachment) -> Result<()> {
+    fn del(&self, _req: &Request, attachment: &Attachment) -> Result<()> {
         // Runtimes send DEL with an empty netns, or after the pod's netns is
         // gone; there is nothing left to undo then.
         let Some(path) = attachment.netns.as_deref() else {

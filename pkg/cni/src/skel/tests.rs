@@ -19,14 +19,9 @@ struct Fake {
 }
 
 impl Fake {
-    fn record(
-        &self,
-        command: Command,
-        attachment: Option<&Attachment>,
-        req: &Request<FakeConfig>,
-    ) -> Result<()> {
+    fn record(&self, command: Command, attachment: Option<&Attachment>, req: &Request) -> Result<()> {
         self.calls.borrow_mut().push((command, attachment.cloned()));
-        match req.config.fail_with {
+        match req.conf.plugin_config::<FakeConfig>()?.fail_with {
             Some(code) => Err(Error::plugin(code, "asked to fail")),
             None => Ok(()),
         }
@@ -35,9 +30,9 @@ impl Fake {
 
 impl Plugin for Fake {
     const NAME: &'static str = "fake";
-    type Config = FakeConfig;
+    const KEYS: Shape = keys::PLAIN_PLUGIN;
 
-    fn add(&self, req: &Request<FakeConfig>, att: &Attachment) -> Result<CniResult> {
+    fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         self.record(Command::Add, Some(att), req)?;
         Ok(CniResult {
             ips: vec![IpConfig {
@@ -49,19 +44,19 @@ impl Plugin for Fake {
         })
     }
 
-    fn check(&self, req: &Request<FakeConfig>, att: &Attachment) -> Result<()> {
+    fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
         self.record(Command::Check, Some(att), req)
     }
 
-    fn del(&self, req: &Request<FakeConfig>, att: &Attachment) -> Result<()> {
+    fn del(&self, req: &Request, att: &Attachment) -> Result<()> {
         self.record(Command::Del, Some(att), req)
     }
 
-    fn gc(&self, req: &Request<FakeConfig>) -> Result<()> {
+    fn gc(&self, req: &Request) -> Result<()> {
         self.record(Command::Gc, None, req)
     }
 
-    fn status(&self, req: &Request<FakeConfig>) -> Result<()> {
+    fn status(&self, req: &Request) -> Result<()> {
         self.record(Command::Status, None, req)
     }
 }

@@ -1,0 +1,260 @@
+//! Configuration keys matched as Go's `encoding/json` matches them where
+//! the reference plugins decode a document into a struct: a key names the
+//! field whose JSON name it equals exactly, else the first field (in the
+//! struct's order) whose name it equals without regard to case; when two
+//! keys name one field, the later one wins. So `"IPMasq": true`,
+//! `"isgateway": true` or `"RuntimeConfig": {"MAC": …}` work as they do
+//! with the reference. Maps (capabilities, annotations, sysctls) keep their
+//! keys exactly, and keys no field names are left alone.
+//!
+//! A [`Shape`] describes the structs the reference decodes into; [`fold`]
+//! renames each key of a document to the name of the field it matches, so
+//! everything after reads the canonical names.
+
+use serde_json::{Map, Value};
+
+/// How the reference decodes one value.
+#[derive(Debug, Clone, Copy)]
+pub enum Shape {
+    /// Kept as it is (a scalar, or what no struct decodes).
+    Any,
+    /// A struct: its fields, in groups (Go's embedded structs first).
+    Struct(&'static [&'static [Field]]),
+    /// A list of values of one shape.
+    List(&'static Shape),
+    /// A map: keys exact, values of one shape.
+    Map(&'static Shape),
+}
+
+/// A field: its JSON name and how its value is decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct Field {
+    pub key: &'static str,
+    pub shape: Shape,
+}
+
+/// A field of shape `shape`.
+pub const fn field(key: &'static str, shape: Shape) -> Field {
+    Field { key, shape }
+}
+
+/// A field whose value no struct decodes.
+pub const fn plain(key: &'static str) -> Field {
+    Field {
+        key,
+        shape: Shape::Any,
+    }
+}
+
+/// Go's `bytes.EqualFold` on field names: equal under Unicode simple case
+/// folding (`K`, `k` and the Kelvin sign are one letter, as are `S`, `s`
+/// and `ſ`).
+fn equal_fold(a: &str, b: &str) -> bool {
+    let fold = |c: char| c.to_uppercase().flat_map(char::to_lowercase);
+    a.chars().flat_map(fold).eq(b.chars().flat_map(fold))
+}
+
+impl Shape {
+    fn fields(&self) -> impl Iterator<Item = &'static Field> {
+        let groups: &'static [&'static [Field]] = match self {
+            Shape::Struct(groups) => groups,
+            _ => &[],
+        };
+        groups.iter().flat_map(|group| group.iter())
+    }
+
+    /// The field `key` names: exact first, then without regard to case.
+    fn field_for(&self, key: &str) -> Option<&'static Field> {
+        self.fields()
+            .find(|f| f.key == key)
+            .or_else(|| self.fields().find(|f| equal_fold(f.key, key)))
+    }
+}
+
+/// Renames the keys of `value` to the fields of `shape` they match, all the
+/// way down.
+pub fn fold(value: &mut Value, shape: &Shape) {
+    match (shape, value) {
+        (Shape::Any, _) => {}
+        (Shape::List(item), Value::Array(items)) => {
+            for value in items {
+                fold(value, item);
+            }
+        }
+        (Shape::Map(item), Value::Object(map)) => {
+            for value in map.values_mut() {
+                fold(value, item);
+            }
+        }
+        (Shape::Struct(_), Value::Object(map)) => {
+            let entries = std::mem::take(map);
+            let mut folded = Map::with_capacity(entries.len());
+            for (key, mut value) in entries {
+                match shape.field_for(&key) {
+                    Some(field) => {
+                        fold(&mut value, &field.shape);
+                        // A later key naming the same field wins, as in Go.
+                        folded.insert(field.key.to_owned(), value);
+                    }
+                    None => {
+                        folded.insert(key, value);
+                    }
+                }
+            }
+            *map = folded;
+        }
+        _ => {}
+    }
+}
+
+/// `types.Route`.
+pub const ROUTE: Shape = Shape::Struct(&[&[
+    plain("dst"),
+    plain("gw"),
+    plain("mtu"),
+    plain("advmss"),
+    plain("priority"),
+    plain("table"),
+    plain("scope"),
+]]);
+
+/// `types.DNS`.
+pub const DNS: Shape = Shape::Struct(&[&[
+    plain("nameservers"),
+    plain("domain"),
+    plain("search"),
+    plain("options"),
+]]);
+
+/// A result of any version (types020, types040, types100).
+pub const RESULT: Shape = Shape::Struct(&[&[
+    plain("cniVersion"),
+    field(
+        "interfaces",
+        Shape::List(&Shape::Struct(&[&[
+            plain("name"),
+            plain("mac"),
+            plain("mtu"),
+            plain("sandbox"),
+            plain("socketPath"),
+            plain("pciID"),
+        ]])),
+    ),
+    field(
+        "ips",
+        Shape::List(&Shape::Struct(&[&[
+            plain("version"),
+            plain("interface"),
+            plain("address"),
+            plain("gateway"),
+        ]])),
+    ),
+    field("routes", Shape::List(&ROUTE)),
+    field("dns", DNS),
+    field("ip4", IP_CONFIG_020),
+    field("ip6", IP_CONFIG_020),
+]]);
+
+/// A 0.1.0/0.2.0 result's `ip4` or `ip6`.
+const IP_CONFIG_020: Shape = Shape::Struct(&[&[
+    plain("ip"),
+    plain("gateway"),
+    field("routes", Shape::List(&ROUTE)),
+]]);
+
+/// GC's attachment list entries.
+const ATTACHMENT: Shape = Shape::Struct(&[&[plain("containerID"), plain("ifname")]]);
+
+/// `types.NetConf` but its `ipam`: what every reference plugin decodes.
+pub const NET_CONF: &[Field] = &[
+    plain("cniVersion"),
+    plain("name"),
+    plain("type"),
+    field("capabilities", Shape::Map(&Shape::Any)),
+    field("dns", DNS),
+    field("prevResult", RESULT),
+    field("cni.dev/valid-attachments", Shape::List(&ATTACHMENT)),
+    field("cni.dev/attachments", Shape::List(&ATTACHMENT)),
+];
+
+/// `types.NetConf`'s `ipam`, as a plugin that delegates decodes it: its
+/// `type` (the IPAM plugin reads the rest).
+pub const IPAM_TYPE: Field = field("ipam", Shape::Struct(&[&[plain("type")]]));
+
+/// A plugin that decodes nothing beyond `types.NetConf` (loopback).
+pub const PLAIN_PLUGIN: Shape = Shape::Struct(&[NET_CONF, &[IPAM_TYPE]]);
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const SHAPE: Shape = Shape::Struct(&[
+        NET_CONF,
+        &[
+            IPAM_TYPE,
+            plain("ipMasq"),
+            plain("isGateway"),
+            plain("isDefaultGateway"),
+            field("runtimeConfig", Shape::Struct(&[&[plain("mac")]])),
+            field(
+                "args",
+                Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("mac")]]))]]),
+            ),
+        ],
+    ]);
+
+    fn folded(mut doc: Value) -> Value {
+        fold(&mut doc, &SHAPE);
+        doc
+    }
+
+    #[test]
+    fn keys_match_fields_without_regard_to_case() {
+        let doc = folded(
+            json!({"CNIVersion": "1.0.0", "NAME": "n", "IPMasq": true, "isgateway": true,
+            "RuntimeConfig": {"MAC": "c2:00:00:00:00:01"}, "Args": {"CNI": {"Mac": "x"}},
+            "Capabilities": {"Mac": true}, "unknownKey": 1}),
+        );
+        assert_eq!(
+            doc,
+            json!({"cniVersion": "1.0.0", "name": "n", "ipMasq": true, "isGateway": true,
+                "runtimeConfig": {"mac": "c2:00:00:00:00:01"}, "args": {"cni": {"mac": "x"}},
+                "capabilities": {"Mac": true}, "unknownKey": 1})
+        );
+    }
+
+    #[test]
+    fn the_later_key_wins_and_exact_names_are_preferred() {
+        let doc = folded(json!({"ipMasq": false, "IPMASQ": true}));
+        assert_eq!(doc, json!({"ipMasq": true}));
+        let doc = folded(json!({"IPMASQ": true, "ipMasq": false}));
+        assert_eq!(doc, json!({"ipMasq": false}));
+        // `isDefaultGateway` is not `isGateway` in any case.
+        let doc = folded(json!({"ISDEFAULTGATEWAY": true}));
+        assert_eq!(doc, json!({"isDefaultGateway": true}));
+    }
+
+    #[test]
+    fn results_and_lists_fold_all_the_way_down() {
+        let doc = folded(json!({"PrevResult": {"CNIVersion": "1.0.0",
+            "IPs": [{"Address": "10.0.0.2/24", "Interface": 0}],
+            "Routes": [{"Dst": "0.0.0.0/0", "GW": "10.0.0.1"}],
+            "Interfaces": [{"Name": "eth0", "Sandbox": "/x"}]}}));
+        assert_eq!(
+            doc,
+            json!({"prevResult": {"cniVersion": "1.0.0",
+                "ips": [{"address": "10.0.0.2/24", "interface": 0}],
+                "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1"}],
+                "interfaces": [{"name": "eth0", "sandbox": "/x"}]}})
+        );
+    }
+
+    #[test]
+    fn go_folds_the_kelvin_sign_and_the_long_s() {
+        assert!(equal_fold("\u{212a}ey", "key"));
+        assert!(equal_fold("\u{17f}ubnet", "SUBNET"));
+        assert!(!equal_fold("subnet", "subnets"));
+    }
+}
