@@ -6,9 +6,9 @@
 
 mod annotations;
 mod config;
-mod kube;
 mod plugin;
 mod pod;
+mod pod_lookup;
 
 use std::process::ExitCode;
 

@@ -91,7 +91,7 @@ fn pod_info(req: &Request, cfg: &IstioConfig, namespace: &str, name: &str) -> Re
     if conf.has_capability(POD_ANNOTATIONS_KEY) && conf.runtime_config.get(POD_ANNOTATIONS_KEY).is_some() {
         return PodInfo::from_annotations(conf.runtime_config.pod_annotations()?).map_err(config_error);
     }
-    crate::kube::get_pod(cfg, namespace, name).map(|pod| PodInfo::from_api(&pod))
+    crate::pod_lookup::get_pod(cfg, namespace, name).map(|pod| PodInfo::from_api(&pod))
 }
 
 /// Istio's IPv6 decision, from inside the pod: with dual stack, any global

@@ -14,7 +14,7 @@ use crate::config::IstioConfig;
 
 pub fn get_pod(cfg: &IstioConfig, namespace: &str, name: &str) -> Result<Value> {
     let deadline = Instant::now() + cfg.api_deadline;
-    let client = kube::Client::from_kubeconfig(&cfg.kubeconfig)
+    let client = apiserver::Client::from_kubeconfig(&cfg.kubeconfig)
         .map_err(|e| Error::try_again_later(format!("cannot build a Kubernetes client: {e}")))?;
     let mut last = String::new();
     let mut attempts = 0;
@@ -22,7 +22,7 @@ pub fn get_pod(cfg: &IstioConfig, namespace: &str, name: &str) -> Result<Value> 
         attempts += 1;
         match client.get_pod(namespace, name, deadline) {
             Ok(pod) => return Ok(pod),
-            Err(kube::Error::Timeout) => break,
+            Err(apiserver::Error::Timeout) => break,
             Err(e) => {
                 log::warn!(
                     "attempt {attempts}/{}: get pod {namespace}/{name}: {e}",
