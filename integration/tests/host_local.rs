@@ -211,6 +211,7 @@ fn del_needs_no_netns_and_tolerates_unknown_containers() {
         ("CNI_COMMAND", "DEL"),
         ("CNI_CONTAINERID", "a"),
         ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/nonexistent"),
     ]);
     ipam.node.exec_plugin("host-local", &env, &conf).success();
     assert!(ipam.leases().is_empty());
@@ -336,6 +337,7 @@ fn kill_inside(ipam: &Ipam, point: &str, conf: &str) -> String {
         ("CNI_CONTAINERID", id.as_str()),
         ("CNI_IFNAME", "eth0"),
         ("CNI_NETNS", "/var/run/netns/unused"),
+        ("CNI_PATH", "/nonexistent"),
         ("CNI_SUITE_FAULT_PAUSE", point),
         ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
     ];
@@ -439,6 +441,7 @@ fn a_service_killed_mid_request_hands_over_to_direct_use() {
         ("CNI_CONTAINERID", "pod-a"),
         ("CNI_IFNAME", "eth0"),
         ("CNI_NETNS", "/x"),
+        ("CNI_PATH", "/nonexistent"),
     ];
     let client = spawn_in(ipam.node.netns.path(), &bin("host-local"), &[], &env, &conf);
     wait_for(

@@ -37,9 +37,7 @@ impl HostLocal {
         cfg: &IpamConfig,
         op: impl FnOnce(&ipam::store::Network) -> Result<T, ipam::Error>,
     ) -> Result<T> {
-        self.stores
-            .with_network(&cfg.data_dir, &cfg.network, op)
-            .map_err(Error::from)
+        pool::with_network(&self.stores, &cfg.data_dir, &cfg.network, op).map_err(Error::from)
     }
 }
 

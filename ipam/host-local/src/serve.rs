@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cni::skel::dispatch;
 use ipam::config::DEFAULT_SOCKET;
-use ipam::service::{self, Listening, Service};
+use ipam::service::{self, Service};
 use ipam::store::Stores;
 
 use crate::plugin::HostLocal;
@@ -45,10 +45,13 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if idle_exit.is_some() {
         // Started by a plugin: nothing of the runtime's (its pipes, its
         // session) may stay with this process.
-        if let Err(e) = netns::inherited::detach_from_starter() {
+        if let Err(e) = service::detach_from_starter() {
             eprintln!("host-local serve: cannot close inherited descriptors: {e}");
         }
     }
+    // Before any thread exists, since it edits the environment; after
+    // detaching, since a started service keeps nothing it inherited.
+    let passed = service::passed_by_service_manager();
     cni::log::init("host-local");
     cni::log::keep_own_settings();
     let mut service = Service::new();
@@ -56,12 +59,16 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
         service = service.exit_when_idle(after);
     }
     let stores = Arc::new(Stores::resident(Some(service.claim_hook())));
-    let listening = match netns::inherited::systemd_listener() {
-        Some(listener) => {
+    let listening = match passed {
+        Ok(Some(listening)) => {
             eprintln!("host-local serve: listening on the socket passed by the service manager");
-            Listening::inherited(listener)
+            listening
         }
-        None => match service::bind(&socket) {
+        Err(e) => {
+            eprintln!("host-local serve: cannot use the socket passed by the service manager: {e}");
+            return ExitCode::FAILURE;
+        }
+        Ok(None) => match service::bind(&socket) {
             Ok(listening) => {
                 eprintln!("host-local serve: listening on {}", socket.display());
                 listening

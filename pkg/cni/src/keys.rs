@@ -71,6 +71,15 @@ impl Shape {
     }
 }
 
+/// The value of `field` in `map` as Go decodes a struct with that one field
+/// from it: the last key equal to its name without regard to case.
+pub fn get<'a>(map: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+    map.iter()
+        .rev()
+        .find(|(key, _)| equal_fold(key, field))
+        .map(|(_, value)| value)
+}
+
 /// Renames the keys of `value` to the fields of `shape` they match, all the
 /// way down.
 pub fn fold(value: &mut Value, shape: &Shape) {
@@ -249,6 +258,14 @@ mod tests {
                 "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1"}],
                 "interfaces": [{"name": "eth0", "sandbox": "/x"}]}})
         );
+    }
+
+    #[test]
+    fn one_field_is_read_from_its_last_key_in_any_case() {
+        let doc = json!({"type": "a", "Type": "b", "other": 1});
+        let map = doc.as_object().expect("object");
+        assert_eq!(get(map, "type"), Some(&json!("b")));
+        assert_eq!(get(map, "missing"), None);
     }
 
     #[test]

@@ -67,16 +67,19 @@ pub fn run_with(
         netns::hide_file_in_child(&mut command, Path::new("/etc/nsswitch.conf"));
     }
     let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
-    if let Some(mut pipe) = child.stdin.take() {
-        // Rulesets are small; the tools read all of stdin before answering.
-        pipe.write_all(stdin.as_bytes())
-            .map_err(|e| failed(e.to_string()))?;
-    }
+    // Rulesets are small; the tools read all of stdin before answering. A
+    // tool that quits before reading it (a broken pipe here) is waited for
+    // all the same: its own reason is the one worth reporting.
+    let written = child
+        .stdin
+        .take()
+        .map(|mut pipe| pipe.write_all(stdin.as_bytes()))
+        .transpose();
     let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
+    if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        Err(failed(format!("{} ({})", stderr.trim(), output.status)))
+        return Err(failed(format!("{} ({})", stderr.trim(), output.status)));
     }
+    written.map_err(|e| failed(e.to_string()))?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

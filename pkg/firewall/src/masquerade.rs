@@ -27,7 +27,7 @@ use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
 
 use crate::nfnl::{self, TableFamily};
-use crate::{Family, Result, exec};
+use crate::{Family, MasqueradeBackend, Result, exec};
 
 /// iptables chain names are at most 28 characters.
 const MAX_CHAIN: usize = 28;
@@ -307,84 +307,102 @@ fn gap_of(family: Family, network: &str, subnet: &IpNetwork) -> Result<Option<Ga
     Ok((rules != 2 || !jump).then_some(Gap { jump: !jump }))
 }
 
-/// Masquerade for the subnets of `addresses`, left complete by every ADD:
-/// the first pod of a subnet creates its chain and jump, and a later one
-/// puts back whatever a firewall reload or `iptables -t nat -F` removed, in
-/// one batch. When nothing is missing no process is started.
-pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
-    for subnet in subnets_of(addresses) {
-        let family = Family::of(&subnet);
-        let Some(gap) = gap_of(family, network, &subnet)? else {
-            continue;
-        };
-        let repair = render_network_setup(family, network, &subnet, gap.jump);
-        if let Err(e) = restore(family, &repair) {
-            // A plugin outside the node's lock (the reference's) may have
-            // made it complete meanwhile.
-            if gap_of(family, network, &subnet)?.is_some() {
-                return Err(e);
+/// The iptables backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Iptables;
+
+impl MasqueradeBackend for Iptables {
+    /// Every ADD leaves it complete: the first pod of a subnet creates its
+    /// chain and jump, and a later one puts back whatever a firewall reload
+    /// or `iptables -t nat -F` removed, in one batch. When nothing is
+    /// missing no process is started.
+    fn ensure_network(&self, network: &str, addresses: &[IpNetwork]) -> Result<()> {
+        for subnet in subnets_of(addresses) {
+            let family = Family::of(&subnet);
+            let Some(gap) = gap_of(family, network, &subnet)? else {
+                continue;
+            };
+            let repair = render_network_setup(family, network, &subnet, gap.jump);
+            if let Err(e) = restore(family, &repair) {
+                // A plugin outside the node's lock (the reference's) may have
+                // made it complete meanwhile.
+                if gap_of(family, network, &subnet)?.is_some() {
+                    return Err(e);
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Removes a container's own chain (the reference plugin's layout) in the
-/// given families, when there is one: found in-process, so a pod without
-/// one costs no process. Returns whether anything was removed.
-pub fn teardown_container(network: &str, container_id: &str, families: &[Family]) -> Result<bool> {
-    let chain = chain_name(network, container_id);
-    let mut removed = false;
-    for family in families {
-        if exec::find(family.save()).is_none() || !nat_chain_exists(*family, &chain)? {
-            continue;
+    /// The container's own chain, found in-process, so a pod without one
+    /// costs no process. The chain's name does not depend on `ifname`.
+    fn teardown_container(
+        &self,
+        network: &str,
+        container_id: &str,
+        _ifname: &str,
+        families: &[Family],
+    ) -> Result<bool> {
+        let chain = chain_name(network, container_id);
+        let mut removed = false;
+        for family in families {
+            if exec::find(family.save()).is_none() || !nat_chain_exists(*family, &chain)? {
+                continue;
+            }
+            let table = read_nat(*family)?;
+            if let Some(input) = render_teardown(&table, std::slice::from_ref(&chain)) {
+                restore(*family, &input)?;
+                removed = true;
+            }
         }
-        let table = read_nat(*family)?;
-        if let Some(input) = render_teardown(&table, std::slice::from_ref(&chain)) {
-            restore(*family, &input)?;
-            removed = true;
-        }
+        Ok(removed)
     }
-    Ok(removed)
-}
 
-/// Removes `network`'s subnet chains (GC, when none of its attachments is
-/// valid any more).
-pub fn remove_network(network: &str) -> Result<()> {
-    for family in [Family::V4, Family::V6] {
-        if exec::find(family.save()).is_none() {
-            continue;
+    /// The reference's chains are named by network and container only, so
+    /// a container is kept when any of its interfaces is.
+    fn collect_garbage(&self, network: &str, keep: &BTreeSet<(String, String)>) -> Result<()> {
+        let containers: BTreeSet<&str> = keep.iter().map(|(_, id)| id.as_str()).collect();
+        for family in [Family::V4, Family::V6] {
+            if exec::find(family.save()).is_none() {
+                continue;
+            }
+            let table = read_nat(family)?;
+            let stale: Vec<String> = table
+                .containers_of(network)
+                .into_iter()
+                .filter(|(_, id)| !containers.contains(id.as_str()))
+                .map(|(chain, _)| chain)
+                .collect();
+            if let Some(input) = render_teardown(&table, &stale) {
+                restore(family, &input)?;
+            }
         }
-        let table = read_nat(family)?;
-        let chains: Vec<String> = table.network_chains_of(network).into_iter().collect();
-        if let Some(input) = render_teardown(&table, &chains) {
-            restore(family, &input)?;
-        }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Removes the masquerade of every container of `network` not in `keep`.
-/// Returns the containers whose rules were removed.
-pub fn collect_garbage(network: &str, keep: &BTreeSet<String>) -> Result<BTreeSet<String>> {
-    let mut removed = BTreeSet::new();
-    for family in [Family::V4, Family::V6] {
-        if exec::find(family.save()).is_none() {
-            continue;
+    fn remove_network(&self, network: &str) -> Result<()> {
+        for family in [Family::V4, Family::V6] {
+            if exec::find(family.save()).is_none() {
+                continue;
+            }
+            let table = read_nat(family)?;
+            let chains: Vec<String> = table.network_chains_of(network).into_iter().collect();
+            if let Some(input) = render_teardown(&table, &chains) {
+                restore(family, &input)?;
+            }
         }
-        let table = read_nat(family)?;
-        let stale: BTreeMap<String, String> = table
-            .containers_of(network)
-            .into_iter()
-            .filter(|(_, id)| !keep.contains(id))
-            .collect();
-        let chains: Vec<String> = stale.keys().cloned().collect();
-        if let Some(input) = render_teardown(&table, &chains) {
-            restore(family, &input)?;
-            removed.extend(stale.into_values());
-        }
+        Ok(())
     }
-    Ok(removed)
+
+    /// One `iptables-save -t nat` per family of `addresses`.
+    fn missing(&self, network: &str, addresses: &[IpNetwork]) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for family in addresses.iter().map(Family::of).collect::<BTreeSet<_>>() {
+            let table = read_nat(family)?;
+            missing.extend(network_missing(&table, family, network, addresses));
+        }
+        Ok(missing)
+    }
 }
 
 /// What CHECK expects for `addresses`: each subnet's chain and jump.
@@ -598,9 +616,9 @@ COMMIT
                 nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
                     .expect("unshare(CLONE_NEWNET) needs root");
                 let pods = [net("10.88.0.5/16"), net("10.88.0.6/16"), net("fd88::5/64")];
-                ensure_network("net", &pods[..1]).expect("first pod");
-                ensure_network("net", &pods).expect("later pods");
-                ensure_network("net", &pods).expect("again");
+                Iptables.ensure_network("net", &pods[..1]).expect("first pod");
+                Iptables.ensure_network("net", &pods).expect("later pods");
+                Iptables.ensure_network("net", &pods).expect("again");
                 let table = save();
                 assert_eq!(
                     table.rules_of("POSTROUTING").count(),
@@ -616,13 +634,19 @@ COMMIT
                 .expect("reference rules");
                 assert!(nat_chain_exists(Family::V4, &chain_name("net", "ref-ctr")).expect("asked"));
                 assert!(
-                    !teardown_container("net", "ours", &[Family::V4, Family::V6]).expect("nothing to do")
+                    !Iptables
+                        .teardown_container("net", "ours", "eth0", &[Family::V4, Family::V6])
+                        .expect("nothing to do")
                 );
-                assert!(teardown_container("net", "ref-ctr", &[Family::V4, Family::V6]).expect("removed"));
+                assert!(
+                    Iptables
+                        .teardown_container("net", "ref-ctr", "eth0", &[Family::V4, Family::V6])
+                        .expect("removed")
+                );
                 let table = save();
                 assert!(table.containers_of("net").is_empty());
                 assert_eq!(table.network_chains_of("net").len(), 1, "the subnet chain stays");
-                remove_network("net").expect("gc");
+                Iptables.remove_network("net").expect("gc");
                 assert!(save().network_chains_of("net").is_empty());
                 assert!(save().rules_of("POSTROUTING").next().is_none());
             });

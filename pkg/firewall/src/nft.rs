@@ -20,7 +20,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha512};
 
 use crate::nfnl::{self, TableFamily};
-use crate::{Error, Result, exec};
+use crate::{Error, Family, MasqueradeBackend, Result, exec};
 
 pub const TABLE: &str = "cni_plugins_masquerade";
 const CHECKS: &str = "masq_checks";
@@ -282,122 +282,128 @@ fn gap_of(network: &str, subnet: &IpNetwork) -> Result<Option<bool>> {
     Ok((rules != 1 || !jump).then_some(!jump))
 }
 
-/// Masquerade for the subnets of `addresses`, left complete by every ADD
-/// (see `masquerade::ensure_network`): created by the first pod of a
-/// subnet, found in-process by every later one, repaired in one
-/// transaction by the first ADD after someone removed part of it.
-pub fn ensure_network(network: &str, addresses: &[IpNetwork]) -> Result<()> {
-    for subnet in subnets_of(addresses) {
-        let Some(jump_missing) = gap_of(network, &subnet)? else {
-            continue;
-        };
-        let state = read()?;
-        if let Err(e) = apply(&render_network_setup(&state, network, &subnet, jump_missing))
-            && gap_of(network, &subnet)?.is_some()
-        {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
+/// The nftables backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Nftables;
 
-/// Removes a pod's own rules (the reference's layout), when it has any:
-/// looked for in-process, so a pod without them costs no process. Returns
-/// whether anything was removed.
-pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<bool> {
-    if exec::find("nft").is_none() {
-        return Ok(false);
-    }
-    let instance = instance_hash(network, ifname, container_id);
-    let comments = nfnl::rule_comments(TableFamily::Inet, TABLE, CHECKS)?;
-    if !comments.iter().any(|c| c.starts_with(&instance)) {
-        return Ok(false);
-    }
-    let state = read()?;
-    match render_delete(&state, |_| false, &instance) {
-        Some(transaction) => apply(&transaction).map(|()| true),
-        None => Ok(false),
-    }
-}
-
-/// Removes the per-pod rules of `network` whose (ifname, container) is not
-/// kept; the network's subnet chains stay.
-pub fn collect_garbage(network: &str, keep: &BTreeSet<(String, String)>) -> Result<()> {
-    if exec::find("nft").is_none() {
-        return Ok(());
-    }
-    let state = read()?;
-    let kept: BTreeSet<String> = keep
-        .iter()
-        .map(|(ifname, id)| instance_hash(network, ifname, id))
-        .collect();
-    let keep_rule =
-        |r: &Rule| is_network_comment(&r.comment) || kept.iter().any(|h| r.comment.starts_with(h.as_str()));
-    match render_delete(&state, keep_rule, &network_hash(network)) {
-        Some(transaction) => apply(&transaction),
-        None => Ok(()),
-    }
-}
-
-/// Removes `network`'s subnet chains and their jumps (GC, when none of its
-/// attachments is valid any more).
-pub fn remove_network(network: &str) -> Result<()> {
-    if exec::find("nft").is_none() {
-        return Ok(());
-    }
-    let state = read()?;
-    let prefix = format!(
-        "{}-net, net: {}, subnet: ",
-        network_hash(network),
-        network.replace('"', "")
-    );
-    let ours = |r: &&Rule| r.comment.starts_with(&prefix);
-    let t = format!("inet {TABLE}");
-    let mut transaction = String::new();
-    for rule in state.rules.iter().filter(|r| r.chain == CHECKS).filter(ours) {
-        transaction.push_str(&format!("delete rule {t} {CHECKS} handle {}\n", rule.handle));
-    }
-    // Chains named by their rules or, for one someone has flushed, by the
-    // subnet in the jump's comment.
-    let mut chains: BTreeSet<String> = BTreeSet::new();
-    for rule in state.rules.iter().filter(ours) {
-        if rule.chain != CHECKS {
-            chains.insert(rule.chain.clone());
-        } else if let Some(Ok(subnet)) = rule.comment.strip_prefix(&prefix).map(str::parse::<IpNetwork>) {
-            let chain = network_chain(network, &subnet);
-            if state.chains.contains(&chain) {
-                chains.insert(chain);
-            }
-        }
-    }
-    for chain in chains {
-        transaction.push_str(&format!("flush chain {t} {chain}\ndelete chain {t} {chain}\n"));
-    }
-    if transaction.is_empty() {
-        Ok(())
-    } else {
-        apply(&transaction)
-    }
-}
-
-/// What CHECK finds missing for the subnets of `addresses`.
-pub fn missing(network: &str, addresses: &[IpNetwork]) -> Result<Vec<String>> {
-    let state = read()?;
-    let mut gaps = Vec::new();
-    for subnet in subnets_of(addresses) {
-        let chain = network_chain(network, &subnet);
-        let comment = network_comment(network, &subnet);
-        for (where_, what) in [(CHECKS, "jump"), (chain.as_str(), "masquerade")] {
-            if !state
-                .rules
-                .iter()
-                .any(|r| r.chain == where_ && r.comment == comment)
+impl MasqueradeBackend for Nftables {
+    /// As the iptables backend does: created by the first pod of a subnet,
+    /// found in-process by every later one, repaired in one transaction by
+    /// the first ADD after someone removed part of it.
+    fn ensure_network(&self, network: &str, addresses: &[IpNetwork]) -> Result<()> {
+        for subnet in subnets_of(addresses) {
+            let Some(jump_missing) = gap_of(network, &subnet)? else {
+                continue;
+            };
+            let state = read()?;
+            if let Err(e) = apply(&render_network_setup(&state, network, &subnet, jump_missing))
+                && gap_of(network, &subnet)?.is_some()
             {
-                gaps.push(format!("nft {what} rule for {} in {where_}", network_of(&subnet)));
+                return Err(e);
             }
         }
+        Ok(())
     }
-    Ok(gaps)
+
+    /// Looked for in-process, so a pod without rules costs no process. One
+    /// table serves both families.
+    fn teardown_container(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+        _families: &[Family],
+    ) -> Result<bool> {
+        if exec::find("nft").is_none() {
+            return Ok(false);
+        }
+        let instance = instance_hash(network, ifname, container_id);
+        let comments = nfnl::rule_comments(TableFamily::Inet, TABLE, CHECKS)?;
+        if !comments.iter().any(|c| c.starts_with(&instance)) {
+            return Ok(false);
+        }
+        let state = read()?;
+        match render_delete(&state, |_| false, &instance) {
+            Some(transaction) => apply(&transaction).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    fn collect_garbage(&self, network: &str, keep: &BTreeSet<(String, String)>) -> Result<()> {
+        if exec::find("nft").is_none() {
+            return Ok(());
+        }
+        let state = read()?;
+        let kept: BTreeSet<String> = keep
+            .iter()
+            .map(|(ifname, id)| instance_hash(network, ifname, id))
+            .collect();
+        let keep_rule = |r: &Rule| {
+            is_network_comment(&r.comment) || kept.iter().any(|h| r.comment.starts_with(h.as_str()))
+        };
+        match render_delete(&state, keep_rule, &network_hash(network)) {
+            Some(transaction) => apply(&transaction),
+            None => Ok(()),
+        }
+    }
+
+    fn remove_network(&self, network: &str) -> Result<()> {
+        if exec::find("nft").is_none() {
+            return Ok(());
+        }
+        let state = read()?;
+        let prefix = format!(
+            "{}-net, net: {}, subnet: ",
+            network_hash(network),
+            network.replace('"', "")
+        );
+        let ours = |r: &&Rule| r.comment.starts_with(&prefix);
+        let t = format!("inet {TABLE}");
+        let mut transaction = String::new();
+        for rule in state.rules.iter().filter(|r| r.chain == CHECKS).filter(ours) {
+            transaction.push_str(&format!("delete rule {t} {CHECKS} handle {}\n", rule.handle));
+        }
+        // Chains named by their rules or, for one someone has flushed, by the
+        // subnet in the jump's comment.
+        let mut chains: BTreeSet<String> = BTreeSet::new();
+        for rule in state.rules.iter().filter(ours) {
+            if rule.chain != CHECKS {
+                chains.insert(rule.chain.clone());
+            } else if let Some(Ok(subnet)) = rule.comment.strip_prefix(&prefix).map(str::parse::<IpNetwork>) {
+                let chain = network_chain(network, &subnet);
+                if state.chains.contains(&chain) {
+                    chains.insert(chain);
+                }
+            }
+        }
+        for chain in chains {
+            transaction.push_str(&format!("flush chain {t} {chain}\ndelete chain {t} {chain}\n"));
+        }
+        if transaction.is_empty() {
+            Ok(())
+        } else {
+            apply(&transaction)
+        }
+    }
+
+    fn missing(&self, network: &str, addresses: &[IpNetwork]) -> Result<Vec<String>> {
+        let state = read()?;
+        let mut gaps = Vec::new();
+        for subnet in subnets_of(addresses) {
+            let chain = network_chain(network, &subnet);
+            let comment = network_comment(network, &subnet);
+            for (where_, what) in [(CHECKS, "jump"), (chain.as_str(), "masquerade")] {
+                if !state
+                    .rules
+                    .iter()
+                    .any(|r| r.chain == where_ && r.comment == comment)
+                {
+                    gaps.push(format!("nft {what} rule for {} in {where_}", network_of(&subnet)));
+                }
+            }
+        }
+        Ok(gaps)
+    }
 }
 
 #[cfg(test)]
@@ -493,28 +499,38 @@ mod tests {
                     .iter()
                     .map(|a| a.parse().expect("cidr"))
                     .collect();
-                ensure_network("net", &pods[..1]).expect("first pod");
-                ensure_network("net", &pods).expect("later pods");
-                ensure_network("net", &pods).expect("again");
+                Nftables.ensure_network("net", &pods[..1]).expect("first pod");
+                Nftables.ensure_network("net", &pods).expect("later pods");
+                Nftables.ensure_network("net", &pods).expect("again");
                 let state = read().expect("listed");
                 assert_eq!(
                     state.with_prefix(&network_hash("net")).count(),
                     2,
                     "one jump per subnet"
                 );
-                assert!(missing("net", &pods).expect("checked").is_empty());
+                assert!(Nftables.missing("net", &pods).expect("checked").is_empty());
                 // A pod the reference plugin set up.
                 apply(&render_setup(&state, "net", "eth0", "ref", &pods[..1])).expect("reference rule");
-                assert!(!teardown("net", "eth0", "ours").expect("nothing to do"));
-                collect_garbage("net", &[("eth0".to_owned(), "ref".to_owned())].into()).expect("gc keeps it");
-                assert!(teardown("net", "eth0", "ref").expect("removed"));
-                collect_garbage("net", &BTreeSet::new()).expect("gc");
                 assert!(
-                    missing("net", &pods).expect("checked").is_empty(),
+                    !Nftables
+                        .teardown_container("net", "ours", "eth0", &[])
+                        .expect("nothing to do")
+                );
+                Nftables
+                    .collect_garbage("net", &[("eth0".to_owned(), "ref".to_owned())].into())
+                    .expect("gc keeps it");
+                assert!(
+                    Nftables
+                        .teardown_container("net", "ref", "eth0", &[])
+                        .expect("removed")
+                );
+                Nftables.collect_garbage("net", &BTreeSet::new()).expect("gc");
+                assert!(
+                    Nftables.missing("net", &pods).expect("checked").is_empty(),
                     "GC of pods keeps the subnets"
                 );
-                remove_network("net").expect("removed");
-                assert_eq!(missing("net", &pods).expect("checked").len(), 4);
+                Nftables.remove_network("net").expect("removed");
+                assert_eq!(Nftables.missing("net", &pods).expect("checked").len(), 4);
                 assert!(read().expect("listed").rules.is_empty());
             });
         });

@@ -51,7 +51,7 @@ fn views(leases: &[Lease]) -> Vec<Value> {
 }
 
 pub fn run(stores: &Stores, data_dir: &Path, network: &str, op: &AdminOp) -> Result<Value, Error> {
-    stores.with_network(data_dir, network, |net| match op {
+    pool::with_network(stores, data_dir, network, |net| match op {
         AdminOp::List => Ok(Value::Array(views(&net.leases()?))),
         AdminOp::ReleaseIp { ip } => {
             let released: Vec<Lease> = pool::release_ip(net, *ip)?.into_iter().collect();

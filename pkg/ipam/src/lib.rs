@@ -3,9 +3,12 @@
 //!
 //! - [`config`]: the reference plugin's keys, checks and messages.
 //! - [`range`]: ranges, range sets and the round-robin walk.
-//! - [`store`]: the sled database per network and its lock discipline.
-//! - [`pool`]: allocate, release, check, GC and STATUS on one network.
-//! - [`reference`]: importing the reference plugin's lease files.
+//! - [`store`]: the sled database per network and its lock discipline;
+//!   sled alone, it never reads the reference plugin's files.
+//! - [`pool`]: the way in to a network ([`pool::with_network`]), and
+//!   allocate, release, check, GC and STATUS on it.
+//! - [`reference`]: the reference plugin's lease files: when to import
+//!   them, importing, and removing a released lease's file.
 //! - [`admin`] and [`service`]: operator commands and the lease service.
 //! - [`client`]: the one path a request takes to the leases, and its policy.
 //! - [`trust`] and [`socket`]: which directories, sockets and peers are

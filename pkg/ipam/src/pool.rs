@@ -1,6 +1,12 @@
 //! The verbs on one network's leases: allocate, release, check, GC, and the
 //! free-address test STATUS needs. Every lookup goes through an index (by
 //! address, or by attachment); only GC, listing and export read every lease.
+//!
+//! This layer sits between the store (sled alone) and its callers, and is
+//! where the reference plugin's files meet the leases: [`with_network`]
+//! imports them before every operation, and every verb that releases
+//! removes an imported lease's file, once, through [`release_leases`] or
+//! [`gc`].
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -10,9 +16,25 @@ use std::path::Path;
 use cni::conf::GcAttachment;
 use serde::Serialize;
 
+use crate::Error;
 use crate::range::RangeSet;
-use crate::store::{Change, Lease, Network, now};
-use crate::{Error, reference};
+use crate::reference::{self, FileRemoval};
+use crate::store::{Change, Lease, Network, Stores, now};
+
+/// Runs `op` on a network under its lock (see [`Stores::with_network`]),
+/// once the reference plugin's files are imported if their directory
+/// changed: no operation can hand out an address a reference file holds.
+pub fn with_network<T>(
+    stores: &Stores,
+    data_dir: &Path,
+    network: &str,
+    op: impl FnOnce(&Network) -> Result<T, Error>,
+) -> Result<T, Error> {
+    stores.with_network(data_dir, network, |net| {
+        reference::import_if_changed(net)?;
+        op(net)
+    })
+}
 
 /// An address handed to an attachment, with what the result needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,23 +210,13 @@ pub fn release(
         }
         !kept
     });
-    net.apply(&Change {
-        remove: leases.clone(),
-        ..Change::default()
-    })?;
-    Ok(leases)
+    release_leases(net, leases)
 }
 
 /// Releases one address, whoever holds it.
 pub fn release_ip(net: &Network, ip: IpAddr) -> Result<Option<Lease>, Error> {
-    let lease = net.lease(ip)?;
-    if let Some(lease) = &lease {
-        net.apply(&Change {
-            remove: vec![lease.clone()],
-            ..Change::default()
-        })?;
-    }
-    Ok(lease)
+    let leases: Vec<Lease> = net.lease(ip)?.into_iter().collect();
+    Ok(release_leases(net, leases)?.pop())
 }
 
 /// Releases every lease of a container, on any interface.
@@ -214,11 +226,24 @@ pub fn release_container(net: &Network, container_id: &str) -> Result<Vec<Lease>
         .into_iter()
         .filter(|l| l.container_id == container_id)
         .collect();
-    net.apply(&Change {
-        remove: leases.clone(),
+    release_leases(net, leases)
+}
+
+/// Releases `leases` in one transaction, the reference file of each
+/// imported one removed first (see [`FileRemoval`]). A file that cannot be
+/// removed fails the call and releases nothing.
+fn release_leases(net: &Network, leases: Vec<Lease>) -> Result<Vec<Lease>, Error> {
+    let mut files = FileRemoval::new(net);
+    for lease in &leases {
+        files.remove_file_of(lease)?;
+    }
+    let change = Change {
+        reference_mtime: files.finish()?,
+        remove: leases,
         ..Change::default()
-    })?;
-    Ok(leases)
+    };
+    net.apply(&change)?;
+    Ok(change.remove)
 }
 
 /// CHECK: the attachment holds a lease, and when the runtime passes the
@@ -274,36 +299,24 @@ pub fn gc(net: &Network, valid: &[GcAttachment]) -> Result<GcReport, Error> {
         .collect();
     let containers: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
     let mut report = GcReport::default();
-    let mut removed_files = false;
+    let mut files = FileRemoval::new(net);
     for lease in net.leases()? {
         let kept = attachments.contains(&(lease.container_id.as_str(), lease.ifname.as_str()))
             || (lease.ifname.is_empty() && containers.contains(lease.container_id.as_str()));
         if kept {
             continue;
         }
-        if lease.from_reference {
-            match reference::remove_file_of(net.reference_dir(), &lease) {
-                Ok(removed) => removed_files |= removed,
-                Err(e) => {
-                    report.errors.push(format!("{}: {e}", lease.ip));
-                    continue;
-                }
-            }
+        if let Err(e) = files.remove_file_of(&lease) {
+            report.errors.push(format!("{}: {e}", lease.ip));
+            continue;
         }
         report.released.push(lease);
     }
-    let mtime = if removed_files {
-        reference::dir_mtime(net.reference_dir())
-    } else {
-        None
-    };
-    net.apply_with_mtime(
-        &Change {
-            remove: report.released.clone(),
-            ..Change::default()
-        },
-        mtime,
-    )?;
+    net.apply(&Change {
+        reference_mtime: files.finish()?,
+        remove: report.released.clone(),
+        ..Change::default()
+    })?;
     Ok(report)
 }
 

@@ -5,6 +5,12 @@
 //! changed, so no running pod loses its address and none of those addresses
 //! is handed out again. Afterwards sled alone drives allocation; a file stays
 //! until its lease is released, then it is removed with it.
+//!
+//! Every rule about these files lives here, above the store, which keeps
+//! only the leases and, as opaque bytes, the directory's mtime: when to
+//! import ([`import_if_changed`], run by [`crate::pool::with_network`]
+//! before each operation), importing ([`import_dir`]), and removing a
+//! released lease's file ([`FileRemoval`], used by the verbs that release).
 
 use std::fs;
 use std::io::Read;
@@ -54,7 +60,7 @@ pub struct ImportReport {
 }
 
 /// The directory's modification time, as stored to notice changes.
-pub(crate) fn dir_mtime(dir: &Path) -> Option<Vec<u8>> {
+fn dir_mtime(dir: &Path) -> Option<Vec<u8>> {
     let modified = fs::metadata(dir).ok()?.modified().ok()?;
     let nanos = modified.duration_since(UNIX_EPOCH).ok()?.as_nanos();
     Some(nanos.to_string().into_bytes())
@@ -77,20 +83,24 @@ fn address_of(name: &str) -> Option<IpAddr> {
 }
 
 /// Imports the reference directory's leases if it changed since the last
-/// import; whether any lease was imported.
-pub(crate) fn import_if_changed(net: &Network) -> Result<bool, Error> {
+/// import, or since the last release that removed a file (see
+/// [`FileRemoval::finish`]).
+pub(crate) fn import_if_changed(net: &Network) -> Result<(), Error> {
     let Some(mtime) = dir_mtime(net.reference_dir()) else {
-        return Ok(false);
+        return Ok(());
     };
     if net.reference_mtime()?.as_deref() == Some(mtime.as_slice()) {
-        return Ok(false);
+        return Ok(());
     }
     let dir = net.reference_dir().to_path_buf();
     let report = import_dir(net, &dir, Some(mtime))?;
     for conflict in &report.conflicts {
         log::warn!("reference lease not imported: {conflict}");
     }
-    Ok(!report.imported.is_empty())
+    if !report.imported.is_empty() {
+        net.note_bulk_write();
+    }
+    Ok(())
 }
 
 /// Imports the reference-format leases in `dir`. Files there are the
@@ -104,7 +114,10 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
         Err(e) => return Err(Error::Store(format!("cannot read {}: {e}", dir.display()))),
     };
     let mut report = ImportReport::default();
-    let mut change = Change::default();
+    let mut change = Change {
+        reference_mtime: mtime,
+        ..Change::default()
+    };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
@@ -151,25 +164,76 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
             }
         }
     }
-    net.apply_with_mtime(&change, mtime)?;
+    net.apply(&change)?;
     report.imported = change.add;
     Ok(report)
 }
 
-/// Removes the reference file of an imported lease if it still names that
-/// lease's owner. Returns whether a file was removed.
-pub(crate) fn remove_file_of(dir: &Path, lease: &Lease) -> Result<bool, Error> {
-    let path = dir.join(lease.ip.to_string());
-    let Some((content, _)) = read_lease_file(&path) else {
-        return Ok(false);
-    };
-    if parse_reservation(&content) != (lease.container_id.clone(), lease.ifname.clone()) {
-        return Ok(false);
+/// The reference files of the imported leases one operation releases,
+/// each looked for once, before the transaction that releases the leases.
+///
+/// Before, not after: a file that outlived its released lease would be
+/// imported again, as a live lease, by the first import after anything
+/// changed the directory (the reference plugin writing another lease, an
+/// operator's `touch`), since an import reads every file and only the
+/// directory's mtime decides when one runs. Removed first, a crash or a
+/// failed commit in between leaves a held lease without its file, which the
+/// runtime's repeated DEL or the next GC releases; no address is ever held
+/// by a file after its lease is gone.
+pub(crate) struct FileRemoval<'a> {
+    dir: &'a Path,
+    removed_any: bool,
+}
+
+impl<'a> FileRemoval<'a> {
+    pub(crate) fn new(net: &'a Network) -> Self {
+        FileRemoval {
+            dir: net.reference_dir(),
+            removed_any: false,
+        }
     }
-    match fs::remove_file(&path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::Store(format!("cannot remove {}: {e}", path.display()))),
+
+    /// Removes the file of `lease` if the lease was imported from this
+    /// directory and the file still names its owner (the reference plugin
+    /// may have handed the address to another container since). An error
+    /// means the file may still be there: the lease must not be released.
+    pub(crate) fn remove_file_of(&mut self, lease: &Lease) -> Result<(), Error> {
+        if !lease.from_reference {
+            return Ok(());
+        }
+        let path = self.dir.join(lease.ip.to_string());
+        let Some((content, _)) = read_lease_file(&path) else {
+            return Ok(());
+        };
+        if parse_reservation(&content) != (lease.container_id.clone(), lease.ifname.clone()) {
+            return Ok(());
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                self.removed_any = true;
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::Store(format!("cannot remove {}: {e}", path.display()))),
+        }
+    }
+
+    /// Ends the removals: what the release's [`Change::reference_mtime`]
+    /// records. When files were removed, the directory is synced first, so
+    /// a power loss cannot keep the committed release and undo a removal;
+    /// and its new mtime is recorded with the release, so our own removals
+    /// do not look like the reference plugin's work and cause an import.
+    pub(crate) fn finish(self) -> Result<Option<Vec<u8>>, Error> {
+        if !self.removed_any {
+            return Ok(None);
+        }
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+            .open(self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| Error::Store(format!("cannot sync {}: {e}", self.dir.display())))?;
+        Ok(dir_mtime(self.dir))
     }
 }
 

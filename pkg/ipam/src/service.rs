@@ -243,8 +243,8 @@ enum Watch {
 }
 
 impl Listening {
-    /// A socket someone else bound (systemd's socket activation).
-    pub fn inherited(listener: UnixListener) -> Self {
+    /// A socket someone else bound (see [`passed_by_service_manager`]).
+    fn inherited(listener: UnixListener) -> Self {
         Listening {
             listener: Arc::new(listener),
             own: None,
@@ -439,6 +439,63 @@ pub fn start_detached(exe: &Path, socket: &Path, deadline: Instant) -> io::Resul
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// The other half of [`start_detached`], run by the service it starts
+/// before it opens anything: leaves the starter's session, so signals to
+/// the runtime's terminal or process group do not reach it, and closes
+/// every descriptor above stderr, so it holds none of the runtime's pipes
+/// (a runtime reads a plugin's output until every writer has closed it,
+/// and may let the plugin inherit more than its stdio).
+pub fn detach_from_starter() -> io::Result<()> {
+    // Fails only for a process group leader, which a spawned child is not.
+    let _ = nix::unistd::setsid();
+    let inherited: Vec<std::os::fd::RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in inherited {
+        // Closing by number is sound only because nothing of this process
+        // owns a descriptor yet (see the docs); the listing's own one is
+        // closed already, and closing it again fails harmlessly.
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
+}
+
+/// The socket a service manager bound and passed to this process, as
+/// systemd's socket activation does (`LISTEN_PID` naming this process,
+/// `LISTEN_FDS=1`, the socket at fd 3). `LISTEN_PID` and `LISTEN_FDS` are
+/// then removed from the environment, so nothing this process starts takes
+/// the socket for its own. None when no socket was passed to this process,
+/// or more than one; an error when the one passed is not a listening Unix
+/// stream socket. It changes the environment: call it before the process
+/// has threads.
+pub fn passed_by_service_manager() -> io::Result<Option<Listening>> {
+    // listenfd also takes descriptors without a LISTEN_PID (systemfd's
+    // convention); a LISTEN_FDS leaked from some other environment must
+    // not make the service take whatever its fd 3 is.
+    let names_a_process = std::env::var_os("LISTEN_PID").is_some_and(|pid| !pid.is_empty());
+    if !names_a_process {
+        return Ok(None);
+    }
+    let mut passed = listenfd::ListenFd::from_env();
+    if passed.len() != 1 {
+        return Ok(None);
+    }
+    let Some(listener) = passed.take_unix_listener(0)? else {
+        return Ok(None);
+    };
+    // listenfd checks the family and type only; a socket nobody called
+    // listen() on would fail every accept and leave the service deaf.
+    if !nix::sys::socket::getsockopt(&listener, nix::sys::socket::sockopt::AcceptConn)? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the passed socket is not listening",
+        ));
+    }
+    Ok(Some(Listening::inherited(listener)))
 }
 
 /// What the service runs for a plugin request: the plugin's own dispatch.

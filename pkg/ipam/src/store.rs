@@ -4,10 +4,14 @@
 //!
 //! sled never waits for its own lock, and many plugin processes run at once,
 //! so every use goes: take the flock (blocking), open sled (or reuse the
-//! copy the lease service keeps open), import the reference plugin's files
-//! if their directory changed, run the operation as one transaction,
-//! `flush()`, close (direct use only), release the flock. The reply is
-//! printed only after that, so a lease that was answered is on disk.
+//! copy the lease service keeps open), run the operation (the verbs' layer,
+//! [`crate::pool::with_network`], first imports the reference plugin's files
+//! if their directory changed) as one transaction, `flush()`, close (direct
+//! use only), release the flock. The reply is printed only after that, so a
+//! lease that was answered is on disk.
+//!
+//! The store is sled alone: it never reads the reference plugin's files,
+//! and keeps what the importer records of them as opaque bytes.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -23,7 +27,7 @@ use sled::Transactional;
 
 use cni::fault;
 
-use crate::{Error, reference};
+use crate::Error;
 
 /// A lease: one address held by one attachment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,8 +39,9 @@ pub struct Lease {
     pub ifname: String,
     /// Seconds since the epoch.
     pub allocated: u64,
-    /// Imported from the reference plugin's directory, whose file is removed
-    /// when the lease is released so nothing can bring it back.
+    /// Imported from the reference plugin's directory, whose file the
+    /// verbs' layer removes when the lease is released so nothing can bring
+    /// it back.
     #[serde(default)]
     pub from_reference: bool,
     /// The network namespace (CNI_NETNS) the lease was handed to. None for
@@ -366,7 +371,7 @@ impl NetworkLock {
 /// thousands an import replaces were paid for by the lease service's next
 /// few hundred calls, on any network (perf: a small network's calls cost
 /// three times as much after a 60000-lease import). Draining here pays
-/// once, inside the call that imported. Each round frees at most a few
+/// once, inside the call that imported (see [`Network::note_bulk_write`]). Each round frees at most a few
 /// bags; rounds on an empty queue cost next to nothing.
 fn release_replaced_pages() {
     const ROUNDS: usize = 1 << 14;
@@ -433,7 +438,10 @@ impl Stores {
     /// Runs `op` on a network with exclusive access (see the module docs).
     /// A resident database that failed to read, write or flush is closed,
     /// so the next call sees what is on disk, not what only memory holds.
-    pub fn with_network<T>(
+    /// Not public: every operation from outside goes through
+    /// [`crate::pool::with_network`], which imports the reference plugin's
+    /// files first, so none can hand out an address only they record.
+    pub(crate) fn with_network<T>(
         &self,
         data_dir: &Path,
         network: &str,
@@ -477,14 +485,13 @@ impl Stores {
         let net = Network::new(db, paths)?;
         check_generation(paths, &net)?;
         fault::pause("host-local:locked");
-        let imported = reference::import_if_changed(&net)?;
         let outcome = op(&net);
         if net.dirty.get() {
             fault::pause("host-local:committed");
             db.flush().map_err(store_error("flush"))?;
             write_witness(paths, net.generation.get())?;
         }
-        if imported && self.keep_open {
+        if net.bulk_write.get() && self.keep_open {
             release_replaced_pages();
         }
         outcome
@@ -615,11 +622,18 @@ pub struct Change {
     pub add: Vec<Lease>,
     pub remove: Vec<Lease>,
     pub last_reserved: Vec<(usize, IpAddr)>,
+    /// Opaque to the store: what [`crate::reference`] records of the
+    /// reference plugin's directory to tell when to import it again, kept
+    /// in the same transaction as the leases it accounts for.
+    pub reference_mtime: Option<Vec<u8>>,
 }
 
 impl Change {
     pub fn is_empty(&self) -> bool {
-        self.add.is_empty() && self.remove.is_empty() && self.last_reserved.is_empty()
+        self.add.is_empty()
+            && self.remove.is_empty()
+            && self.last_reserved.is_empty()
+            && self.reference_mtime.is_none()
     }
 }
 
@@ -630,6 +644,8 @@ pub struct Network {
     meta: sled::Tree,
     reference_dir: PathBuf,
     dirty: Cell<bool>,
+    /// See [`Network::note_bulk_write`].
+    bulk_write: Cell<bool>,
     /// Committed changes so far (see [`check_generation`]).
     generation: Cell<u64>,
 }
@@ -657,12 +673,22 @@ impl Network {
             meta,
             reference_dir: paths.reference_dir.clone(),
             dirty: Cell::new(false),
+            bulk_write: Cell::new(false),
             generation: Cell::new(generation),
         })
     }
 
+    /// `<dataDir>/<network>`, where the shared lock lives; the store reads
+    /// nothing else there.
     pub fn reference_dir(&self) -> &Path {
         &self.reference_dir
+    }
+
+    /// Tells the store that this operation may have replaced many pages
+    /// (it imported leases): a resident store frees them before the call
+    /// returns (see [`release_replaced_pages`]).
+    pub(crate) fn note_bulk_write(&self) {
+        self.bulk_write.set(true);
     }
 
     fn decode(ip: IpAddr, bytes: &[u8]) -> Result<Lease, Error> {
@@ -744,6 +770,7 @@ impl Network {
             .collect()
     }
 
+    /// The last [`Change::reference_mtime`] committed.
     pub(crate) fn reference_mtime(&self) -> Result<Option<Vec<u8>>, Error> {
         Ok(self
             .meta
@@ -752,31 +779,11 @@ impl Network {
             .map(|v| v.to_vec()))
     }
 
-    /// Applies a change as one transaction. Files of released imported
-    /// leases go first: a crash in between leaves a lease without its file,
-    /// never a file that could bring a released lease back.
+    /// Applies a change as one transaction.
     pub fn apply(&self, change: &Change) -> Result<(), Error> {
-        self.apply_with_mtime(change, None)
-    }
-
-    pub(crate) fn apply_with_mtime(
-        &self,
-        change: &Change,
-        reference_mtime: Option<Vec<u8>>,
-    ) -> Result<(), Error> {
-        if change.is_empty() && reference_mtime.is_none() {
+        if change.is_empty() {
             return Ok(());
         }
-        let mut removed_files = false;
-        for lease in change.remove.iter().filter(|l| l.from_reference) {
-            removed_files |= reference::remove_file_of(&self.reference_dir, lease)?;
-        }
-        let mtime = match reference_mtime {
-            Some(m) => Some(m),
-            // Our own removals must not look like the reference plugin's work.
-            None if removed_files => reference::dir_mtime(&self.reference_dir),
-            None => None,
-        };
         let records: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = change
             .add
             .iter()
@@ -806,7 +813,7 @@ impl Network {
                 for (set, ip) in &change.last_reserved {
                     meta.insert(format!("{LAST_RESERVED}{set}").as_bytes(), ip_key(*ip))?;
                 }
-                if let Some(m) = &mtime {
+                if let Some(m) = &change.reference_mtime {
                     meta.insert(REFERENCE_MTIME, m.as_slice())?;
                 }
                 meta.insert(GENERATION, &next_generation.to_be_bytes())?;

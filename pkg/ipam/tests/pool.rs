@@ -43,17 +43,27 @@ impl Net {
         self.dir.path()
     }
 
+    /// `<dataDir>/net`, where the reference plugin keeps its files.
+    fn reference_dir(&self) -> std::path::PathBuf {
+        self.data_dir().join("net")
+    }
+
+    /// Writes a file as the reference plugin would.
+    fn write_reference(&self, name: &str, content: &str) {
+        fs::create_dir_all(self.reference_dir()).expect("mkdir");
+        fs::write(self.reference_dir().join(name), content).expect("write");
+    }
+
     fn add(&self, id: &str, requested: &[&str]) -> Result<Vec<IpAddr>, ipam::Error> {
         self.add_in(id, requested, None)
     }
 
     fn add_in(&self, id: &str, requested: &[&str], netns: Option<&str>) -> Result<Vec<IpAddr>, ipam::Error> {
         let requested: Vec<IpAddr> = requested.iter().map(|s| ip(s)).collect();
-        self.stores
-            .with_network(self.data_dir(), "net", |n| {
-                pool::allocate(n, &self.sets, &requested, id, "eth0", netns.map(Path::new))
-            })
-            .map(|a| a.into_iter().map(|a| a.ip).collect())
+        pool::with_network(&self.stores, self.data_dir(), "net", |n| {
+            pool::allocate(n, &self.sets, &requested, id, "eth0", netns.map(Path::new))
+        })
+        .map(|a| a.into_iter().map(|a| a.ip).collect())
     }
 
     fn del(&self, id: &str) -> usize {
@@ -61,17 +71,15 @@ impl Net {
     }
 
     fn del_in(&self, id: &str, netns: Option<&str>) -> usize {
-        self.stores
-            .with_network(self.data_dir(), "net", |n| {
-                pool::release(n, id, "eth0", netns.map(Path::new))
-            })
-            .expect("release")
-            .len()
+        pool::with_network(&self.stores, self.data_dir(), "net", |n| {
+            pool::release(n, id, "eth0", netns.map(Path::new))
+        })
+        .expect("release")
+        .len()
     }
 
     fn leases(&self) -> Vec<(String, String, String)> {
-        self.stores
-            .with_network(self.data_dir(), "net", |n| n.leases())
+        pool::with_network(&self.stores, self.data_dir(), "net", |n| n.leases())
             .expect("list")
             .into_iter()
             .map(|l| (l.ip.to_string(), l.container_id, l.ifname))
@@ -79,9 +87,10 @@ impl Net {
     }
 
     fn exhausted(&self) -> Option<usize> {
-        self.stores
-            .with_network(self.data_dir(), "net", |n| pool::exhausted_set(n, &self.sets))
-            .expect("status")
+        pool::with_network(&self.stores, self.data_dir(), "net", |n| {
+            pool::exhausted_set(n, &self.sets)
+        })
+        .expect("status")
     }
 }
 
@@ -184,7 +193,7 @@ fn release_falls_back_to_id_only_leases_and_unknown_is_fine() {
 fn check_compares_leases_with_the_reported_addresses() {
     let net = Net::new(&["10.0.0.0/24"]);
     let check = |reported: Option<&[IpAddr]>| {
-        net.stores.with_network(net.data_dir(), "net", |n| {
+        pool::with_network(&net.stores, net.data_dir(), "net", |n| {
             pool::check(n, &net.sets, "a", "eth0", reported)
         })
     };
@@ -220,16 +229,10 @@ fn gc_keeps_only_valid_attachments() {
         container_id: "b".into(),
         ifname: "eth0".into(),
     }];
-    let report = net
-        .stores
-        .with_network(net.data_dir(), "net", |n| pool::gc(n, &valid))
-        .expect("gc");
+    let report = pool::with_network(&net.stores, net.data_dir(), "net", |n| pool::gc(n, &valid)).expect("gc");
     assert_eq!(report.released.len(), 2);
     assert_eq!(net.leases(), [("10.0.0.3".into(), "b".into(), "eth0".into())]);
-    let report = net
-        .stores
-        .with_network(net.data_dir(), "net", |n| pool::gc(n, &[]))
-        .expect("gc");
+    let report = pool::with_network(&net.stores, net.data_dir(), "net", |n| pool::gc(n, &[])).expect("gc");
     assert_eq!(report.released.len(), 1, "an empty list releases everything");
     assert!(net.leases().is_empty());
 }
@@ -237,11 +240,10 @@ fn gc_keeps_only_valid_attachments() {
 #[test]
 fn reference_leases_are_imported_once_and_never_resurrected() {
     let net = Net::new(&["10.0.0.0/29"]);
-    let ref_dir = net.data_dir().join("net");
-    fs::create_dir_all(&ref_dir).expect("mkdir");
-    fs::write(ref_dir.join("10.0.0.2"), "ref-a\r\neth0").expect("write");
-    fs::write(ref_dir.join("10.0.0.3"), "ref-b\r\neth0").expect("write");
-    fs::write(ref_dir.join("last_reserved_ip.0"), "10.0.0.3").expect("write");
+    let ref_dir = net.reference_dir();
+    net.write_reference("10.0.0.2", "ref-a\r\neth0");
+    net.write_reference("10.0.0.3", "ref-b\r\neth0");
+    net.write_reference("last_reserved_ip.0", "10.0.0.3");
     assert_eq!(
         net.add("new", &[]).expect("add"),
         [ip("10.0.0.4")],
@@ -256,7 +258,7 @@ fn reference_leases_are_imported_once_and_never_resurrected() {
     assert!(!ref_dir.join("10.0.0.3").exists());
     // The reference plugin runs again and writes a new file: imported too,
     // and the released one does not come back.
-    fs::write(ref_dir.join("10.0.0.6"), "ref-c\r\neth0").expect("write");
+    net.write_reference("10.0.0.6", "ref-c\r\neth0");
     let owners: Vec<String> = net.leases().into_iter().map(|l| l.1).collect();
     assert_eq!(owners, ["ref-a", "new", "ref-c"]);
     for id in ["x", "y"] {
@@ -294,7 +296,7 @@ fn the_import_reads_only_small_regular_files_and_never_through_a_symlink() {
     let data_dir = net.data_dir().to_owned();
     let sets = net.sets.clone();
     std::thread::spawn(move || {
-        let added = Stores::direct().with_network(&data_dir, "net", |n| {
+        let added = pool::with_network(&Stores::direct(), &data_dir, "net", |n| {
             pool::allocate(n, &sets, &[], "new", "eth0", None)
         });
         let _ = done.send(added.map(|a| a.into_iter().map(|a| a.ip).collect::<Vec<_>>()));
@@ -311,6 +313,127 @@ fn the_import_reads_only_small_regular_files_and_never_through_a_symlink() {
     ];
     assert_eq!(owners, expected.into_iter().collect());
     assert_eq!(fs::read_to_string(&elsewhere).expect("read"), "linked\r\neth0");
+}
+
+/// How often `name` in `dir` is opened while `during` runs.
+fn opens_of(dir: &Path, name: &str, during: impl FnOnce()) -> usize {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).expect("inotify");
+    // Closes are watched too: inotify merges identical events in a row,
+    // and an open, a close and an open are not.
+    inotify
+        .add_watch(dir, AddWatchFlags::IN_OPEN | AddWatchFlags::IN_CLOSE)
+        .expect("watch");
+    during();
+    let mut opens = 0;
+    loop {
+        match inotify.read_events() {
+            Ok(events) => {
+                opens += events
+                    .iter()
+                    .filter(|e| {
+                        e.mask.contains(AddWatchFlags::IN_OPEN)
+                            && e.name.as_deref() == Some(std::ffi::OsStr::new(name))
+                    })
+                    .count()
+            }
+            Err(nix::errno::Errno::EAGAIN) => return opens,
+            Err(e) => panic!("inotify: {e}"),
+        }
+    }
+}
+
+/// A DEL and a GC each look for an imported lease's reference file once
+/// (the store used to look again inside its transaction, after GC had).
+/// The files name other owners by then, as when the reference plugin has
+/// handed the addresses on, so they stay and every look opens them.
+#[test]
+fn a_del_and_a_gc_look_for_each_reference_file_once() {
+    let net = Net::new(&["10.0.0.0/29"]);
+    let ref_dir = net.reference_dir();
+    net.write_reference("10.0.0.2", "ref-a\r\neth0");
+    net.write_reference("10.0.0.3", "ref-b\r\neth0");
+    assert_eq!(net.leases().len(), 2);
+    // Rewritten in place: the directory does not change, nothing is imported.
+    net.write_reference("10.0.0.2", "other-a\r\neth0");
+    net.write_reference("10.0.0.3", "other-b\r\neth0");
+    let del = opens_of(&ref_dir, "10.0.0.2", || assert_eq!(net.del("ref-a"), 1));
+    let gc = opens_of(&ref_dir, "10.0.0.3", || {
+        let report =
+            pool::with_network(&net.stores, net.data_dir(), "net", |n| pool::gc(n, &[])).expect("gc");
+        assert_eq!(report.released.len(), 1);
+    });
+    assert_eq!(
+        (del, gc),
+        (1, 1),
+        "opens of the reference file by a DEL and by a GC"
+    );
+    assert!(net.leases().is_empty());
+    for (file, owner) in [("10.0.0.2", "other-a\r\neth0"), ("10.0.0.3", "other-b\r\neth0")] {
+        assert_eq!(
+            fs::read_to_string(ref_dir.join(file)).expect("read"),
+            owner,
+            "a file naming another owner is not ours to remove"
+        );
+    }
+}
+
+/// A DEL of an imported lease killed after its transaction and before the
+/// flush (where sled may keep the release or lose it): the reference file
+/// is already gone, since it is removed before the release commits, so no
+/// later import brings the lease back and the runtime's repeated DEL
+/// converges.
+#[test]
+fn a_del_killed_before_its_flush_leaves_no_reference_file_to_import_again() {
+    const CHILD: &str = "IPAM_TEST_DEL_TO_KILL_IN";
+    if let Some(data_dir) = std::env::var_os(CHILD) {
+        let _: Result<(), ipam::Error> =
+            pool::with_network(&Stores::direct(), Path::new(&data_dir), "net", |n| {
+                pool::release(n, "ref-a", "eth0", None)?;
+                nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).expect("kill");
+                Ok(())
+            });
+        return;
+    }
+    let net = Net::new(&["10.0.0.0/29"]);
+    let ref_dir = net.reference_dir();
+    net.write_reference("10.0.0.2", "ref-a\r\neth0");
+    net.write_reference("10.0.0.3", "ref-b\r\neth0");
+    let ref_a = ("10.0.0.2".to_owned(), "ref-a".to_owned(), "eth0".to_owned());
+    let ref_b = ("10.0.0.3".to_owned(), "ref-b".to_owned(), "eth0".to_owned());
+    assert_eq!(net.leases(), [ref_a.clone(), ref_b.clone()]);
+
+    let status = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "--exact",
+            "a_del_killed_before_its_flush_leaves_no_reference_file_to_import_again",
+            "--test-threads=1",
+        ])
+        .env(CHILD, net.data_dir())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run the DEL to kill");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(nix::sys::signal::Signal::SIGKILL as i32),
+        "the DEL was killed: {status:?}"
+    );
+    assert!(
+        !ref_dir.join("10.0.0.2").exists(),
+        "the file goes before its release commits"
+    );
+    // The file's removal changed the directory: this call imports again.
+    let left = net.leases();
+    assert!(
+        left == [ref_a.clone(), ref_b.clone()] || left == [ref_b.clone()],
+        "held without its file, or released: {left:?}"
+    );
+    // The runtime repeats the DEL.
+    assert_eq!(net.del("ref-a"), left.len() - 1);
+    // The reference plugin writes again: imported, and ref-a stays gone.
+    net.write_reference("10.0.0.4", "ref-c\r\neth0");
+    let ref_c = ("10.0.0.4".to_owned(), "ref-c".to_owned(), "eth0".to_owned());
+    assert_eq!(net.leases(), [ref_b, ref_c]);
 }
 
 #[test]
@@ -355,9 +478,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 fn network_names_are_checked_before_they_become_paths() {
     let dir = tempfile::tempdir().expect("tempdir");
     for bad in ["../x", ".sled", "a/b", ""] {
-        let err = Stores::direct()
-            .with_network(dir.path(), bad, |n| n.leases())
-            .expect_err(bad);
+        let err = pool::with_network(&Stores::direct(), dir.path(), bad, |n| n.leases()).expect_err(bad);
         assert!(matches!(err, ipam::Error::Cni(_)), "{bad}: {err}");
     }
 }
@@ -372,11 +493,10 @@ fn a_resident_store_serialises_threads_on_one_network() {
             .map(|i| {
                 let (stores, sets, data_dir) = (Arc::clone(&stores), Arc::clone(&sets), dir.path());
                 s.spawn(move || {
-                    stores
-                        .with_network(data_dir, "net", |n| {
-                            pool::allocate(n, &sets, &[], &format!("c{i}"), "eth0", None)
-                        })
-                        .expect("allocate")[0]
+                    pool::with_network(&stores, data_dir, "net", |n| {
+                        pool::allocate(n, &sets, &[], &format!("c{i}"), "eth0", None)
+                    })
+                    .expect("allocate")[0]
                         .ip
                 })
             })
@@ -523,11 +643,10 @@ fn the_generation_witness_only_lags_never_leads() {
 }
 
 fn add_on(stores: &Stores, data_dir: &Path, network: &str, id: &str) -> Result<IpAddr, ipam::Error> {
-    stores
-        .with_network(data_dir, network, |n| {
-            pool::allocate(n, &[set("10.7.0.0/29")], &[], id, "eth0", None)
-        })
-        .map(|a| a[0].ip)
+    pool::with_network(stores, data_dir, network, |n| {
+        pool::allocate(n, &[set("10.7.0.0/29")], &[], id, "eth0", None)
+    })
+    .map(|a| a[0].ip)
 }
 
 /// The witness of `N` once lived at `.sled/N.generation`: the database of

@@ -36,9 +36,11 @@ pub struct PluginConf {
 }
 
 impl PluginConf {
+    /// Whether the entry declares `name` (libcni reads an entry's
+    /// `capabilities` and `type` through Go's `types.NetConf`, so in any
+    /// case; the capability names themselves are map keys, exact).
     pub fn capability(&self, name: &str) -> bool {
-        self.raw
-            .get("capabilities")
+        cni::keys::get(&self.raw, "capabilities")
             .and_then(|c| c.get(name))
             .and_then(Value::as_bool)
             .unwrap_or(false)
@@ -127,7 +129,7 @@ fn plugin_from(index: usize, value: &Value) -> Result<PluginConf> {
             "failed to parse plugin config {index}: not an object"
         )));
     };
-    let plugin_type = match raw.get("type") {
+    let plugin_type = match cni::keys::get(raw, "type") {
         Some(Value::String(t)) if !t.is_empty() => t.clone(),
         _ => {
             return Err(Error::Config(format!(
@@ -291,6 +293,19 @@ mod tests {
         assert_eq!(l.plugins.len(), 2);
         assert!(l.plugins[0].capability("mac"));
         assert!(!l.plugins[1].capability("mac"));
+    }
+
+    #[test]
+    fn entries_are_read_as_go_reads_them_and_the_list_exactly() {
+        let l = list(json!({"cniVersion":"1.0.0","name":"n",
+            "plugins":[{"Type":"bridge","Capabilities":{"mac":true}}]}))
+        .expect("an entry's type and capabilities in any case");
+        assert_eq!(l.plugins[0].plugin_type, "bridge");
+        assert!(l.plugins[0].capability("mac"));
+        assert!(!l.plugins[0].capability("MAC"), "capability names are exact");
+        let err = list(json!({"cniVersion":"1.0.0","name":"n","Plugins":[{"type":"bridge"}]}))
+            .expect_err("libcni reads `plugins` exactly");
+        assert!(err.to_string().contains("plugins"), "{err}");
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! (it is `!Send`). Nothing async may hold it across an await.
 //!
 //! This is the suite's one crate with `unsafe` code (namespace switches,
-//! the child's private mount view, inherited descriptors); every other
-//! crate has `#![forbid(unsafe_code)]`.
+//! the child's private mount view); every other crate has
+//! `#![forbid(unsafe_code)]`.
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::statfs::fstatfs;
 
-pub mod inherited;
 mod mount;
 
 pub use mount::hide_file_in_child;

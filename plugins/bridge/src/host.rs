@@ -5,11 +5,11 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
-use cni::error::plugin_codes;
 use cni::{Error, Result};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink, sysctl};
 use netns::NetNs;
+use podnet::{netlink_error, state_error};
 
 use crate::config::BridgeConfig;
 
@@ -17,14 +17,6 @@ use crate::config::BridgeConfig;
 const NAME_ATTEMPTS: usize = 10;
 /// How long to wait for the host port to come up once both ends are up.
 const PORT_UP_PATIENCE: Duration = Duration::from_secs(2);
-
-pub fn netlink_error(e: netlink::Error) -> Error {
-    Error::plugin(plugin_codes::NETLINK, e.to_string())
-}
-
-fn state_error(msg: impl Into<String>) -> Error {
-    Error::plugin(plugin_codes::INTERFACE_STATE, msg)
-}
 
 /// The bridge, created if missing (a concurrent creator winning the race is
 /// fine), checked to be a bridge, with `accept_ra=0`, promisc as configured,

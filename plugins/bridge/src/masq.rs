@@ -3,16 +3,25 @@
 use std::collections::BTreeSet;
 
 use cni::conf::GcAttachment;
-use cni::error::plugin_codes;
 use cni::{Attachment, Error, Result};
-use firewall::{Family, masquerade, nft};
+use firewall::{Family, MASQUERADE_BACKENDS, MasqueradeBackend, masquerade, nft};
 use ipnetwork::IpNetwork;
 use netns::{NetNs, NetNsLock};
+use podnet::{check_failed, firewall_error};
 
 use crate::config::{BridgeConfig, MasqBackend};
 
-pub fn firewall_error(e: firewall::Error) -> Error {
-    Error::plugin(plugin_codes::FIREWALL, e.to_string())
+/// The configured backend first, then the other one: the one place the
+/// configuration picks a backend.
+fn backends(cfg: &BridgeConfig) -> [&'static dyn MasqueradeBackend; 2] {
+    match cfg.masq_backend {
+        MasqBackend::Iptables => [&masquerade::Iptables, &nft::Nftables],
+        MasqBackend::Nftables => [&nft::Nftables, &masquerade::Iptables],
+    }
+}
+
+fn configured(cfg: &BridgeConfig) -> &'static dyn MasqueradeBackend {
+    backends(cfg)[0]
 }
 
 /// The node namespace's lock, held while a network's subnet rules are
@@ -29,11 +38,9 @@ fn lock_node() -> Result<NetNsLock> {
 /// rules; every later pod only finds them (no process, nothing to undo).
 pub fn ensure(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Result<()> {
     let _lock = lock_node()?;
-    match cfg.masq_backend {
-        MasqBackend::Iptables => masquerade::ensure_network(network, addresses),
-        MasqBackend::Nftables => nft::ensure_network(network, addresses),
-    }
-    .map_err(|e| firewall_error(e).context("failed to set up IP masquerade"))
+    configured(cfg)
+        .ensure_network(network, addresses)
+        .map_err(|e| firewall_error(e).context("failed to set up IP masquerade"))
 }
 
 /// DEL: the subnet rules stay for the network's other pods; what a pod may
@@ -42,37 +49,29 @@ pub fn ensure(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Res
 /// one only when the configured one had none. `families` are those the pod
 /// had, when known.
 pub fn teardown(cfg: &BridgeConfig, network: &str, att: &Attachment, families: &[Family]) -> Result<()> {
-    let iptables = || masquerade::teardown_container(network, &att.container_id, families);
-    let nftables = || nft::teardown(network, &att.ifname, &att.container_id);
-    let outcome = match cfg.masq_backend {
-        MasqBackend::Iptables => iptables().and_then(|found| if found { Ok(true) } else { nftables() }),
-        MasqBackend::Nftables => nftables().and_then(|found| if found { Ok(true) } else { iptables() }),
-    };
-    outcome
-        .map(drop)
-        .map_err(|e| firewall_error(e).context("failed to tear down IP masquerade"))
+    for backend in backends(cfg) {
+        let found = backend
+            .teardown_container(network, &att.container_id, &att.ifname, families)
+            .map_err(|e| firewall_error(e).context("failed to tear down IP masquerade"))?;
+        if found {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// CHECK: the rules of the pod's subnets are there.
 pub fn check(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Result<()> {
-    let missing: Vec<String> = match cfg.masq_backend {
-        MasqBackend::Iptables => {
-            let mut missing = Vec::new();
-            for family in addresses.iter().map(Family::of).collect::<BTreeSet<_>>() {
-                let table = masquerade::read_nat(family).map_err(firewall_error)?;
-                missing.extend(masquerade::network_missing(&table, family, network, addresses));
-            }
-            missing
-        }
-        MasqBackend::Nftables => nft::missing(network, addresses).map_err(firewall_error)?,
-    };
+    let missing = configured(cfg)
+        .missing(network, addresses)
+        .map_err(firewall_error)?;
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(Error::plugin(
-            plugin_codes::CHECK_FAILED,
-            format!("IP masquerade rules missing: {}", missing.join("; ")),
-        ))
+        Err(check_failed(format!(
+            "IP masquerade rules missing: {}",
+            missing.join("; ")
+        )))
     }
 }
 
@@ -80,19 +79,20 @@ pub fn check(cfg: &BridgeConfig, network: &str, addresses: &[IpNetwork]) -> Resu
 /// valid, in both backends; and the network's subnet rules once none of
 /// its attachments is valid.
 pub fn collect_garbage(network: &str, valid: &[GcAttachment]) -> Result<()> {
-    let containers: BTreeSet<String> = valid.iter().map(|a| a.container_id.clone()).collect();
     let attachments: BTreeSet<(String, String)> = valid
         .iter()
         .map(|a| (a.ifname.clone(), a.container_id.clone()))
         .collect();
-    let mut outcome = masquerade::collect_garbage(network, &containers)
-        .map(drop)
-        .and_then(|()| nft::collect_garbage(network, &attachments));
+    let mut outcome = MASQUERADE_BACKENDS
+        .iter()
+        .try_for_each(|backend| backend.collect_garbage(network, &attachments));
     if valid.is_empty() {
         let _lock = lock_node()?;
-        outcome = outcome
-            .and_then(|()| masquerade::remove_network(network))
-            .and_then(|()| nft::remove_network(network));
+        outcome = outcome.and_then(|()| {
+            MASQUERADE_BACKENDS
+                .iter()
+                .try_for_each(|backend| backend.remove_network(network))
+        });
     }
     outcome.map_err(|e| firewall_error(e).context("failed to collect stale IP masquerade rules"))
 }

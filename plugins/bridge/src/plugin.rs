@@ -10,11 +10,12 @@ use firewall::{Family, spoofcheck};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
 use netns::NetNs;
+use podnet::{check_failed, combine, firewall_error, netlink_error, state_error};
 
 use crate::config::BridgeConfig;
-use crate::host::{self, netlink_error};
+use crate::host;
 use crate::lease;
-use crate::masq::{self, firewall_error};
+use crate::masq;
 use crate::pod::{self, Gateways};
 use crate::undo::Undo;
 
@@ -23,29 +24,6 @@ use crate::undo::Undo;
 const CONTAINER_INTERFACE: usize = 2;
 
 pub struct Bridge;
-
-fn state_error(msg: impl Into<String>) -> Error {
-    Error::plugin(plugin_codes::INTERFACE_STATE, msg)
-}
-
-fn check_failed(msg: impl Into<String>) -> Error {
-    Error::plugin(plugin_codes::CHECK_FAILED, msg)
-}
-
-fn open_netns(att: &Attachment) -> Result<(NetNs, String)> {
-    let path = att
-        .netns
-        .as_deref()
-        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))?;
-    let ns = NetNs::open(path).map_err(|e| {
-        if e.is_gone() {
-            Error::invalid_env(e.to_string())
-        } else {
-            Error::io(e.to_string())
-        }
-    })?;
-    Ok((ns, path.display().to_string()))
-}
 
 /// The runtime removes a pod's namespace when it gives up on the pod. The
 /// handle this ADD holds keeps the namespace alive, so the work would
@@ -146,7 +124,8 @@ impl Plugin for Bridge {
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
         lease::validate(cfg.ipam_type.as_deref(), req)?;
-        let (pod_ns, sandbox) = open_netns(att)?;
+        let netns_path = podnet::netns_path(att)?;
+        let (pod_ns, sandbox) = (podnet::open_netns(netns_path)?, netns_path.display().to_string());
         let host_nl = Netlink::connect().map_err(netlink_error)?;
         let pod_nl = Netlink::connect_in(&pod_ns).map_err(netlink_error)?;
         if pod_nl.link_by_name(&att.ifname).map_err(netlink_error)?.is_some() {
@@ -325,7 +304,8 @@ impl Plugin for Bridge {
 
     fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
-        let (pod_ns, sandbox) = open_netns(att)?;
+        let netns_path = podnet::netns_path(att)?;
+        let (pod_ns, sandbox) = (podnet::open_netns(netns_path)?, netns_path.display().to_string());
         if let Some(ipam) = &cfg.ipam_type {
             lease::call(ipam, Command::Check, req)?;
         }
@@ -427,10 +407,8 @@ impl Plugin for Bridge {
 /// (RCU grace periods, in scheduler ticks), and is what an operator asking
 /// "why was this DEL slow" needs to see.
 fn remove_container_link(netns: &std::path::Path, ifname: &str) -> Result<()> {
-    let ns = match NetNs::open(netns) {
-        Ok(ns) => ns,
-        Err(e) if e.is_gone() => return Ok(()),
-        Err(e) => return Err(Error::io(e.to_string())),
+    let Some(ns) = podnet::open_netns_unless_gone(netns)? else {
+        return Ok(());
     };
     let nl = Netlink::connect_in(&ns).map_err(netlink_error)?;
     let started = std::time::Instant::now();
@@ -447,18 +425,6 @@ fn remove_container_link(netns: &std::path::Path, ifname: &str) -> Result<()> {
 fn families_of(addresses: &[IpNetwork]) -> Vec<Family> {
     let families: std::collections::BTreeSet<Family> = addresses.iter().map(Family::of).collect();
     families.into_iter().collect()
-}
-
-/// One error for several: the first one's code, every message.
-fn combine(failures: Vec<Error>) -> Result<()> {
-    let mut iter = failures.into_iter();
-    let Some(first) = iter.next() else { return Ok(()) };
-    let rest: Vec<String> = iter.map(|e| e.msg).collect();
-    if rest.is_empty() {
-        return Err(first);
-    }
-    let msg = format!("{}; {}", first.msg, rest.join("; "));
-    Err(Error { msg, ..first })
 }
 
 fn check_bridge(nl: &Netlink, cfg: &BridgeConfig, prev: &CniResult) -> Result<Link> {
@@ -600,12 +566,5 @@ mod tests {
                 .len(),
             2
         );
-    }
-
-    #[test]
-    fn several_failures_become_one_error() {
-        assert!(combine(vec![]).is_ok());
-        let err = combine(vec![Error::io("a"), Error::invalid_config("b")]).expect_err("failed");
-        assert_eq!((err.code, err.msg.as_str()), (5, "a; b"));
     }
 }

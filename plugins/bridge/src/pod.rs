@@ -5,14 +5,12 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use cni::error::plugin_codes;
 use cni::result::Route;
 use cni::{Error, Result};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink, RouteInfo, sysctl};
 use netns::NetNs;
-
-use crate::host::netlink_error;
+use podnet::{netlink_error, state_error};
 
 /// IPv6 DAD (only when `enabledad`) gets this long before ADD gives up.
 const DAD_PATIENCE: Duration = Duration::from_secs(5);
@@ -89,17 +87,16 @@ fn wait_for_dad(nl: &Netlink, link: &Link) -> Result<()> {
     loop {
         let states = nl.address_states(link).map_err(netlink_error)?;
         if let Some(failed) = states.iter().find(|s| s.dad_failed) {
-            return Err(Error::plugin(
-                plugin_codes::INTERFACE_STATE,
-                format!("{} failed duplicate address detection", failed.address),
-            ));
+            return Err(state_error(format!(
+                "{} failed duplicate address detection",
+                failed.address
+            )));
         }
         if !states.iter().any(|s| s.tentative) {
             return Ok(());
         }
         if started.elapsed() > DAD_PATIENCE {
-            return Err(Error::plugin(
-                plugin_codes::INTERFACE_STATE,
+            return Err(state_error(
                 "timed out waiting for IPv6 duplicate address detection",
             ));
         }

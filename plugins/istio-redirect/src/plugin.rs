@@ -3,7 +3,6 @@
 use std::net::IpAddr;
 
 use cni::conf::POD_ANNOTATIONS_KEY;
-use cni::error::plugin_codes;
 use cni::fault;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
@@ -12,6 +11,7 @@ use firewall::istio::{Mode, Redirect, TPROXY_MARK, TPROXY_TABLE, nft, render, re
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::NetNs;
+use podnet::{check_failed, firewall_error, netlink_error};
 
 use crate::annotations;
 use crate::config::IstioConfig;
@@ -36,14 +36,6 @@ enum Decision {
 
 fn config_error(msg: impl Into<String>) -> Error {
     Error::invalid_config(msg)
-}
-
-fn firewall_error(e: firewall::Error) -> Error {
-    Error::plugin(plugin_codes::FIREWALL, e.to_string())
-}
-
-fn netlink_error(e: netlink::Error) -> Error {
-    Error::plugin(plugin_codes::NETLINK, e.to_string())
 }
 
 /// Istio's order: its own pods, missing Kubernetes arguments (then the
@@ -112,20 +104,6 @@ fn ipv6_enabled(nl: &Netlink, dual_stack: bool) -> Result<bool> {
     })
 }
 
-fn open_netns(att: &Attachment) -> Result<NetNs> {
-    let path = att
-        .netns
-        .as_deref()
-        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))?;
-    NetNs::open(path).map_err(|e| {
-        if e.is_gone() {
-            Error::invalid_env(e.to_string())
-        } else {
-            Error::io(e.to_string())
-        }
-    })
-}
-
 /// Where the capture rules go.
 #[derive(Debug, Clone, Copy)]
 enum Layout {
@@ -143,7 +121,7 @@ struct Target {
 }
 
 fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(Target, Netlink)> {
-    let ns = open_netns(att)?;
+    let ns = podnet::open_pod_netns(att)?;
     let nl = Netlink::connect_in(&ns).map_err(netlink_error)?;
     let mut families = vec![Family::V4];
     if ipv6_enabled(&nl, redirect.dual_stack)? {
@@ -270,10 +248,10 @@ impl Plugin for IstioRedirect {
         if missing.is_empty() {
             Ok(())
         } else {
-            Err(Error::plugin(
-                plugin_codes::CHECK_FAILED,
-                format!("capture rules missing in the pod: {}", missing.join("; ")),
-            ))
+            Err(check_failed(format!(
+                "capture rules missing in the pod: {}",
+                missing.join("; ")
+            )))
         }
     }
 

@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use cni::error::plugin_codes;
 use cni::result::{Interface, IpConfig};
-use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
+use cni::{Attachment, CniResult, Plugin, Request, Result};
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
 use netns::NetNs;
+use podnet::{check_failed, netlink_error, netns_path, open_netns, state_error};
 
 const LOOPBACK: &str = "lo";
 
@@ -19,37 +19,31 @@ impl Plugin for Loopback {
     const KEYS: cni::keys::Shape = cni::keys::PLAIN_PLUGIN;
 
     fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult> {
-        let netns_path = required_netns(attachment)?;
+        let sandbox = netns_path(attachment)?;
         // A prevResult that cannot be read must fail before anything changes.
         let prev_result = req.conf.prev_result()?;
-        let (netlink, lo) = open_loopback(&open_netns(netns_path)?)?;
+        let (netlink, lo) = open_loopback(&open_netns(sandbox)?)?;
         netlink.set_up(&lo).map_err(netlink_error)?;
         let addresses = netlink.addresses(&lo).map_err(netlink_error)?;
         if let Some(foreign) = addresses.iter().find(|a| !a.ip().is_loopback()) {
-            return Err(Error::plugin(
-                plugin_codes::INTERFACE_STATE,
-                format!(
-                    "loopback interface found with non-loopback address {:?}",
-                    foreign.ip().to_string()
-                ),
-            ));
+            return Err(state_error(format!(
+                "loopback interface found with non-loopback address {:?}",
+                foreign.ip().to_string()
+            )));
         }
         // In a chain, the result so far is what the runtime must get back.
         if let Some(prev) = prev_result {
             return Ok(prev);
         }
-        Ok(loopback_result(&lo, &addresses, netns_path))
+        Ok(loopback_result(&lo, &addresses, sandbox))
     }
 
     fn check(&self, _req: &Request, attachment: &Attachment) -> Result<()> {
-        let (_, lo) = open_loopback(&open_netns(required_netns(attachment)?)?)?;
+        let (_, lo) = open_loopback(&open_netns(netns_path(attachment)?)?)?;
         if lo.up {
             Ok(())
         } else {
-            Err(Error::plugin(
-                plugin_codes::CHECK_FAILED,
-                "loopback interface is down",
-            ))
+            Err(check_failed("loopback interface is down"))
         }
     }
 
@@ -59,10 +53,8 @@ impl Plugin for Loopback {
         let Some(path) = attachment.netns.as_deref() else {
             return Ok(());
         };
-        let ns = match NetNs::open(path) {
-            Ok(ns) => ns,
-            Err(e) if e.is_gone() => return Ok(()),
-            Err(e) => return Err(Error::io(e.to_string())),
+        let Some(ns) = podnet::open_netns_unless_gone(path)? else {
+            return Ok(());
         };
         let netlink = Netlink::connect_in(&ns).map_err(netlink_error)?;
         match netlink.link_by_name(LOOPBACK).map_err(netlink_error)? {
@@ -72,31 +64,10 @@ impl Plugin for Loopback {
     }
 }
 
-fn required_netns(attachment: &Attachment) -> Result<&Path> {
-    attachment
-        .netns
-        .as_deref()
-        .ok_or_else(|| Error::invalid_env("required env variables [CNI_NETNS] missing"))
-}
-
-fn open_netns(path: &Path) -> Result<NetNs> {
-    NetNs::open(path).map_err(|e| {
-        if e.is_gone() {
-            Error::invalid_env(e.to_string())
-        } else {
-            Error::io(e.to_string())
-        }
-    })
-}
-
 fn open_loopback(ns: &NetNs) -> Result<(Netlink, Link)> {
     let netlink = Netlink::connect_in(ns).map_err(netlink_error)?;
     let lo = netlink.require_link(LOOPBACK).map_err(netlink_error)?;
     Ok((netlink, lo))
-}
-
-fn netlink_error(e: netlink::Error) -> Error {
-    Error::plugin(plugin_codes::NETLINK, e.to_string())
 }
 
 /// `lo` with its first IPv4 and first IPv6 address, as the reference
