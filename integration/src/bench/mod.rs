@@ -11,6 +11,7 @@ pub mod measure;
 pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -380,12 +381,14 @@ impl Suite {
     }
 
     /// `del` and the floor beside it: an `ip link del` of a pod-like veth
-    /// made right before it on the same bridge. A deletion leaves kernel work
-    /// that the next one waits for, so which goes first alternates with
-    /// `turn`; and deleting a namespace starts such work too, so the
-    /// floor's namespace joins `kept`, deleted by the caller after the
-    /// phase (a namespace deleted right after the floor had delayed only
-    /// the DEL that followed it).
+    /// made right before it on the same bridge. A deletion leaves kernel
+    /// work (RCU callbacks, nf_tables' deferred destruction) that the next
+    /// one waits for, so which of the two goes first is drawn per `turn`,
+    /// from a fixed seed: alternating had lined up with the other suites'
+    /// turns, so that in the seq phase ours' DEL, and never its floor,
+    /// always came right after the reference's DEL and its nf_tables
+    /// deletions. Deleting a namespace starts such work too, so the floor's
+    /// namespace joins `kept`, deleted by the caller after the phase.
     fn beside_floor(&self, turn: usize, del: impl FnOnce() -> Call, kept: &mut Vec<Netns>) -> (Call, Call) {
         let mut floor = || {
             let pod = self.floor_pod();
@@ -393,7 +396,9 @@ impl Suite {
             kept.push(pod);
             call
         };
-        if turn.is_multiple_of(2) {
+        let mut draw = std::hash::DefaultHasher::new();
+        (self.setup.label(), turn).hash(&mut draw);
+        if draw.finish().is_multiple_of(2) {
             let del = del();
             (del, floor())
         } else {
