@@ -354,12 +354,22 @@ fn every_add_repairs_the_subnet_masquerade_and_starts_no_process_when_complete()
                     "masq_checks",
                 ],
                 vec!["nft", "flush", "table", "inet", "cni_plugins_masquerade"],
+                vec![
+                    "nft",
+                    "flush",
+                    "chain",
+                    "inet",
+                    "cni_plugins_masquerade",
+                    "postrouting",
+                ],
             ],
         };
+        let listing = || format!("{}{}", net.nat_rules(), net.nft_rules());
+        let intact = listing();
         for (round, command) in damage.iter().enumerate() {
             let damaged = net.node.run(command[0], &command[1..]);
             assert!(damaged.ok(), "{damaged:?}");
-            assert_ne!(net.masquerade_of("10.45.0.0/24", backend), complete);
+            assert_ne!(listing(), intact, "`{}` changed nothing", command.join(" "));
             net.add(&net.node.pod(&format!("after-{round}")));
             assert_eq!(
                 net.masquerade_of("10.45.0.0/24", backend),

@@ -84,10 +84,13 @@ impl Server {
         let bare = self.host.trim_start_matches('[').trim_end_matches(']').to_owned();
         let name = ServerName::try_from(bare).map_err(tls_error)?;
         let mut last = Error::Resolve(self.host.clone());
-        for address in resolve::resolve(&self.host, self.port, deadline)? {
-            let tcp = match TcpStream::connect_timeout(&address, left(deadline)?) {
+        let addresses = resolve::resolve(&self.host, self.port, deadline)?;
+        for (tried, address) in addresses.iter().enumerate() {
+            // Each address gets its share of what is left, so one that
+            // drops SYNs does not keep the others from being tried.
+            let share = left(deadline)? / u32::try_from(addresses.len() - tried).unwrap_or(1);
+            let tcp = match TcpStream::connect_timeout(address, share) {
                 Ok(tcp) => tcp,
-                Err(e) if is_timeout(&e) => return Err(Error::Timeout),
                 Err(e) => {
                     last = Error::Connection(format!("{address}: {e}"));
                     continue;

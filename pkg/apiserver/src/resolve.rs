@@ -182,6 +182,14 @@ pub(crate) fn parse_answer(packet: &[u8], id: u16, qtype: u16) -> Option<Vec<IpA
     Some(found)
 }
 
+/// The error code of an answer to query `id` that is an error (NXDOMAIN,
+/// SERVFAIL, REFUSED, …): the next name or server is asked at once.
+fn refused(packet: &[u8], id: u16) -> Option<u8> {
+    let code = *packet.get(3)? & 0x0f;
+    (packet.len() >= 12 && packet[..2] == id.to_be_bytes() && packet[2] & 0x80 != 0 && code != 0)
+        .then_some(code)
+}
+
 /// Whether an answer to query `id` was cut to fit a datagram (TC).
 fn truncated(packet: &[u8], id: u16) -> bool {
     packet.len() >= 4 && packet[..2] == id.to_be_bytes() && packet[2] & 0x02 != 0
@@ -222,6 +230,9 @@ fn query(server: SocketAddr, name: &str, qtype: u16, deadline: Instant) -> Resul
             }
             Err(e) => return Err(io(e)),
         };
+        if let Some(code) = refused(&buffer[..len], id) {
+            return Err(Error::Resolve(format!("{name} via {server}: answer code {code}")));
+        }
         if truncated(&buffer[..len], id) {
             return query_tcp(server, &packet, id, qtype, deadline).map_err(|e| match e {
                 Error::Timeout => Error::Timeout,
@@ -242,8 +253,10 @@ fn query_tcp(
     qtype: u16,
     deadline: Instant,
 ) -> Result<Vec<IpAddr>> {
+    // Only the deadline's end is a timeout for the caller; TCP/53 that is
+    // blocked or slow is this server failing.
     let io = |e: std::io::Error| {
-        if is_timeout(&e) {
+        if is_timeout(&e) && left(deadline).is_err() {
             Error::Timeout
         } else {
             Error::Connection(e.to_string())
@@ -376,6 +389,32 @@ mod tests {
         let found = query(address, "api.test", TYPE_A, soon()).expect("over TCP");
         responder.join().expect("responder");
         assert_eq!(found, [IpAddr::from([10, 1, 2, 3])]);
+    }
+
+    #[test]
+    fn an_error_answer_moves_on_at_once() {
+        let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let address = server.local_addr().expect("addr");
+        let responder = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            let (len, peer) = server.recv_from(&mut buf).expect("query");
+            let mut nxdomain = buf[..len].to_vec();
+            nxdomain[2] |= 0x80;
+            nxdomain[3] = (nxdomain[3] & 0xf0) | 3;
+            server.send_to(&nxdomain, peer).expect("answer");
+        });
+        let started = Instant::now();
+        let err = query(address, "nope.test", TYPE_A, soon()).expect_err("NXDOMAIN");
+        responder.join().expect("responder");
+        assert!(
+            matches!(&err, Error::Resolve(text) if text.contains("answer code 3")),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

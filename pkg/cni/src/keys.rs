@@ -46,12 +46,27 @@ pub const fn plain(key: &'static str) -> Field {
     }
 }
 
-/// Go's `bytes.EqualFold` on field names: equal under Unicode simple case
-/// folding (`K`, `k` and the Kelvin sign are one letter, as are `S`, `s`
-/// and `ſ`).
+/// Go's `bytes.EqualFold` on field names: equal rune by rune under Unicode
+/// simple case folding (`K`, `k` and the Kelvin sign are one letter, as
+/// are `S`, `s` and `ſ`), never by full case mapping (`ß` is not `ss`).
 fn equal_fold(a: &str, b: &str) -> bool {
-    let fold = |c: char| c.to_uppercase().flat_map(char::to_lowercase);
-    a.chars().flat_map(fold).eq(b.chars().flat_map(fold))
+    a.chars().count() == b.chars().count()
+        && a.chars()
+            .zip(b.chars())
+            .all(|(x, y)| fold_rune(x) == fold_rune(y))
+}
+
+/// One rune's representative under simple folding: its upper case, then
+/// that one's lower case, each only where the mapping is a single rune.
+fn fold_rune(c: char) -> char {
+    fn single(mut mapped: impl Iterator<Item = char>, original: char) -> char {
+        match (mapped.next(), mapped.next()) {
+            (Some(one), None) => one,
+            _ => original,
+        }
+    }
+    let upper = single(c.to_uppercase(), c);
+    single(upper.to_lowercase(), upper)
 }
 
 impl Shape {
@@ -273,5 +288,7 @@ mod tests {
         assert!(equal_fold("\u{212a}ey", "key"));
         assert!(equal_fold("\u{17f}ubnet", "SUBNET"));
         assert!(!equal_fold("subnet", "subnets"));
+        assert!(!equal_fold("addreß", "address"), "no full case mapping");
+        assert!(!equal_fold("runtimeCon\u{fb01}g", "runtimeConfig"));
     }
 }

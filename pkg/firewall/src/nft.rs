@@ -276,10 +276,20 @@ fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
 /// subnet's comment.
 fn gap_of(network: &str, subnet: &IpNetwork) -> Result<Option<bool>> {
     let comment = network_comment(network, subnet);
-    let ours = |chain: &str| nfnl::rules_mentioning(TableFamily::Inet, TABLE, chain, &comment);
+    // nft keeps the comment whole in the rule's user data: compared exactly
+    // (a subnet's text can be another's prefix: fd00::/12, fd00::/120).
+    let ours = |chain: &str| -> Result<usize> {
+        Ok(nfnl::rule_comments(TableFamily::Inet, TABLE, chain)?
+            .iter()
+            .filter(|c| **c == comment)
+            .count())
+    };
     let jump = ours(CHECKS)? > 0;
     let rules = ours(&network_chain(network, subnet))?;
-    Ok((rules != 1 || !jump).then_some(!jump))
+    // The base chain's `goto masq_checks` (a flushed `postrouting` loses
+    // every subnet's masquerade at once); it names the checks chain.
+    let base = nfnl::rules_mentioning(TableFamily::Inet, TABLE, "postrouting", CHECKS)? > 0;
+    Ok((rules != 1 || !jump || !base).then_some(!jump))
 }
 
 /// The nftables backend.

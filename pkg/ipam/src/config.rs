@@ -54,7 +54,7 @@ pub const KEYS: Shape = Shape::Struct(&[
     keys::NET_CONF,
     &[
         IPAM,
-        field("runtimeConfig", Shape::Struct(&[&[IP_RANGES]])),
+        field("runtimeConfig", Shape::Struct(&[&[IP_RANGES, plain("ips")]])),
         field(
             "args",
             Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("ips")]]))]]),

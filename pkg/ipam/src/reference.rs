@@ -35,19 +35,37 @@ const FILE_LIMIT: u64 = 4096;
 /// through a symlink: the import runs under the network's lock, and
 /// anything else (a FIFO, a symlink to /dev/zero or to a file of another
 /// user) could hold it for ever or feed it what the reference never wrote.
-fn read_lease_file(path: &Path) -> Option<(String, SystemTime)> {
-    let file = fs::OpenOptions::new()
+/// `None` for such a file or none at all; an error when the file could not
+/// be read (out of descriptors, an I/O error): then it may hold a live
+/// pod's address, and the caller must not go on as if it did not.
+fn read_lease_file(path: &Path) -> Result<Option<(String, SystemTime)>, Error> {
+    let failed = |e: std::io::Error| Error::Store(format!("cannot read {}: {e}", path.display()));
+    let file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
         .open(path)
-        .ok()?;
-    let metadata = file.metadata().ok()?;
+    {
+        Ok(file) => file,
+        // Gone, a symlink (O_NOFOLLOW), or a socket: not a lease file.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENXIO)) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(failed(e)),
+    };
+    let metadata = file.metadata().map_err(failed)?;
     if !metadata.is_file() || metadata.len() > FILE_LIMIT {
-        return None;
+        return Ok(None);
     }
     let mut text = String::new();
-    file.take(FILE_LIMIT).read_to_string(&mut text).ok()?;
-    Some((text, metadata.modified().ok()?))
+    match file.take(FILE_LIMIT).read_to_string(&mut text) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Ok(None),
+        Err(e) => return Err(failed(e)),
+    }
+    Ok(Some((text, metadata.modified().map_err(failed)?)))
 }
 
 /// What an import did.
@@ -125,7 +143,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
             .strip_prefix(LAST_RESERVED_PREFIX)
             .and_then(|n| n.parse::<usize>().ok())
         {
-            let hint = read_lease_file(&path).and_then(|(t, _)| t.trim().parse::<IpAddr>().ok());
+            let hint = read_lease_file(&path)?.and_then(|(t, _)| t.trim().parse::<IpAddr>().ok());
             if let Some(ip) = hint
                 && net.last_reserved(index)?.is_none()
             {
@@ -134,7 +152,7 @@ pub fn import_dir(net: &Network, dir: &Path, mtime: Option<Vec<u8>>) -> Result<I
             continue;
         }
         let Some(ip) = address_of(&name) else { continue };
-        let Some((content, written)) = read_lease_file(&path) else {
+        let Some((content, written)) = read_lease_file(&path)? else {
             continue;
         };
         let (container_id, ifname) = parse_reservation(&content);
@@ -202,7 +220,7 @@ impl<'a> FileRemoval<'a> {
             return Ok(());
         }
         let path = self.dir.join(lease.ip.to_string());
-        let Some((content, _)) = read_lease_file(&path) else {
+        let Some((content, _)) = read_lease_file(&path)? else {
             return Ok(());
         };
         if parse_reservation(&content) != (lease.container_id.clone(), lease.ifname.clone()) {

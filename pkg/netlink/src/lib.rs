@@ -89,6 +89,8 @@ pub const ENODEV: i32 = 19;
 pub const EEXIST: i32 = 17;
 pub const ESRCH: i32 = 3;
 pub const ENOENT: i32 = 2;
+pub const EAFNOSUPPORT: i32 = 97;
+pub const EOPNOTSUPP: i32 = 95;
 pub const EADDRNOTAVAIL: i32 = 99;
 
 pub(crate) fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {

@@ -169,8 +169,9 @@ impl Netlink {
         }
     }
 
-    /// `ip [-4|-6] rule del fwmark <mark> lookup <table>`; none there is
-    /// not an error. Returns whether there was one.
+    /// `ip [-4|-6] rule del fwmark <mark> lookup <table>`; none there, or
+    /// a family without policy routing, is not an error. Returns whether
+    /// there was one.
     pub fn del_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<bool> {
         use rtnetlink::packet_route::rule::RuleAction;
         let request = self
@@ -192,7 +193,14 @@ impl Netlink {
             .map_err(netlink_err(op))
         {
             Ok(()) => Ok(true),
-            Err(e) if e.errno() == Some(crate::ENOENT) => Ok(false),
+            Err(e)
+                if matches!(
+                    e.errno(),
+                    Some(crate::ENOENT | crate::EAFNOSUPPORT | crate::EOPNOTSUPP)
+                ) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
@@ -229,7 +237,7 @@ impl Netlink {
     }
 
     /// `ip [-6] route del local <any>/0 dev <link> table <table>`; none
-    /// there is not an error.
+    /// there, or a family the kernel does not route, is not an error.
     pub fn del_local_default_route(&self, v4: bool, link: &Link, table: u32) -> Result<()> {
         let (what, message) = Self::local_default_route(v4, link, table)?;
         match self
@@ -237,7 +245,14 @@ impl Netlink {
             .block_on(self.handle.route().del(message).execute())
             .map_err(netlink_err(format!("delete {what}")))
         {
-            Err(e) if matches!(e.errno(), Some(crate::ESRCH | crate::ENOENT)) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.errno(),
+                    Some(crate::ESRCH | crate::ENOENT | crate::EAFNOSUPPORT | crate::EOPNOTSUPP)
+                ) =>
+            {
+                Ok(())
+            }
             other => other,
         }
     }

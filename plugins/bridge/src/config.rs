@@ -34,13 +34,14 @@ pub const KEYS: Shape = Shape::Struct(&[
         plain("enabledad"),
         plain("disableContainerInterface"),
         plain("portIsolation"),
+        // With host-local's keys of the same sections (see above).
         field(
             "runtimeConfig",
-            Shape::Struct(&[&[plain("mac"), ipam::config::IP_RANGES]]),
+            Shape::Struct(&[&[plain("mac"), ipam::config::IP_RANGES, plain("ips")]]),
         ),
         field(
             "args",
-            Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("mac")]]))]]),
+            Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("mac"), plain("ips")]]))]]),
         ),
         ipam::config::IPAM,
     ],

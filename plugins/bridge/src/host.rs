@@ -2,7 +2,7 @@
 //! addresses and forwarding. Runs in the namespace the plugin was started in
 //! (the node's).
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use cni::{Error, Result};
@@ -157,12 +157,13 @@ pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, f
 /// it read before attaching; every bridge is pinned here.) A bridge whose
 /// ports all went away before it was pinned has none (all zeros), which
 /// the kernel refuses (the reference's "could not set bridge's mac",
-/// plugins#620): it gets a random locally administered one. Returns the
-/// bridge with the address it keeps, which the result shows.
+/// plugins#620): it gets a locally administered one derived from the
+/// node and the bridge's name, so ADDs racing on it all choose the same.
+/// Returns the bridge with the address it keeps, which the result shows.
 pub fn pin_mac(nl: &Netlink, bridge: Link) -> Result<Link> {
     let mac = netlink::ops::parse_mac(&bridge.mac)
         .filter(|m| m.iter().any(|b| *b != 0))
-        .unwrap_or_else(random_local_mac);
+        .unwrap_or_else(|| node_local_mac(&bridge.name));
     nl.set_mac(&bridge, mac)
         .map_err(|e| netlink_error(e).context("could not set bridge's mac"))?;
     Ok(Link {
@@ -171,15 +172,22 @@ pub fn pin_mac(nl: &Netlink, bridge: Link) -> Result<Link> {
     })
 }
 
-/// A unicast, locally administered MAC.
-fn random_local_mac() -> [u8; 6] {
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish()
-        .to_le_bytes();
-    let mut mac = [0x02, random[0], random[1], random[2], random[3], random[4]];
-    mac[0] |= random[5] & 0xfc;
-    mac
+/// A unicast, locally administered MAC for `name` on this node.
+fn node_local_mac(name: &str) -> [u8; 6] {
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::fs::read_to_string("/etc/machine-id")
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    name.hash(&mut hasher);
+    let bytes = hasher.finish().to_le_bytes();
+    [
+        (bytes[0] & 0xfc) | 0x02,
+        bytes[1],
+        bytes[2],
+        bytes[3],
+        bytes[4],
+        bytes[5],
+    ]
 }
 
 /// The name of the host interface that holds the gateway of an access

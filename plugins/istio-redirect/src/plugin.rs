@@ -210,11 +210,12 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
                 .map_err(netlink_error)?;
             nl.add_local_default_route(v4, &lo, TPROXY_TABLE)
                 .map_err(netlink_error)?;
-        } else if nl
-            .del_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
-            .map_err(netlink_error)?
-        {
+        } else {
+            // What a family without policy routing (IPv6 disabled, or a
+            // kernel without multiple tables) answers is "nothing there".
             nl.del_local_default_route(v4, &lo, TPROXY_TABLE)
+                .map_err(netlink_error)?;
+            nl.del_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
                 .map_err(netlink_error)?;
         }
     }

@@ -5,12 +5,17 @@
 //! cannot be read fails ADD: a pod must never start without its capture
 //! (fail closed, Istio #17583).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cni::{Error, Result};
 use serde_json::Value;
 
 use crate::config::IstioConfig;
+
+/// What one attempt may take of the deadline, as Istio's client's timeout
+/// per request: a server that hangs one connection (a load balancer
+/// failing over) costs one attempt, not the whole lookup.
+const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
 
 pub fn get_pod(cfg: &IstioConfig, namespace: &str, name: &str) -> Result<Value> {
     let deadline = Instant::now() + cfg.api_deadline;
@@ -20,9 +25,10 @@ pub fn get_pod(cfg: &IstioConfig, namespace: &str, name: &str) -> Result<Value> 
     let mut attempts = 0;
     while attempts < cfg.api_attempts {
         attempts += 1;
-        match client.get_pod(namespace, name, deadline) {
+        let attempt_deadline = deadline.min(Instant::now() + ATTEMPT_LIMIT);
+        match client.get_pod(namespace, name, attempt_deadline) {
             Ok(pod) => return Ok(pod),
-            Err(apiserver::Error::Timeout) => break,
+            Err(apiserver::Error::Timeout) if Instant::now() >= deadline => break,
             Err(e) => {
                 log::warn!(
                     "attempt {attempts}/{}: get pod {namespace}/{name}: {e}",
