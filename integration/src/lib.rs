@@ -157,6 +157,42 @@ pub fn run_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)],
     Run::from_output(what, output)
 }
 
+/// [`run_in`] under `strace -f`, and the programs it executed, in order
+/// (file names; failed lookups along `PATH` left out). Anything it starts
+/// that outlives it is followed too, so a call that starts a lease service
+/// must not be traced.
+pub fn run_traced(
+    netns: &Path,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: &str,
+) -> (Run, Vec<String>) {
+    let trace = tempfile::NamedTempFile::new().expect("a trace file");
+    let trace_path = trace.path().to_str().expect("UTF-8").to_owned();
+    let program_text = program.to_str().expect("UTF-8").to_owned();
+    let mut full = vec![
+        "-f",
+        "-qq",
+        "-e",
+        "trace=execve",
+        "-o",
+        trace_path.as_str(),
+        program_text.as_str(),
+    ];
+    full.extend_from_slice(args);
+    let run = run_in(netns, Path::new("strace"), &full, env, stdin);
+    let execs = fs::read_to_string(trace.path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("execve(") && !l.contains("ENOENT"))
+        .filter_map(|l| l.split('"').nth(1))
+        .filter_map(|p| p.rsplit('/').next())
+        .map(str::to_owned)
+        .collect();
+    (run, execs)
+}
+
 /// Starts `program` inside the namespace at `netns` without waiting for it;
 /// its stdout and stderr are piped.
 pub fn spawn_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Child {

@@ -383,23 +383,14 @@ fn every_add_repairs_the_subnet_masquerade_and_starts_no_process_when_complete()
             }
         }
         // Nothing missing: the ADD starts no process but host-local's.
-        let trace = net.node.path("exec.trace");
         let pod = net.node.pod("quiet");
         let cache = net.node.cache_dir();
         let conf = net.node.conf_dir();
         let bins = integration::bin_dir();
-        let cnictl = bin("cnictl");
-        let traced = run_in(
+        let (traced, programs) = integration::run_traced(
             net.node.netns.path(),
-            std::path::Path::new("strace"),
+            &bin("cnictl"),
             &[
-                "-f",
-                "-qq",
-                "-e",
-                "trace=execve",
-                "-o",
-                trace.to_str().expect("UTF-8"),
-                cnictl.to_str().expect("UTF-8"),
                 "--cache-dir",
                 cache.to_str().expect("UTF-8"),
                 "add",
@@ -413,17 +404,10 @@ fn every_add_repairs_the_subnet_masquerade_and_starts_no_process_when_complete()
             "",
         );
         assert!(traced.ok(), "{traced:?}");
-        let execs = std::fs::read_to_string(&trace).expect("trace");
-        let programs: Vec<&str> = execs
-            .lines()
-            .filter(|l| l.contains("execve(") && !l.contains("ENOENT"))
-            .filter_map(|l| l.split('"').nth(1))
-            .filter_map(|p| p.rsplit('/').next())
-            .collect();
         assert!(
             programs
                 .iter()
-                .all(|p| ["cnictl", "bridge", "host-local"].contains(p)),
+                .all(|p| ["cnictl", "bridge", "host-local"].contains(&p.as_str())),
             "{programs:?}"
         );
         assert_eq!(net.masquerade_of("10.45.0.0/24", backend), complete);

@@ -162,15 +162,6 @@ fn a_started_service_exits_when_idle() {
     assert!(!socket.exists(), "its socket is removed");
 }
 
-/// Executions of host-local under the bridge, from `strace -f`.
-fn host_local_execs(trace: &Path) -> usize {
-    fs::read_to_string(trace)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains("execve(") && l.contains("/host-local\"") && !l.contains("ENOENT"))
-        .count()
-}
-
 /// The bridge asks the started service instead of executing host-local,
 /// only when that service runs the very file CNI_PATH finds.
 #[test]
@@ -181,7 +172,6 @@ fn the_bridge_skips_host_local_only_for_a_service_of_the_same_binary() {
     let conf = json!({"cniVersion": "1.0.0", "name": "dropin", "type": "bridge", "bridge": "cnidrop0",
                       "ipam": {"type": "host-local", "subnet": "10.76.0.0/24", "dataDir": data_dir}})
     .to_string();
-    let trace = node.path("trace");
     let bridge = |command: &str, pod: usize, cni_path: &Path| {
         let id = format!("pod-{pod}");
         let env = [
@@ -191,18 +181,9 @@ fn the_bridge_skips_host_local_only_for_a_service_of_the_same_binary() {
             ("CNI_NETNS", pods[pod].path_str()),
             ("CNI_PATH", cni_path.to_str().expect("UTF-8")),
         ];
-        let bridge = bin("bridge");
-        let args = [
-            "-f",
-            "-qq",
-            "-e",
-            "trace=execve",
-            "-o",
-            trace.to_str().expect("UTF-8"),
-            bridge.to_str().expect("UTF-8"),
-        ];
-        integration::run_in(node.netns.path(), Path::new("strace"), &args, &env, &conf).success();
-        host_local_execs(&trace)
+        let (run, execs) = integration::run_traced(node.netns.path(), &bin("bridge"), &[], &env, &conf);
+        run.success();
+        execs.iter().filter(|p| *p == "host-local").count()
     };
     // The first ADD (not traced: strace -f would follow the service it
     // starts and wait for it to exit) executes host-local, which starts

@@ -146,17 +146,21 @@ impl Netlink {
 }
 
 impl Netlink {
-    /// `ip [-6] rule add fwmark <mark> lookup <table>`; an identical rule
-    /// already there is not an error.
-    pub fn add_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<()> {
+    /// The rule `fwmark <mark> lookup <table>`, as added and as deleted.
+    fn fwmark_rule(&self, mark: u32, table: u32) -> rtnetlink::RuleAddRequest {
         use rtnetlink::packet_route::rule::RuleAction;
-        let request = self
-            .handle
+        self.handle
             .rule()
             .add()
             .fw_mark(mark)
             .table_id(table)
-            .action(RuleAction::ToTable);
+            .action(RuleAction::ToTable)
+    }
+
+    /// `ip [-6] rule add fwmark <mark> lookup <table>`; an identical rule
+    /// already there is not an error.
+    pub fn add_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<()> {
+        let request = self.fwmark_rule(mark, table);
         let op = format!("add rule fwmark {mark} lookup {table}");
         let outcome = if v4 {
             self.runtime.block_on(request.v4().execute())
@@ -173,14 +177,7 @@ impl Netlink {
     /// a family without policy routing, is not an error. Returns whether
     /// there was one.
     pub fn del_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<bool> {
-        use rtnetlink::packet_route::rule::RuleAction;
-        let request = self
-            .handle
-            .rule()
-            .add()
-            .fw_mark(mark)
-            .table_id(table)
-            .action(RuleAction::ToTable);
+        let request = self.fwmark_rule(mark, table);
         let message = if v4 {
             request.v4().message_mut().clone()
         } else {
