@@ -379,9 +379,11 @@ fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
     let anchor = chain.node.pod("anchor");
     let anchor_result = chain.run("ADD", "anchor", &anchor, None).success().json();
     let anchors = BTreeMap::from([("anchor".to_owned(), address(&anchor_result))]);
+    // A lease service's own point is reached by no plugin process
+    // (lease_path.rs kills the service there).
     for point in cni::fault::POINTS
         .into_iter()
-        .filter(|p| !p.starts_with("istio-redirect:"))
+        .filter(|p| !p.starts_with("istio-redirect:") && *p != "host-local:release-answered")
     {
         let pod = chain.node.pod("victim");
         let id = format!("victim-{}", point.replace(':', "-"));

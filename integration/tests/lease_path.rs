@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
-use integration::{LeaseService, Node, bin, finish, spawn_in, wait_for};
+use integration::{LeaseService, Node, bin, fault_bin, finish, spawn_in, wait_for};
 use serde_json::{Value, json};
 
 /// The address without its prefix length, as `cnictl ipam ls` lists it.
@@ -99,6 +99,49 @@ fn a_full_disk_under_the_service_answers_nothing_that_is_not_on_disk() {
             "{id} was answered {ip}; on disk: {held:?}"
         );
     }
+}
+
+/// A DEL through the lease service is answered before its release is
+/// flushed. The service killed in that window: the DEL's caller already
+/// has its answer, the restarted service opens the database (the witness
+/// only lags, so nothing is refused as damaged), every address answered to
+/// an ADD is still held, and a release the kill lost is done by the
+/// runtime's repeated DEL.
+#[test]
+fn a_service_killed_after_answering_a_release_loses_no_add() {
+    let node = Node::new();
+    let socket = node.path("hl.sock");
+    let ready = node.path("release-answered");
+    let pause = [
+        ("CNI_SUITE_FAULT_PAUSE", "host-local:release-answered"),
+        ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+    ];
+    let mut service = LeaseService::start(&fault_bin(), socket.clone(), &pause);
+    let ipam = Ipam::with_service(&service, node);
+    let conf = v4_conf(&ipam, "1.0.0", "10.61.0.0/24");
+    let kept = bare(&address(&ipam.add("kept", &conf)));
+    let gone = bare(&address(&ipam.add("gone", &conf)));
+    let del = ipam.run("DEL", "gone", &conf, &[]);
+    assert!(del.ok(), "the DEL is answered before the flush: {del:?}");
+    wait_for(
+        "the service to stop between answering the release and flushing it",
+        Duration::from_secs(10),
+        || ready.exists(),
+    );
+    service.kill();
+
+    let _restarted = LeaseService::start(&bin("host-local"), socket, &[]);
+    let held = leased(&ipam);
+    assert_eq!(held.get("kept"), Some(&kept), "{held:?}");
+    if let Some(ip) = held.get("gone") {
+        assert_eq!(*ip, gone, "a lost release leaves the lease as it was: {held:?}");
+    }
+    ipam.run("DEL", "gone", &conf, &[]).success();
+    let next = bare(&address(&ipam.add("next", &conf)));
+    let held = leased(&ipam);
+    assert!(!held.contains_key("gone"), "{held:?}");
+    assert_eq!(held.get("kept"), Some(&kept), "{held:?}");
+    assert_ne!(next, kept);
 }
 
 /// A Unix socket server run as `nobody`, writing what each connection sent

@@ -381,30 +381,39 @@ impl Suite {
     }
 
     /// `del` and the floor beside it: an `ip link del` of a pod-like veth
-    /// made right before it on the same bridge. A deletion leaves kernel
-    /// work (RCU callbacks, nf_tables' deferred destruction) that the next
-    /// one waits for, so which of the two goes first is drawn per `turn`,
-    /// from a fixed seed: alternating had lined up with the other suites'
-    /// turns, so that in the seq phase ours' DEL, and never its floor,
-    /// always came right after the reference's DEL and its nf_tables
-    /// deletions. Deleting a namespace starts such work too, so the floor's
-    /// namespace joins `kept`, deleted by the caller after the phase.
+    /// made right before the two on the same bridge. Deleting a veth waits
+    /// in the kernel's `rcu_barrier` (perf: 15 of its 17-25 ms) for every
+    /// RCU callback queued before it, so a deletion pays for what the calls
+    /// just before it left behind: making a floor pod, another deletion,
+    /// another suite's nf_tables teardown. Whoever ran next to what decided
+    /// the gap between a DEL and its floor by up to 5 ms either way (the
+    /// floor always right after its pod's creation: DEL 5.1 ms above it;
+    /// either order right after the creation: 0.6-4.8 ms below). So each of
+    /// the two starts on a settled node, [`SETTLE`] after the call before
+    /// it, and which goes first is drawn per `turn` from a fixed seed.
+    /// Deleting a namespace queues such work too, so the floor's namespace
+    /// joins `kept`, deleted by the caller after the phase.
     fn beside_floor(&self, turn: usize, del: impl FnOnce() -> Call, kept: &mut Vec<Netns>) -> (Call, Call) {
-        let mut floor = || {
-            let pod = self.floor_pod();
-            let call = self.floor_delete(&pod);
-            kept.push(pod);
-            call
+        let pod = self.floor_pod();
+        let floor = || {
+            std::thread::sleep(SETTLE);
+            self.floor_delete(&pod)
+        };
+        let del = || {
+            std::thread::sleep(SETTLE);
+            del()
         };
         let mut draw = std::hash::DefaultHasher::new();
         (self.setup.label(), turn).hash(&mut draw);
-        if draw.finish().is_multiple_of(2) {
+        let calls = if draw.finish().is_multiple_of(2) {
             let del = del();
             (del, floor())
         } else {
             let floor = floor();
             (del(), floor)
-        }
+        };
+        kept.push(pod);
+        calls
     }
 
     /// `ip -n <pod> link del eth0`, timed as one process: what no bridge
@@ -720,6 +729,11 @@ fn nth_address(subnet: &str, index: usize) -> std::net::Ipv4Addr {
 /// ADD-then-DEL pairs per suite and round in the full phase: one sample
 /// per round would leave the median to a single veth deletion's luck.
 const FULL_PAIRS: usize = 16;
+
+/// How long the node is left alone before a timed deletion (see
+/// [`Suite::beside_floor`]): with 30 ms the gap between a DEL and its floor
+/// still moved by 4 ms from run to run, with 100 ms by 0.4.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// Whether `address` (a result's `a.b.c.d/len`) is one of the `count`
 /// addresses the full phase wrote as the reference's leases.

@@ -8,11 +8,13 @@
 
 /// Every point, in the order an ADD (then a DEL) reaches them. The crash
 /// tests kill the chain at each.
-pub const POINTS: [&str; 11] = [
+pub const POINTS: [&str; 12] = [
     // host-local: the network's lock held and sled open; the transaction
     // committed but not flushed.
     "host-local:locked",
     "host-local:committed",
+    // the lease service: a release answered, not yet flushed.
+    "host-local:release-answered",
     // bridge ADD: the veth made; the lease taken; the pod configured; the
     // masquerade in place (just before the reply).
     "bridge:veth",

@@ -730,6 +730,13 @@ impl Workers {
                 if let Err(e) = answer(&mut stream, &stores, plugin.as_ref()) {
                     log::warn!("lease service: {e}");
                 }
+                if stores.owes_durability() {
+                    // The client has its answer and goes on while the
+                    // release is flushed (see `ipam::store`).
+                    let _ = stream.shutdown(std::net::Shutdown::Both);
+                    cni::fault::pause("host-local:release-answered");
+                    stores.make_releases_durable();
+                }
                 activity.end();
                 // Counted idle before the client sees the connection close,
                 // so its next call finds this thread rather than a new one;

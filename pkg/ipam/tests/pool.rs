@@ -642,6 +642,54 @@ fn the_generation_witness_only_lags_never_leads() {
     assert_eq!(witness(&net), after_b + 7);
 }
 
+/// In the lease service a release is answered once committed and made
+/// durable after the answer; an ADD is durable before it is answered, and
+/// its flush covers a release still owed. The witness shows which changes
+/// are on disk.
+#[test]
+fn a_resident_store_makes_releases_durable_after_the_answer_and_adds_before() {
+    let mut net = Net::new(&["10.9.0.0/29"]);
+    net.stores = Stores::resident(None);
+    net.add("a", &[]).expect("add");
+    let after_a = witness(&net);
+    assert!(!net.stores.owes_durability(), "an ADD is on disk when it returns");
+    assert_eq!(net.del("a"), 1);
+    assert!(net.stores.owes_durability());
+    assert_eq!(
+        witness(&net),
+        after_a,
+        "the release is not flushed before the answer"
+    );
+    net.stores.make_releases_durable();
+    assert!(!net.stores.owes_durability());
+    assert_eq!(witness(&net), after_a + 1);
+
+    net.add("b", &[]).expect("add");
+    assert_eq!(net.del("b"), 1);
+    net.add("c", &[]).expect("add");
+    assert_eq!(
+        witness(&net),
+        after_a + 4,
+        "the ADD's flush covers the release before it"
+    );
+    net.stores.make_releases_durable();
+    assert_eq!(witness(&net), after_a + 4);
+
+    assert_eq!(net.del("nobody"), 0);
+    assert!(
+        !net.stores.owes_durability(),
+        "a DEL that changes nothing owes nothing"
+    );
+    // A plugin process flushes before it answers, releases too.
+    let mut direct = Net::new(&["10.9.0.0/29"]);
+    direct.stores = Stores::direct();
+    direct.add("a", &[]).expect("add");
+    let before = witness(&direct);
+    assert_eq!(direct.del("a"), 1);
+    assert!(!direct.stores.owes_durability());
+    assert_eq!(witness(&direct), before + 1);
+}
+
 fn add_on(stores: &Stores, data_dir: &Path, network: &str, id: &str) -> Result<IpAddr, ipam::Error> {
     pool::with_network(stores, data_dir, network, |n| {
         pool::allocate(n, &[set("10.7.0.0/29")], &[], id, "eth0", None)
