@@ -10,6 +10,8 @@ DESTDIR ?=
 
 PLUGINS := loopback bridge host-local istio-redirect
 TOOLS := cnictl
+# The node agent (binary cni-node-agent) runs from a DaemonSet, never installed here.
+AGENT := node-agent
 
 # Static binaries run on any node image (kind, minikube, containerd hosts).
 # relocation-model=static gives a plain static executable rather than a
@@ -44,7 +46,7 @@ toolchain:
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy rustfmt
 
 build: deps
-	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS))
+	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS) $(AGENT))
 
 # host-local, bridge and istio-redirect with named pause points for the
 # crash tests (cni::fault); debug builds in their own target directory,

@@ -1,34 +1,98 @@
-//! A stand-in for the Kubernetes API server (none can run here): HTTPS on
-//! 127.0.0.1 inside a test's node namespace, with its own CA, checking a
-//! bearer token and serving pod objects.
+//! A stand-in for the Kubernetes API server (none can run here): HTTPS
+//! inside a test's namespace, with its own CA, checking a bearer token, and
+//! serving pods and nodes the way the real one does for the calls the suite
+//! makes: GET of one object, LIST with a `resourceVersion`, WATCH streams of
+//! ADDED/MODIFIED/DELETED events and BOOKMARKs from a version, an expired
+//! version answered with HTTP 200 and an ERROR event carrying a 410
+//! `Expired` Status, 401 for a bad token. Tests change the objects, expire
+//! old versions and drop open watches.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rcgen::{CertificateParams, DnType, IsCa, KeyPair};
 use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-/// Pods by (namespace, name).
-pub type Pods = Arc<Mutex<BTreeMap<(String, String), Value>>>;
+/// How often an open watch sends a BOOKMARK (the real server: about a
+/// minute; short here so tests see them).
+const BOOKMARK_EVERY: Duration = Duration::from_millis(500);
+
+/// One change, as a watch replays it.
+#[derive(Debug, Clone)]
+struct Change {
+    version: u64,
+    kind: Kind,
+    event: &'static str,
+    object: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Pod,
+    Node,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Pod => "Pod",
+            Kind::Node => "Node",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    version: u64,
+    pods: BTreeMap<(String, String), Value>,
+    nodes: BTreeMap<String, Value>,
+    changes: Vec<Change>,
+    /// Watches from a version below this are answered 410 Expired.
+    oldest_watchable: u64,
+    /// Bumped to end every open watch abruptly.
+    drops: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 #[derive(Debug)]
 pub struct ApiServer {
     pub port: u16,
+    pub address: SocketAddr,
     pub ca_pem: String,
-    pub pods: Pods,
+    shared: Arc<Shared>,
     requests: Arc<AtomicUsize>,
 }
 
 impl ApiServer {
-    /// Serves in the namespace at `netns` (its lo must be up) until the test
-    /// process ends.
+    /// Serves on 127.0.0.1 in the namespace at `netns` (its lo must be up)
+    /// until the test process ends.
     pub fn start(netns: &Path, token: &str) -> Self {
+        ApiServer::start_at(netns, "127.0.0.1", token)
+    }
+
+    /// Serves on `ip` (an address of that namespace) with a certificate
+    /// for it.
+    pub fn start_at(netns: &Path, ip: &str, token: &str) -> Self {
         let ca_key = KeyPair::generate().expect("CA key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -37,8 +101,8 @@ impl ApiServer {
             .push(DnType::CommonName, "test cluster CA");
         let ca = ca_params.self_signed(&ca_key).expect("CA cert");
         let server_key = KeyPair::generate().expect("server key");
-        let server_params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("server params");
+        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), ip.to_owned()];
+        let server_params = CertificateParams::new(names).expect("server params");
         let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
         let server_cert = server_params
             .signed_by(&server_key, &issuer)
@@ -56,38 +120,105 @@ impl ApiServer {
 
         let ns = netns::NetNs::open(netns).expect("node netns");
         let listener = ns
-            .run(|| TcpListener::bind("127.0.0.1:0"))
+            .run(|| TcpListener::bind((ip, 0)))
             .expect("enter")
             .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let pods: Pods = Arc::default();
+        let address = listener.local_addr().expect("addr");
+        let shared = Arc::new(Shared::default());
         let requests = Arc::new(AtomicUsize::new(0));
-        let (served, counter, token) = (Arc::clone(&pods), Arc::clone(&requests), token.to_owned());
+        let (served, counter, token) = (Arc::clone(&shared), Arc::clone(&requests), token.to_owned());
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 counter.fetch_add(1, Ordering::SeqCst);
-                let connection = rustls::ServerConnection::new(Arc::clone(&config)).expect("tls");
-                let mut tls = rustls::StreamOwned::new(connection, stream);
-                let _ = answer(&mut tls, &served, &token);
+                let (config, shared, token) = (Arc::clone(&config), Arc::clone(&served), token.clone());
+                std::thread::spawn(move || {
+                    let connection = rustls::ServerConnection::new(config).expect("tls");
+                    let mut tls = rustls::StreamOwned::new(connection, stream);
+                    let _ = answer(&mut tls, &shared, &token);
+                });
             }
         });
         ApiServer {
-            port,
+            port: address.port(),
+            address,
             ca_pem: ca.pem(),
-            pods,
+            shared,
             requests,
         }
     }
 
     pub fn add_pod(&self, namespace: &str, name: &str, pod: Value) {
-        self.pods
-            .lock()
-            .expect("pods")
-            .insert((namespace.to_owned(), name.to_owned()), pod);
+        let mut state = self.shared.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let event = if state.pods.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let pod = stamp(&mut state, Kind::Pod, pod);
+        state.pods.insert(key, pod.clone());
+        self.publish(state, Kind::Pod, event, pod);
+    }
+
+    /// Creates or replaces the Node `node["metadata"]["name"]`.
+    pub fn apply_node(&self, node: Value) {
+        let name = node["metadata"]["name"]
+            .as_str()
+            .expect("a node's name")
+            .to_owned();
+        let mut state = self.shared.lock();
+        let event = if state.nodes.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let node = stamp(&mut state, Kind::Node, node);
+        state.nodes.insert(name, node.clone());
+        self.publish(state, Kind::Node, event, node);
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        let mut state = self.shared.lock();
+        if let Some(node) = state.nodes.remove(name) {
+            let node = stamp(&mut state, Kind::Node, node);
+            self.publish(state, Kind::Node, "DELETED", node);
+        }
+    }
+
+    /// Records the change for watches and wakes them.
+    fn publish(&self, mut state: MutexGuard<'_, State>, kind: Kind, event: &'static str, object: Value) {
+        let version = state.version;
+        state.changes.push(Change {
+            version,
+            kind,
+            event,
+            object,
+        });
+        drop(state);
+        self.shared.changed.notify_all();
+    }
+
+    /// Forgets the history: a watch from any version seen so far is
+    /// answered 410 Expired, as after the real server's compaction.
+    pub fn expire_history(&self) {
+        let mut state = self.shared.lock();
+        state.oldest_watchable = state.version + 1;
+        state.changes.clear();
+    }
+
+    /// Ends every open watch without a word, as a dropped connection does.
+    pub fn drop_watches(&self) {
+        self.shared.lock().drops += 1;
+        self.shared.changed.notify_all();
     }
 
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// `https://<address>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.address)
     }
 
     /// A kubeconfig for this server: `host` is how the plugin names it.
@@ -104,9 +235,107 @@ impl ApiServer {
         std::fs::write(&path, text).expect("write kubeconfig");
         path
     }
+
+    /// A service account directory as the kubelet mounts it (`token`,
+    /// `ca.crt`, `namespace`) under `dir`.
+    pub fn service_account(&self, dir: &Path, token: &str) -> PathBuf {
+        let path = dir.join("serviceaccount");
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join("token"), token).expect("token");
+        std::fs::write(path.join("ca.crt"), &self.ca_pem).expect("ca");
+        std::fs::write(path.join("namespace"), "kube-system").expect("namespace");
+        path
+    }
 }
 
-fn answer<T: std::io::Read + Write>(tls: &mut T, pods: &Pods, token: &str) -> std::io::Result<()> {
+/// The object as the server returns it: its kind and the next version.
+fn stamp(state: &mut State, kind: Kind, mut object: Value) -> Value {
+    state.version += 1;
+    object["apiVersion"] = json!("v1");
+    object["kind"] = json!(kind.name());
+    object["metadata"]["resourceVersion"] = json!(state.version.to_string());
+    object
+}
+
+/// A request's target and what the client asked for.
+struct Target {
+    parts: Vec<String>,
+    query: BTreeMap<String, String>,
+}
+
+impl Target {
+    fn parse(path: &str) -> Target {
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
+        Target {
+            parts: path
+                .trim_start_matches('/')
+                .split('/')
+                .map(str::to_owned)
+                .collect(),
+            query: query
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k.to_owned(), decode(v)))
+                .collect(),
+        }
+    }
+
+    fn watch(&self) -> bool {
+        self.query.get("watch").is_some_and(|v| v == "true" || v == "1")
+    }
+
+    /// `fieldSelector=metadata.name=x` or `spec.nodeName=x`, the only
+    /// selectors the suite uses.
+    fn selects(&self, object: &Value) -> bool {
+        let Some(selector) = self.query.get("fieldSelector") else {
+            return true;
+        };
+        selector.split(',').all(|term| match term.split_once('=') {
+            Some(("metadata.name", name)) => object["metadata"]["name"] == name,
+            Some(("spec.nodeName", name)) => object["spec"]["nodeName"] == name,
+            _ => false,
+        })
+    }
+}
+
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -> std::io::Result<()> {
     let mut request_line = String::new();
     let mut authorized = false;
     {
@@ -125,45 +354,182 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, pods: &Pods, token: &str) -> st
             }
         }
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (status, body) = if !authorized {
-        (
-            401,
-            r#"{"kind":"Status","message":"Unauthorized","code":401}"#.to_owned(),
-        )
-    } else if let ["api", "v1", "namespaces", ns, "pods", name] = parts.as_slice() {
-        match pods
-            .lock()
-            .expect("pods")
-            .get(&((*ns).to_owned(), (*name).to_owned()))
-        {
-            Some(pod) => (200, pod.to_string()),
-            None => (
-                404,
-                format!(r#"{{"kind":"Status","message":"pods \"{name}\" not found","code":404}}"#),
-            ),
+    let target = Target::parse(request_line.split_whitespace().nth(1).unwrap_or_default());
+    let parts: Vec<&str> = target.parts.iter().map(String::as_str).collect();
+    if !authorized {
+        return respond(tls, 401, &status(401, "Unauthorized", "Unauthorized"));
+    }
+    match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods", name] => {
+            let pod = shared
+                .lock()
+                .pods
+                .get(&((*ns).to_owned(), (*name).to_owned()))
+                .cloned();
+            match pod {
+                Some(pod) => respond(tls, 200, &pod),
+                None => respond(
+                    tls,
+                    404,
+                    &status(404, "NotFound", &format!("pods \"{name}\" not found")),
+                ),
+            }
         }
-    } else {
-        (
-            404,
-            r#"{"kind":"Status","message":"not found","code":404}"#.to_owned(),
-        )
-    };
-    let reason = match status {
+        ["api", "v1", "nodes", name] => {
+            let node = shared.lock().nodes.get(*name).cloned();
+            match node {
+                Some(node) => respond(tls, 200, &node),
+                None => respond(
+                    tls,
+                    404,
+                    &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+                ),
+            }
+        }
+        ["api", "v1", "nodes"] if target.watch() => watch(tls, shared, Kind::Node, &target),
+        ["api", "v1", "pods"] if target.watch() => watch(tls, shared, Kind::Pod, &target),
+        ["api", "v1", "nodes"] => {
+            let state = shared.lock();
+            let items: Vec<Value> = state
+                .nodes
+                .values()
+                .filter(|n| target.selects(n))
+                .cloned()
+                .collect();
+            let list = json!({
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": state.version.to_string()},
+                "items": items,
+            });
+            drop(state);
+            respond(tls, 200, &list)
+        }
+        ["api", "v1", "pods"] => {
+            let state = shared.lock();
+            let items: Vec<Value> = state
+                .pods
+                .values()
+                .filter(|p| target.selects(p))
+                .cloned()
+                .collect();
+            let list = json!({
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": state.version.to_string()},
+                "items": items,
+            });
+            drop(state);
+            respond(tls, 200, &list)
+        }
+        _ => respond(tls, 404, &status(404, "NotFound", "not found")),
+    }
+}
+
+fn head<T: Write>(tls: &mut T, code: u16) -> std::io::Result<()> {
+    let reason = match code {
         200 => "OK",
         401 => "Unauthorized",
         _ => "Not Found",
     };
-    // Chunked, as the real API server answers.
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
-        body.len()
-    );
-    tls.write_all(response.as_bytes())?;
+    // Chunked, as the real API server answers; one request per connection.
+    write!(
+        tls,
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+}
+
+fn chunk<T: Write>(tls: &mut T, body: &str) -> std::io::Result<()> {
+    write!(tls, "{:x}\r\n{body}\r\n", body.len())?;
     tls.flush()
+}
+
+fn respond<T: Write>(tls: &mut T, code: u16, body: &Value) -> std::io::Result<()> {
+    head(tls, code)?;
+    chunk(tls, &body.to_string())?;
+    tls.write_all(b"0\r\n\r\n")?;
+    tls.flush()
+}
+
+/// A watch from `resourceVersion` (unset or 0: from now, as the real
+/// server's "any" semantics allow after a list): every later change of
+/// `kind` that the selector takes, one JSON event per chunk, BOOKMARKs in
+/// between, until `timeoutSeconds` or a dropped connection.
+fn watch<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) -> std::io::Result<()> {
+    let timeout = target
+        .query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs);
+    let bookmarks = target
+        .query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let mut state = shared.lock();
+    let mut seen = match target.query.get("resourceVersion").map(|v| v.parse::<u64>()) {
+        None | Some(Ok(0)) => state.version,
+        Some(Ok(version)) => version,
+        Some(Err(_)) => {
+            drop(state);
+            return respond(tls, 400, &status(400, "BadRequest", "invalid resourceVersion"));
+        }
+    };
+    head(tls, 200)?;
+    if seen + 1 < state.oldest_watchable {
+        let message = format!("too old resource version: {seen} ({})", state.oldest_watchable);
+        let event = json!({"type": "ERROR", "object": status(410, "Expired", &message)});
+        drop(state);
+        chunk(tls, &format!("{event}\n"))?;
+        tls.write_all(b"0\r\n\r\n")?;
+        return tls.flush();
+    }
+    let drops = state.drops;
+    let deadline = Instant::now() + timeout;
+    let mut next_bookmark = Instant::now() + BOOKMARK_EVERY;
+    loop {
+        let events: Vec<String> = state
+            .changes
+            .iter()
+            .filter(|c| c.version > seen && c.kind == kind && target.selects(&c.object))
+            .map(|c| json!({"type": c.event, "object": c.object}).to_string())
+            .collect();
+        seen = state.version;
+        let now = Instant::now();
+        let bookmark = (bookmarks && now >= next_bookmark).then(|| {
+            json!({"type": "BOOKMARK", "object": {
+                "kind": kind.name(), "apiVersion": "v1",
+                "metadata": {"resourceVersion": seen.to_string()},
+            }})
+            .to_string()
+        });
+        drop(state);
+        for event in events.iter().chain(bookmark.iter()) {
+            chunk(tls, &format!("{event}\n"))?;
+        }
+        if bookmark.is_some() {
+            next_bookmark = now + BOOKMARK_EVERY;
+        }
+        if now >= deadline {
+            tls.write_all(b"0\r\n\r\n")?;
+            return tls.flush();
+        }
+        state = shared.lock();
+        if state.drops != drops {
+            // No terminating chunk: the connection just ends.
+            return Ok(());
+        }
+        if state.version == seen {
+            let wait = next_bookmark
+                .min(deadline)
+                .saturating_duration_since(Instant::now());
+            state = shared
+                .changed
+                .wait_timeout(state, wait.max(Duration::from_millis(1)))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+            if state.drops != drops {
+                return Ok(());
+            }
+        }
+    }
 }

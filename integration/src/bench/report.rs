@@ -421,9 +421,9 @@ pub fn markdown(options: &Options, outcome: &Outcome, figures: &Figures, machine
          rows (a burst's wall time) are medians of the repeats. Floors are measured in the same run, beside \
          the calls they bound, never taken from our own logs: a `… DEL floor` is one `ip -n <pod> link del \
          eth0` of a pod-like veth (a fresh namespace's eth0 with an address and a default route, its peer up on \
-         the same bridge) made and deleted beside each DEL of that suite (which of the two deletions goes \
-         first is drawn from a fixed seed: each leaves the kernel work the next waits for, and a fixed \
-         alternation had lined up with the other suites' turns); `burst DEL floor wall` is as \
+         the same bridge) made right before each DEL of that suite and deleted beside it: each of the two \
+         deletions starts 100 ms after the call before it (a veth deletion waits in `rcu_barrier` for the \
+         RCU work earlier calls left), and which goes first is drawn from a fixed seed; `burst DEL floor wall` is as \
          many such veths deleted at once by as many `ip` processes. A DEL target counts as met by floor when ours' p50 is within 2 ms \
          of its floor's p50 (a burst: within 1.25 × its floor).\n\n",
     );

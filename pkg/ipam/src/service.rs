@@ -2,7 +2,8 @@
 //! that keeps every network's database open, so an ADD does not pay sled's
 //! start-up (about 10 ms) in each plugin process. It takes the same per-
 //! network lock for every operation as a direct invocation does, so both
-//! paths can be used side by side, and flushes before it answers.
+//! paths can be used side by side, and flushes before it answers an ADD (a
+//! release right after its answer: see [`crate::store`]).
 //!
 //! Protocol: the client connects to a Unix socket (mode 0600, root only),
 //! writes one JSON request and shuts its side down; the service answers with

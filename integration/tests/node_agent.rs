@@ -1,0 +1,330 @@
+//! The node agent against the API test server, and the test server against
+//! kube-rs (the agent's client), pinning what the agent relies on: list
+//! with a resourceVersion, watch events and bookmarks, 410 Expired on an
+//! old version, 401 on a bad token, a watch dropped mid-stream.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use futures::StreamExt;
+use integration::api_server::ApiServer;
+use integration::{Node, bin, require_root, spawn_in, wait_for};
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "agent-token";
+
+fn node_object(name: &str, pod_cidrs: &[&str], internal_ip: &str) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {"podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": internal_ip},
+            {"type": "Hostname", "address": name},
+        ]},
+    })
+}
+
+/// A kube-rs client for `server`, run on the calling thread's runtime; the
+/// server listens in `node`'s namespace, which the test enters to connect.
+fn client(server: &ApiServer, token: &str) -> kube::Client {
+    let mut config = kube::Config::new(server.url().parse().expect("url"));
+    config.root_cert = Some(
+        rustls_pki_types::CertificateDer::pem_slice_iter(server.ca_pem.as_bytes())
+            .map(|c| c.expect("pem").to_vec())
+            .collect(),
+    );
+    config.auth_info.token = Some(token.to_owned().into());
+    kube::Client::try_from(config).expect("client")
+}
+
+/// Runs `test` on a runtime whose threads are inside `netns`.
+fn in_netns<T>(netns: &Path, test: impl std::future::Future<Output = T>) -> T {
+    let ns = netns::NetNs::open(netns).expect("netns");
+    let _inside = ns.enter().expect("enter");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(test)
+}
+
+use rustls_pki_types::pem::PemObject;
+
+#[test]
+fn the_api_test_server_answers_lists_watches_and_errors_as_kube_rs_expects() {
+    require_root();
+    let node = lab_node();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], "10.250.0.11"));
+    in_netns(node.netns.path(), async {
+        let nodes: kube::Api<KubeNode> = kube::Api::all(client(&server, TOKEN));
+        let list = nodes.list(&ListParams::default()).await.expect("list");
+        assert_eq!(list.items.len(), 1);
+        let version = list.metadata.resource_version.clone().expect("a list version");
+        assert_eq!(version, "1");
+
+        let params = WatchParams::default().timeout(10);
+        let mut events = nodes.watch(&params, &version).await.expect("watch").boxed();
+        server.apply_node(node_object("n2", &["10.244.2.0/24"], "10.250.0.12"));
+        server.apply_node(node_object("n2", &["10.244.3.0/24"], "10.250.0.12"));
+        server.delete_node("n2");
+        let mut seen = Vec::new();
+        while seen.len() < 4 {
+            match events.next().await.expect("an event").expect("a good event") {
+                WatchEvent::Added(n) => seen.push(format!("ADDED {}", n.metadata.name.expect("name"))),
+                WatchEvent::Modified(n) => seen.push(format!(
+                    "MODIFIED {}",
+                    n.spec.and_then(|s| s.pod_cidr).expect("cidr")
+                )),
+                WatchEvent::Deleted(n) => seen.push(format!("DELETED {}", n.metadata.name.expect("name"))),
+                WatchEvent::Bookmark(b) => seen.push(format!("BOOKMARK {}", b.metadata.resource_version)),
+                WatchEvent::Error(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            ["ADDED n2", "MODIFIED 10.244.3.0/24", "DELETED n2", "BOOKMARK 4"],
+            "changes in order, then a bookmark at the latest version"
+        );
+
+        // A dropped connection ends the stream.
+        server.drop_watches();
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(Ok(_)) = events.next().await {}
+        })
+        .await;
+        assert!(ended.is_ok(), "the watch ends when its connection drops");
+
+        // After compaction an old version is answered 410 Expired in-band.
+        server.expire_history();
+        let mut expired = nodes.watch(&params, &version).await.expect("watch").boxed();
+        match expired.next().await.expect("an event").expect("an event") {
+            WatchEvent::Error(e) => {
+                assert_eq!(e.code, 410);
+                assert_eq!(e.reason, "Expired");
+            }
+            other => panic!("expected 410 Expired, got {other:?}"),
+        }
+
+        let refused = kube::Api::<KubeNode>::all(client(&server, "wrong"))
+            .list(&ListParams::default())
+            .await
+            .expect_err("a bad token is refused");
+        assert!(
+            matches!(&refused, kube::Error::Api(status) if status.code == 401),
+            "{refused:?}"
+        );
+    });
+}
+
+/// A running agent in `node`'s namespace, SIGTERMed when dropped.
+struct Agent {
+    child: Option<Child>,
+    health: u16,
+}
+
+impl Agent {
+    fn start(node: &Node, server: &ApiServer, token: &str, extra: &[(&str, &str)]) -> Agent {
+        let account = server.service_account(&node.path(""), token);
+        let health = free_port(node);
+        let listen = format!("127.0.0.1:{health}");
+        let port = server.port.to_string();
+        let conf_dir = node.path("net.d");
+        let lease_dir = node.path("leases");
+        let bin_dir = node.path("bin");
+        let mut env = vec![
+            ("NODE_NAME", "n1"),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", port.as_str()),
+            ("SERVICE_ACCOUNT_DIR", account.to_str().expect("UTF-8")),
+            ("CNI_CONF_DIR", conf_dir.to_str().expect("UTF-8")),
+            ("CNI_LEASE_DIR", lease_dir.to_str().expect("UTF-8")),
+            ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
+            ("HEALTH_LISTEN", listen.as_str()),
+        ];
+        env.extend_from_slice(extra);
+        let child = spawn_in(node.netns.path(), &bin("cni-node-agent"), &[], &env, "");
+        Agent {
+            child: Some(child),
+            health,
+        }
+    }
+
+    /// GET `path` of the health endpoint: status code and body.
+    fn probe(&self, node: &Node, path: &str) -> Option<(u16, String)> {
+        let ns = netns::NetNs::open(node.netns.path()).expect("netns");
+        let mut stream = ns
+            .run(|| TcpStream::connect(("127.0.0.1", self.health)))
+            .expect("enter")
+            .ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()))
+    }
+
+    /// SIGTERM, then the exit status and what it logged.
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let output = child.wait_with_output().expect("wait");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+fn free_port(node: &Node) -> u16 {
+    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
+    ns.run(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("enter")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn conflist(node: &Node) -> PathBuf {
+    node.path("net.d/10-cni-suite.conflist")
+}
+
+fn read_conflist(node: &Node) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(conflist(node)).ok()?).ok()
+}
+
+fn subnets(conf: &Value) -> Vec<String> {
+    conf["plugins"][0]["ipam"]["ranges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|set| set[0]["subnet"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A node whose loopback is up (the API test server and the probes use
+/// it).
+fn lab_node() -> Node {
+    let node = Node::new();
+    node.netns.ip(&["link", "set", "lo", "up"]).success();
+    node
+}
+
+/// The uplink of the lab's node: a link holding the node's InternalIP,
+/// with an MTU pods must inherit (a veth: this kernel has no dummy links).
+fn uplink(node: &Node) {
+    node.netns
+        .ip(&[
+            "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name", "uplink0p", "mtu",
+            "1450",
+        ])
+        .success();
+    node.netns
+        .ip(&["addr", "add", "10.250.0.11/24", "dev", "uplink0"])
+        .success();
+    for link in ["uplink0", "uplink0p"] {
+        node.netns.ip(&["link", "set", link, "up"]).success();
+    }
+}
+
+#[test]
+fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    std::fs::write(node.path("net.d/99-operator.conflist"), "{}").expect("an operator's file");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object(
+        "n1",
+        &["10.244.1.0/24", "fd00:10:244:1::/64"],
+        "10.250.0.11",
+    ));
+    server.apply_node(node_object("n2", &["10.244.2.0/24"], "10.250.0.12"));
+    let mut agent = Agent::start(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+
+    wait_for("the agent's conflist", Duration::from_secs(20), || {
+        read_conflist(&node).is_some()
+    });
+    let conf = read_conflist(&node).expect("conflist");
+    assert_eq!(subnets(&conf), ["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    let bridge = &conf["plugins"][0];
+    assert_eq!(bridge["mtu"], 1450, "the uplink's MTU");
+    assert_eq!(bridge["ipMasq"], false);
+    assert_eq!(
+        bridge["ipam"]["dataDir"],
+        node.path("leases").to_str().expect("UTF-8")
+    );
+    assert_eq!(
+        conf["plugins"].as_array().map(Vec::len),
+        Some(1),
+        "no portmap on this node"
+    );
+    wait_for("readiness", Duration::from_secs(5), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    assert_eq!(agent.probe(&node, "/healthz").map(|(code, _)| code), Some(200));
+
+    // The Node changes: the file follows.
+    server.apply_node(node_object("n1", &["10.244.7.0/24"], "10.250.0.11"));
+    wait_for(
+        "the new pod CIDR in the conflist",
+        Duration::from_secs(10),
+        || read_conflist(&node).is_some_and(|c| subnets(&c) == ["10.244.7.0/24"]),
+    );
+
+    // The watch is dropped and its version expires: the agent lists again
+    // and still follows.
+    server.expire_history();
+    server.drop_watches();
+    server.apply_node(node_object("n1", &["10.244.8.0/24"], "10.250.0.11"));
+    wait_for("the conflist after a relist", Duration::from_secs(20), || {
+        read_conflist(&node).is_some_and(|c| subnets(&c) == ["10.244.8.0/24"])
+    });
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status:?}: {log}");
+    assert!(!conflist(&node).exists(), "uninstalled: {log}");
+    assert!(
+        node.path("net.d/99-operator.conflist").exists(),
+        "an operator's file stays"
+    );
+    for line in log.lines() {
+        let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(record["time"].is_string() && record["level"].is_string() && record["msg"].is_string());
+    }
+}
+
+#[test]
+fn an_agent_the_api_server_refuses_is_alive_but_not_ready() {
+    require_root();
+    let node = lab_node();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], "127.0.0.1"));
+    let agent = Agent::start(&node, &server, "a stale token", &[]);
+    wait_for("the health endpoint", Duration::from_secs(10), || {
+        agent.probe(&node, "/healthz").is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (code, reason) = agent.probe(&node, "/readyz").expect("readyz");
+    assert_eq!(code, 503);
+    assert!(reason.contains("not listed"), "{reason}");
+    assert!(read_conflist(&node).is_none());
+}

@@ -1,0 +1,54 @@
+//! The API server as a pod on the host network reaches it: by the address
+//! in `KUBERNETES_SERVICE_HOST`/`PORT` (cluster DNS may not work before
+//! the network this agent sets up does), trusting the service account's
+//! CA, with its token read from the file on every request the client
+//! makes (the kubelet rotates it).
+
+use std::path::Path;
+
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use crate::Error;
+
+/// The in-cluster configuration, from the environment and `account_dir`.
+pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST")
+        .map_err(|_| Error::Setting("KUBERNETES_SERVICE_HOST is not set".into()))?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT")
+        .map_err(|_| Error::Setting("KUBERNETES_SERVICE_PORT is not set".into()))?;
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let url: http::Uri = format!("https://{host}:{port}")
+        .parse()
+        .map_err(|e| Error::Setting(format!("the API server's address {host}:{port}: {e}")))?;
+    let ca_path = account_dir.join("ca.crt");
+    let ca = std::fs::read(&ca_path).map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
+    let roots = CertificateDer::pem_slice_iter(&ca)
+        .map(|cert| cert.map(|der| der.to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
+    if roots.is_empty() {
+        return Err(Error::Setting(format!(
+            "{} holds no certificate",
+            ca_path.display()
+        )));
+    }
+    let token = account_dir.join("token");
+    if !token.is_file() {
+        return Err(Error::Setting(format!(
+            "no service account token at {}",
+            token.display()
+        )));
+    }
+    let mut config = kube::Config::new(url);
+    config.root_cert = Some(roots);
+    config.auth_info.token_file = Some(token.display().to_string());
+    if let Ok(namespace) = std::fs::read_to_string(account_dir.join("namespace")) {
+        config.default_namespace = namespace.trim().to_owned();
+    }
+    Ok(config)
+}

@@ -1,0 +1,239 @@
+//! This node's network configuration: the suite's bridge with host-local
+//! over the node's pod CIDRs, then the chained plugins, written where the
+//! runtime reads it.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use ipnetwork::IpNetwork;
+use serde_json::{Value, json};
+
+use crate::Error;
+
+/// What the file says, from the node's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeNetwork {
+    pub pod_cidrs: Vec<IpNetwork>,
+    pub mtu: u32,
+}
+
+/// The configuration list. The bridge masquerades nothing: traffic
+/// between pods of different nodes keeps its source address, and what
+/// leaves the cluster is the agent's own rule set's to masquerade.
+pub fn render(settings: &crate::settings::Settings, network: &NodeNetwork, chained: &[Value]) -> Value {
+    let ranges: Vec<Value> = network
+        .pod_cidrs
+        .iter()
+        .map(|cidr| json!([{"subnet": cidr.to_string()}]))
+        .collect();
+    let routes: Vec<Value> = network
+        .pod_cidrs
+        .iter()
+        .map(|cidr| match cidr {
+            IpNetwork::V4(_) => json!({"dst": "0.0.0.0/0"}),
+            IpNetwork::V6(_) => json!({"dst": "::/0"}),
+        })
+        .collect();
+    let mut plugins = vec![json!({
+        "type": "bridge",
+        "bridge": settings.bridge,
+        "isGateway": true,
+        "ipMasq": false,
+        "hairpinMode": true,
+        "mtu": network.mtu,
+        "ipam": {
+            "type": "host-local",
+            "ranges": ranges,
+            "routes": routes,
+            "dataDir": settings.lease_dir,
+        },
+    })];
+    plugins.extend(chained.iter().cloned());
+    json!({
+        "cniVersion": "1.0.0",
+        "name": settings.network_name,
+        "plugins": plugins,
+    })
+}
+
+/// The plugins chained after the bridge: as set, else `portmap` when the
+/// node has it.
+pub fn chained_plugins(settings: &crate::settings::Settings) -> Result<Vec<Value>, Error> {
+    match &settings.chained_plugins {
+        Some(text) => {
+            let value: Value = serde_json::from_str(text)
+                .map_err(|e| Error::Setting(format!("CNI_CHAINED_PLUGINS is not JSON: {e}")))?;
+            match value {
+                Value::Array(plugins) if plugins.iter().all(|p| p["type"].is_string()) => Ok(plugins),
+                _ => Err(Error::Setting(
+                    "CNI_CHAINED_PLUGINS must be an array of plugin configurations, each with a \"type\""
+                        .into(),
+                )),
+            }
+        }
+        None if settings.cni_bin_dir.join("portmap").is_file() => Ok(vec![
+            json!({"type": "portmap", "capabilities": {"portMappings": true}}),
+        ]),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Writes `content` to `path` unless it already holds exactly that: a
+/// file beside it, synced, then renamed over it, so the runtime never
+/// reads half a configuration. Returns whether it wrote.
+pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
+    let text = format!(
+        "{}\n",
+        serde_json::to_string_pretty(content).map_err(|e| Error::Io(e.to_string()))?
+    );
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(false);
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // A dot-name the runtime skips (it reads *.conf, *.conflist, *.json).
+    let beside = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&beside)
+        .and_then(|mut file| {
+            file.write_all(text.as_bytes())?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&beside, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&beside);
+        return Err(Error::Io(format!("cannot write {}: {e}", path.display())));
+    }
+    Ok(true)
+}
+
+/// Removes `path` if it holds what this agent writes (the network named
+/// `network_name` with the suite's bridge first): never an operator's file.
+pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(false);
+    };
+    let ours = serde_json::from_str::<Value>(&text)
+        .is_ok_and(|v| v["name"] == network_name && v["plugins"][0]["type"] == "bridge");
+    if !ours {
+        return Ok(false);
+    }
+    std::fs::remove_file(path).map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
+    Ok(true)
+}
+
+/// The MTU pods get: the uplink's, the link holding one of the node's
+/// addresses (`internal_ips`), else the one of the default route, else
+/// 1500.
+pub fn uplink_mtu(internal_ips: &[std::net::IpAddr]) -> u32 {
+    let Ok(nl) = netlink::Netlink::connect() else {
+        return 1500;
+    };
+    let by_address = nl.all_addresses().ok().and_then(|addresses| {
+        addresses
+            .iter()
+            .find(|(_, address)| internal_ips.contains(&address.ip()))
+            .map(|(index, _)| *index)
+    });
+    let by_default_route = || {
+        nl.routes(true).ok().and_then(|routes| {
+            routes
+                .iter()
+                .find(|r| r.dst.prefix() == 0 && r.table == netlink::route::MAIN_TABLE)
+                .and_then(|r| r.oif)
+        })
+    };
+    by_address
+        .or_else(by_default_route)
+        .and_then(|index| nl.link_by_index(index).ok().flatten())
+        .map_or(1500, |link| link.mtu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn settings(extra: &[&str]) -> crate::settings::Settings {
+        let mut args = vec![
+            "cni-node-agent",
+            "--node-name",
+            "n1",
+            "--cni-bin-dir",
+            "/nonexistent",
+        ];
+        args.extend_from_slice(extra);
+        crate::settings::Settings::parse_from(args)
+    }
+
+    #[test]
+    fn dual_stack_gets_a_range_set_and_a_default_route_per_family() {
+        let network = NodeNetwork {
+            pod_cidrs: vec![
+                "10.244.1.0/24".parse().expect("v4"),
+                "fd00:10:244:1::/64".parse().expect("v6"),
+            ],
+            mtu: 1450,
+        };
+        let conf = render(&settings(&[]), &network, &[json!({"type": "portmap"})]);
+        assert_eq!(conf["name"], "cni-suite");
+        let bridge = &conf["plugins"][0];
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(bridge["mtu"], 1450);
+        assert_eq!(
+            bridge["ipam"]["ranges"],
+            json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]])
+        );
+        assert_eq!(
+            bridge["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+        );
+        assert_eq!(bridge["ipam"]["dataDir"], "/run/cni-suite/ipam");
+        assert_eq!(conf["plugins"][1]["type"], "portmap");
+    }
+
+    #[test]
+    fn chained_plugins_must_each_name_a_type() {
+        assert!(chained_plugins(&settings(&[])).expect("none").is_empty());
+        let set = settings(&["--chained-plugins", r#"[{"type":"portmap","snat":true}]"#]);
+        assert_eq!(chained_plugins(&set).expect("set")[0]["snat"], true);
+        for bad in ["{}", "[{}]", "not json", r#"[{"type":1}]"#] {
+            assert!(
+                chained_plugins(&settings(&["--chained-plugins", bad])).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_write_replaces_whole_files_and_only_when_they_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("net.d/10-x.conflist");
+        let first = json!({"name": "cni-suite", "plugins": [{"type": "bridge"}]});
+        assert!(write_if_changed(&path, &first).expect("write"));
+        assert!(!write_if_changed(&path, &first).expect("same"));
+        let second = json!({"name": "cni-suite", "plugins": [{"type": "bridge", "mtu": 1400}]});
+        assert!(write_if_changed(&path, &second).expect("changed"));
+        let names: Vec<_> = std::fs::read_dir(path.parent().expect("dir"))
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        assert!(!remove_own(&path, "another").expect("not ours"));
+        assert!(path.exists());
+        assert!(remove_own(&path, "cni-suite").expect("ours"));
+        assert!(!path.exists());
+    }
+}

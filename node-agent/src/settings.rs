@@ -1,0 +1,71 @@
+//! What the agent is told: command-line flags, each also read from the
+//! environment a DaemonSet sets.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "cni-node-agent",
+    version,
+    about = "Writes this node's CNI configuration from its Node object and keeps it current"
+)]
+pub struct Settings {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// Where the runtime reads network configurations.
+    #[arg(long, env = "CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+
+    /// The file written there.
+    #[arg(long, env = "CNI_CONF_NAME", default_value = "10-cni-suite.conflist")]
+    pub conflist_name: String,
+
+    /// The network's name in that file.
+    #[arg(long, env = "CNI_NETWORK_NAME", default_value = "cni-suite")]
+    pub network_name: String,
+
+    /// The node's bridge for pods.
+    #[arg(long, env = "CNI_BRIDGE", default_value = "cni0")]
+    pub bridge: String,
+
+    /// Where host-local keeps the leases: under /run, so a reboot frees
+    /// every lease (on disk, leases of pods gone with the reboot stay).
+    #[arg(long, env = "CNI_LEASE_DIR", default_value = "/run/cni-suite/ipam")]
+    pub lease_dir: PathBuf,
+
+    /// Plugins chained after the bridge, as a JSON array of plugin
+    /// configurations; unset: `portmap` when the CNI bin directory has one.
+    #[arg(long, env = "CNI_CHAINED_PLUGINS")]
+    pub chained_plugins: Option<String>,
+
+    /// Where the runtime finds plugin binaries.
+    #[arg(long, env = "CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+
+    /// The service account the kubelet mounts (token, ca.crt, namespace).
+    #[arg(
+        long,
+        env = "SERVICE_ACCOUNT_DIR",
+        default_value = "/var/run/secrets/kubernetes.io/serviceaccount"
+    )]
+    pub service_account_dir: PathBuf,
+
+    /// Where `/healthz` and `/readyz` answer.
+    #[arg(long, env = "HEALTH_LISTEN", default_value = "0.0.0.0:9470")]
+    pub health_listen: SocketAddr,
+
+    /// On SIGTERM, remove everything the agent put on the node.
+    #[arg(long, env = "UNINSTALL_ON_STOP")]
+    pub uninstall_on_stop: bool,
+}
+
+impl Settings {
+    pub fn conflist_path(&self) -> PathBuf {
+        self.cni_conf_dir.join(&self.conflist_name)
+    }
+}
