@@ -162,7 +162,9 @@ impl Agent {
             .run(|| TcpStream::connect(("127.0.0.1", self.health)))
             .expect("enter")
             .ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .ok()?;
         let mut text = String::new();
         stream.read_to_string(&mut text).ok()?;
         let code = text.split_whitespace().nth(1)?.parse().ok()?;
@@ -318,13 +320,130 @@ fn an_agent_the_api_server_refuses_is_alive_but_not_ready() {
     let node = lab_node();
     let server = ApiServer::start(node.netns.path(), TOKEN);
     server.apply_node(node_object("n1", &["10.244.1.0/24"], "127.0.0.1"));
-    let agent = Agent::start(&node, &server, "a stale token", &[]);
+    let mut agent = Agent::start(&node, &server, "a stale token", &[]);
     wait_for("the health endpoint", Duration::from_secs(10), || {
         agent.probe(&node, "/healthz").is_some()
     });
     std::thread::sleep(Duration::from_millis(500));
-    let (code, reason) = agent.probe(&node, "/readyz").expect("readyz");
+    let Some((code, reason)) = agent.probe(&node, "/readyz") else {
+        let (status, log) = agent.stop();
+        panic!("no answer from /readyz; the agent: {status:?} {log}");
+    };
     assert_eq!(code, 503);
     assert!(reason.contains("not listed"), "{reason}");
     assert!(read_conflist(&node).is_none());
+}
+
+/// `ip [-6] route show proto 201` in the node: the agent's routes.
+fn agent_routes(node: &Node) -> Vec<String> {
+    let mut routes = Vec::new();
+    for family in ["-4", "-6"] {
+        let shown = node
+            .netns
+            .ip(&[family, "route", "show", "proto", "201"])
+            .success()
+            .stdout;
+        routes.extend(shown.lines().map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            format!(
+                "{} via {}",
+                words.first().unwrap_or(&""),
+                words.get(2).unwrap_or(&"")
+            )
+        }));
+    }
+    routes.sort();
+    routes
+}
+
+#[test]
+fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    node.netns
+        .ip(&["addr", "add", "fd00:250::11/64", "dev", "uplink0", "nodad"])
+        .success();
+    // Left by an earlier agent for a node that is gone: removed at start.
+    node.netns
+        .ip(&[
+            "route",
+            "add",
+            "10.244.9.0/24",
+            "via",
+            "10.250.0.19",
+            "proto",
+            "201",
+        ])
+        .success();
+    // An operator's route the agent did not make and no Node asks for.
+    node.netns
+        .ip(&["route", "add", "10.99.0.0/24", "via", "10.250.0.99"])
+        .success();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], "10.250.0.11"));
+    server.apply_node(json!({
+        "metadata": {"name": "n2"},
+        "spec": {"podCIDR": "10.244.2.0/24", "podCIDRs": ["10.244.2.0/24", "fd00:10:244:2::/64"]},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": "10.250.0.12"},
+            {"type": "InternalIP", "address": "fd00:250::12"},
+        ]},
+    }));
+    server.apply_node(node_object("n3", &["10.244.3.0/24"], "10.250.0.13"));
+    let agent = Agent::start(&node, &server, TOKEN, &[]);
+    let expected = |routes: &[&str]| {
+        let mut routes: Vec<String> = routes.iter().map(|r| (*r).to_owned()).collect();
+        routes.sort();
+        routes
+    };
+    wait_for("routes to n2 and n3", Duration::from_secs(20), || {
+        agent_routes(&node)
+            == expected(&[
+                "10.244.2.0/24 via 10.250.0.12",
+                "10.244.3.0/24 via 10.250.0.13",
+                "fd00:10:244:2::/64 via fd00:250::12",
+            ])
+    });
+    wait_for("readiness", Duration::from_secs(5), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+
+    // n3 moves, a fourth node joins, n2 leaves.
+    server.apply_node(node_object("n3", &["10.244.3.0/24"], "10.250.0.23"));
+    server.apply_node(node_object("n4", &["10.244.4.0/24"], "10.250.0.14"));
+    server.delete_node("n2");
+    wait_for("the routes to follow the Nodes", Duration::from_secs(2), || {
+        agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.4.0/24 via 10.250.0.14"])
+    });
+
+    // A route of a pod range with a wrong gateway, whoever made it, is put
+    // right at the next change.
+    node.netns
+        .ip(&["route", "replace", "10.244.4.0/24", "via", "10.250.0.99"])
+        .success();
+    server.apply_node(node_object("n5", &["10.244.5.0/24"], "10.250.0.15"));
+    wait_for("the wrong gateway replaced", Duration::from_secs(2), || {
+        agent_routes(&node)
+            == expected(&[
+                "10.244.3.0/24 via 10.250.0.23",
+                "10.244.4.0/24 via 10.250.0.14",
+                "10.244.5.0/24 via 10.250.0.15",
+            ])
+    });
+
+    // A restarted agent changes nothing; one stopped with uninstall
+    // removes its routes and leaves the operator's.
+    drop(agent);
+    let before = node.netns.ip(&["route", "show"]).success().stdout;
+    let mut agent = Agent::start(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness after a restart", Duration::from_secs(20), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+    assert_eq!(node.netns.ip(&["route", "show"]).success().stdout, before);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(agent_routes(&node).is_empty(), "{log}");
+    let left = node.netns.ip(&["route", "show"]).success().stdout;
+    assert!(left.contains("10.99.0.0/24 via 10.250.0.99"), "{left}");
 }

@@ -1,6 +1,6 @@
-//! `/healthz` (the process answers) and `/readyz` (the Nodes are listed
-//! and this node's configuration is in place), over plain HTTP for the
-//! kubelet's probes.
+//! `/healthz` (the process answers) and `/readyz` (the Nodes are listed,
+//! this node's configuration and the routes to the other nodes are in
+//! place), over plain HTTP for the kubelet's probes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use crate::Error;
 pub struct Health {
     listed: Arc<AtomicBool>,
     configured: Arc<AtomicBool>,
+    routed: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -26,12 +27,22 @@ impl Health {
         self.configured.store(done, Ordering::SeqCst);
     }
 
+    pub fn set_routed(&self, done: bool) {
+        self.routed.store(done, Ordering::SeqCst);
+    }
+
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::SeqCst)
+    }
+
     /// Why the agent is not ready, if it is not.
     pub fn not_ready(&self) -> Option<&'static str> {
         if !self.listed.load(Ordering::SeqCst) {
             Some("the Nodes are not listed yet")
         } else if !self.configured.load(Ordering::SeqCst) {
             Some("this node's CNI configuration is not in place")
+        } else if !self.routed.load(Ordering::SeqCst) {
+            Some("the routes to the other nodes' pods are not in place")
         } else {
             None
         }
@@ -51,13 +62,12 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
             };
             let health = health.clone();
             tokio::spawn(async move {
-                let mut request = vec![0u8; 1024];
                 let read =
-                    tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut request)).await;
-                let Ok(Ok(length)) = read else {
+                    tokio::time::timeout(std::time::Duration::from_secs(5), read_head(&mut stream)).await;
+                let Ok(Ok(head)) = read else {
                     return;
                 };
-                let line = String::from_utf8_lossy(&request[..length]);
+                let line = String::from_utf8_lossy(&head);
                 let path = line.split_whitespace().nth(1).unwrap_or_default();
                 let (code, body) = match path {
                     "/healthz" => (200, "ok".to_owned()),
@@ -80,4 +90,19 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
             });
         }
     }))
+}
+
+/// The request up to its blank line (at most 4 KiB): answering before all
+/// of it is read would reset the connection under the prober.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 4096 {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            break;
+        }
+        head.extend_from_slice(&buffer[..read]);
+    }
+    Ok(head)
 }

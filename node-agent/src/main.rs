@@ -13,6 +13,7 @@ mod conflist;
 mod health;
 mod logging;
 mod nodes;
+mod routes;
 mod settings;
 
 use settings::Settings;
@@ -73,6 +74,12 @@ async fn run(settings: Settings) -> Result<(), Error> {
         _ = tokio::signal::ctrl_c() => Ok(()),
     };
     if settings.uninstall_on_stop {
+        let removing = tokio::task::spawn_blocking(routes::remove_all).await;
+        match removing {
+            Ok(Ok(count)) => log::info!("removed {count} routes"),
+            Ok(Err(e)) => log::error!("{e}"),
+            Err(e) => log::error!("routes: {e}"),
+        }
         uninstall(&settings);
     }
     outcome

@@ -1,6 +1,7 @@
 //! The cluster's Nodes as the agent follows them: one watch on all Nodes
-//! (this node's for its configuration, the others' for routes later), kept
-//! as a map that a restarted watch's relist replaces whole.
+//! (this node's for its configuration, the others' for routes), kept as a
+//! map that a restarted watch's relist replaces whole; after every change,
+//! and every [`RESYNC`], the file and the routes are brought in line.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -16,6 +17,7 @@ use serde_json::Value;
 use crate::Error;
 use crate::conflist::{self, NodeNetwork};
 use crate::health::Health;
+use crate::routes;
 use crate::settings::Settings;
 
 /// What the agent reads from a Node.
@@ -77,7 +79,25 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
     let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
     let mut relisted: Option<BTreeMap<String, NodeInfo>> = None;
     let mut written: Option<Value> = None;
-    while let Some(event) = stream.next().await {
+    let mut routed: Option<BTreeMap<IpNetwork, IpAddr>> = None;
+    let mut resync = tokio::time::interval(RESYNC);
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => match event {
+                Some(event) => event,
+                None => break,
+            },
+            _ = resync.tick() => {
+                // Someone may have deleted a route or the file: put them
+                // back even when no Node changed.
+                routed = None;
+                written = None;
+                if relisted.is_none() && health.listed() {
+                    sync(&settings, &nodes, &chained, &mut written, &mut routed, &health).await;
+                }
+                continue;
+            }
+        };
         match event {
             Ok(Event::Init) => relisted = Some(BTreeMap::new()),
             Ok(Event::InitApply(node)) => {
@@ -107,12 +127,52 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
         if relisted.is_some() {
             continue;
         }
-        if let Err(e) = write_own(&settings, &nodes, &chained, &mut written, &health).await {
-            log::error!("{e}");
-            health.set_configured(false);
-        }
+        sync(&settings, &nodes, &chained, &mut written, &mut routed, &health).await;
     }
     Err(Error::Watch("the Node watch ended".into()))
+}
+
+/// How often the file and the routes are checked with no Node changing.
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Brings the conflist and the routes in line with `nodes`.
+async fn sync(
+    settings: &Settings,
+    nodes: &BTreeMap<String, NodeInfo>,
+    chained: &[Value],
+    written: &mut Option<Value>,
+    routed: &mut Option<BTreeMap<IpNetwork, IpAddr>>,
+    health: &Health,
+) {
+    if let Err(e) = write_own(settings, nodes, chained, written, health).await {
+        log::error!("{e}");
+        health.set_configured(false);
+    }
+    let wanted = routes::wanted(&settings.node_name, nodes);
+    if routed.as_ref() == Some(&wanted) {
+        return;
+    }
+    let target = wanted.clone();
+    match tokio::task::spawn_blocking(move || routes::reconcile(&target)).await {
+        Ok(Ok(changes)) => {
+            for (dst, gateway) in &changes.set {
+                log::info!("route {dst} via {gateway}");
+            }
+            for dst in &changes.removed {
+                log::info!("removed the route to {dst}");
+            }
+            *routed = Some(wanted);
+            health.set_routed(true);
+        }
+        Ok(Err(e)) => {
+            log::error!("{e}");
+            health.set_routed(false);
+        }
+        Err(e) => {
+            log::error!("routes: {e}");
+            health.set_routed(false);
+        }
+    }
 }
 
 /// Writes this node's configuration if its content changed.

@@ -5,7 +5,9 @@ use std::net::IpAddr;
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::RouteMessageBuilder;
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope, RouteType};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
 
 use crate::{Link, Netlink, Result, netlink_err};
 
@@ -118,31 +120,89 @@ impl Netlink {
 
     /// Adds a route; the same route already present is not an error.
     pub fn add_route(&self, route: &RouteInfo) -> Result<()> {
-        let op = format!("add route {} via {:?}", route.dst, route.gw);
-        let mut builder = RouteMessageBuilder::<IpAddr>::new()
-            .destination_prefix(route.dst.network(), route.dst.prefix())
-            .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?;
-        if let Some(gw) = route.gw {
-            builder = builder
-                .gateway(gw)
-                .map_err(|e| crate::Error::InvalidRoute(format!("{op}: {e}")))?;
-        }
-        if let Some(oif) = route.oif {
-            builder = builder.output_interface(oif);
-        }
-        if let Some(priority) = route.priority {
-            builder = builder.priority(priority);
-        }
-        if route.scope != 0 {
-            builder = builder.scope(RouteScope::from(route.scope));
-        }
-        builder = builder.table_id(route.table);
-        let request = self.handle.route().add(builder.build()).execute();
-        match self.runtime.block_on(request).map_err(netlink_err(op)) {
+        let (what, message) = route_message(route, None)?;
+        let request = self.handle.route().add(message).execute();
+        match self
+            .runtime
+            .block_on(request)
+            .map_err(netlink_err(format!("add {what}")))
+        {
             Err(e) if e.errno() == Some(crate::EEXIST) => Ok(()),
             other => other,
         }
     }
+
+    /// Adds `route` marked as added by `protocol`, replacing the route to
+    /// the same destination (same table and priority), whoever added it.
+    pub fn replace_route(&self, route: &RouteInfo, protocol: u8) -> Result<()> {
+        let (what, message) = route_message(route, Some(protocol))?;
+        let request = self.handle.route().add(message).replace().execute();
+        self.runtime
+            .block_on(request)
+            .map_err(netlink_err(format!("replace {what}")))
+    }
+
+    /// Deletes `route` if `protocol` added it (the kernel matches the
+    /// protocol of a delete request); one already gone is not an error.
+    pub fn del_route(&self, route: &RouteInfo, protocol: u8) -> Result<()> {
+        let (what, message) = route_message(route, Some(protocol))?;
+        let request = self.handle.route().del(message).execute();
+        match self
+            .runtime
+            .block_on(request)
+            .map_err(netlink_err(format!("delete {what}")))
+        {
+            Err(e) if matches!(e.errno(), Some(crate::ESRCH | crate::ENOENT)) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The unicast routes of a family in the main table that `protocol`
+    /// added (`ip route show proto <protocol>`).
+    pub fn routes_of_protocol(&self, v4: bool, protocol: u8) -> Result<Vec<RouteInfo>> {
+        let query = if v4 {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+        };
+        let messages: Vec<RouteMessage> = self
+            .runtime
+            .block_on(self.handle.route().get(query).execute().try_collect())
+            .map_err(netlink_err("list routes"))?;
+        Ok(messages
+            .iter()
+            .filter(|m| u8::from(m.header.protocol) == protocol)
+            .filter_map(route_from)
+            .filter(|r| r.table == MAIN_TABLE)
+            .collect())
+    }
+}
+
+/// The kernel's message for `route` (marked as `protocol`'s when given),
+/// and how errors name it.
+fn route_message(route: &RouteInfo, protocol: Option<u8>) -> Result<(String, RouteMessage)> {
+    let what = format!("route {} via {:?}", route.dst, route.gw);
+    let mut builder = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(route.dst.network(), route.dst.prefix())
+        .map_err(|e| crate::Error::InvalidRoute(format!("{what}: {e}")))?;
+    if let Some(gw) = route.gw {
+        builder = builder
+            .gateway(gw)
+            .map_err(|e| crate::Error::InvalidRoute(format!("{what}: {e}")))?;
+    }
+    if let Some(oif) = route.oif {
+        builder = builder.output_interface(oif);
+    }
+    if let Some(priority) = route.priority {
+        builder = builder.priority(priority);
+    }
+    if route.scope != 0 {
+        builder = builder.scope(RouteScope::from(route.scope));
+    }
+    if let Some(protocol) = protocol {
+        builder = builder.protocol(RouteProtocol::from(protocol));
+    }
+    Ok((what, builder.table_id(route.table).build()))
 }
 
 impl Netlink {
