@@ -58,6 +58,7 @@ struct State {
     oldest_watchable: u64,
     /// Bumped to end every open watch abruptly.
     drops: u64,
+    lists: usize,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +82,13 @@ pub struct ApiServer {
     pub ca_pem: String,
     shared: Arc<Shared>,
     requests: Arc<AtomicUsize>,
+}
+
+impl ApiServer {
+    /// LIST requests served so far (a watcher lists again after a 410).
+    pub fn lists(&self) -> usize {
+        self.shared.lock().lists
+    }
 }
 
 impl ApiServer {
@@ -389,7 +397,8 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
         ["api", "v1", "nodes"] if target.watch() => watch(tls, shared, Kind::Node, &target),
         ["api", "v1", "pods"] if target.watch() => watch(tls, shared, Kind::Pod, &target),
         ["api", "v1", "nodes"] => {
-            let state = shared.lock();
+            let mut state = shared.lock();
+            state.lists += 1;
             let items: Vec<Value> = state
                 .nodes
                 .values()
@@ -406,7 +415,8 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
             respond(tls, 200, &list)
         }
         ["api", "v1", "pods"] => {
-            let state = shared.lock();
+            let mut state = shared.lock();
+            state.lists += 1;
             let items: Vec<Value> = state
                 .pods
                 .values()
@@ -429,6 +439,7 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
 fn head<T: Write>(tls: &mut T, code: u16) -> std::io::Result<()> {
     let reason = match code {
         200 => "OK",
+        400 => "Bad Request",
         401 => "Unauthorized",
         _ => "Not Found",
     };
@@ -466,16 +477,32 @@ fn watch<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) ->
         .get("allowWatchBookmarks")
         .is_some_and(|v| v == "true");
     let mut state = shared.lock();
-    let mut seen = match target.query.get("resourceVersion").map(|v| v.parse::<u64>()) {
-        None | Some(Ok(0)) => state.version,
-        Some(Ok(version)) => version,
+    let (mut seen, replay) = match target.query.get("resourceVersion").map(|v| v.parse::<u64>()) {
+        // As the real server: the objects that exist now, as ADDED
+        // events, then what changes.
+        None | Some(Ok(0)) => (state.version, true),
+        Some(Ok(version)) => (version, false),
         Some(Err(_)) => {
             drop(state);
             return respond(tls, 400, &status(400, "BadRequest", "invalid resourceVersion"));
         }
     };
     head(tls, 200)?;
-    if seen + 1 < state.oldest_watchable {
+    if replay {
+        let existing: Vec<String> = match kind {
+            Kind::Node => state.nodes.values().cloned().collect::<Vec<_>>(),
+            Kind::Pod => state.pods.values().cloned().collect(),
+        }
+        .into_iter()
+        .filter(|o| target.selects(o))
+        .map(|o| json!({"type": "ADDED", "object": o}).to_string())
+        .collect();
+        drop(state);
+        for event in &existing {
+            chunk(tls, &format!("{event}\n"))?;
+        }
+        state = shared.lock();
+    } else if seen < state.oldest_watchable {
         let message = format!("too old resource version: {seen} ({})", state.oldest_watchable);
         let event = json!({"type": "ERROR", "object": status(410, "Expired", &message)});
         drop(state);

@@ -292,13 +292,21 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
         || read_conflist(&node).is_some_and(|c| subnets(&c) == ["10.244.7.0/24"]),
     );
 
-    // The watch is dropped and its version expires: the agent lists again
-    // and still follows.
+    // The watch is dropped and its version expires while n2 goes away:
+    // the agent lists again, its map is replaced by the list (n2's route
+    // goes, though it never saw n2's DELETED), and it still follows.
+    assert_eq!(agent_routes(&node), ["10.244.2.0/24 via 10.250.0.12"]);
+    let lists = server.lists();
     server.expire_history();
     server.drop_watches();
+    server.delete_node("n2");
     server.apply_node(node_object("n1", &["10.244.8.0/24"], "10.250.0.11"));
     wait_for("the conflist after a relist", Duration::from_secs(20), || {
         read_conflist(&node).is_some_and(|c| subnets(&c) == ["10.244.8.0/24"])
+    });
+    assert!(server.lists() > lists, "the agent listed again after 410");
+    wait_for("n2's route gone after the relist", Duration::from_secs(5), || {
+        agent_routes(&node).is_empty()
     });
 
     let (status, log) = agent.stop();
@@ -332,6 +340,7 @@ fn an_agent_the_api_server_refuses_is_alive_but_not_ready() {
     assert_eq!(code, 503);
     assert!(reason.contains("not listed"), "{reason}");
     assert!(read_conflist(&node).is_none());
+    assert!(server.requests() > 0, "the agent asked and was refused");
 }
 
 /// `ip [-6] route show proto 201` in the node: the agent's routes.
@@ -430,6 +439,22 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
                 "10.244.4.0/24 via 10.250.0.14",
                 "10.244.5.0/24 via 10.250.0.15",
             ])
+    });
+
+    // A Node whose InternalIP is not on-link: its route fails, every other
+    // change still happens, and the agent is not ready until it is gone.
+    server.apply_node(node_object("n6", &["10.244.6.0/24"], "192.0.2.66"));
+    server.apply_node(node_object("n7", &["10.244.7.0/24"], "10.250.0.17"));
+    wait_for("n7's route beside n6's failure", Duration::from_secs(2), || {
+        agent_routes(&node).contains(&"10.244.7.0/24 via 10.250.0.17".to_owned())
+    });
+    wait_for("not ready while a route fails", Duration::from_secs(2), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 503)
+    });
+    server.delete_node("n6");
+    server.delete_node("n7");
+    wait_for("ready again", Duration::from_secs(2), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
     });
 
     // A restarted agent changes nothing; one stopped with uninstall

@@ -45,6 +45,10 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
         )));
     }
     let mut config = kube::Config::new(url);
+    // A server that accepts and never answers must not hold the agent
+    // forever: as long as a watch may last (its timeoutSeconds is 290)
+    // and a little more.
+    config.read_timeout = Some(std::time::Duration::from_secs(295));
     config.root_cert = Some(roots);
     config.auth_info.token_file = Some(token.display().to_string());
     if let Ok(namespace) = std::fs::read_to_string(account_dir.join("namespace")) {

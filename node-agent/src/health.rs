@@ -58,6 +58,8 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
     Ok(tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
+                // Out of descriptors, say: not a reason to spin.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             };
             let health = health.clone();
@@ -68,7 +70,8 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
                     return;
                 };
                 let line = String::from_utf8_lossy(&head);
-                let path = line.split_whitespace().nth(1).unwrap_or_default();
+                let target = line.split_whitespace().nth(1).unwrap_or_default();
+                let path = target.split('?').next().unwrap_or_default();
                 let (code, body) = match path {
                     "/healthz" => (200, "ok".to_owned()),
                     "/readyz" => match health.not_ready() {

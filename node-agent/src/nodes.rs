@@ -166,10 +166,12 @@ async fn sync(
         }
         Ok(Err(e)) => {
             log::error!("{e}");
+            *routed = None;
             health.set_routed(false);
         }
         Err(e) => {
             log::error!("routes: {e}");
+            *routed = None;
             health.set_routed(false);
         }
     }

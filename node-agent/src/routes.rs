@@ -58,19 +58,28 @@ pub struct Changes {
 }
 
 /// Makes the main table hold exactly `wanted` among the agent's routes:
-/// stale ones removed, missing or wrong ones (re)placed. Runs on a
-/// blocking thread (netlink here is blocking).
+/// those no Node asks for removed, missing or wrong ones replaced in one
+/// step (never deleted first). A route that fails (a gateway that is not
+/// on-link) is reported and the others go on; the error lists every
+/// failure. Runs on a blocking thread (netlink here is blocking), one
+/// reconciliation at a time, uninstall included.
 pub fn reconcile(wanted: &BTreeMap<IpNetwork, IpAddr>) -> Result<Changes, Error> {
+    let _one_at_a_time = RECONCILING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let nl = Netlink::connect().map_err(netlink_error)?;
     let mut changes = Changes::default();
+    let mut failures = Vec::new();
     let mut present: BTreeMap<IpNetwork, Option<IpAddr>> = BTreeMap::new();
     for v4 in [true, false] {
         for route in nl.routes_of_protocol(v4, PROTOCOL).map_err(netlink_error)? {
-            if wanted.get(&route.dst) == route.gw.as_ref() {
+            if wanted.contains_key(&route.dst) {
                 present.insert(route.dst, route.gw);
             } else {
-                nl.del_route(&route, PROTOCOL).map_err(netlink_error)?;
-                changes.removed.push(route.dst);
+                match nl.del_route(&route, PROTOCOL) {
+                    Ok(()) => changes.removed.push(route.dst),
+                    Err(e) => failures.push(e.to_string()),
+                }
             }
         }
     }
@@ -85,11 +94,24 @@ pub fn reconcile(wanted: &BTreeMap<IpNetwork, IpAddr>) -> Result<Changes, Error>
             oif: None,
             ..RouteInfo::new(*dst, Some(*gateway), 0)
         };
-        nl.replace_route(&route, PROTOCOL).map_err(netlink_error)?;
-        changes.set.push((*dst, *gateway));
+        match nl.replace_route(&route, PROTOCOL) {
+            Ok(()) => changes.set.push((*dst, *gateway)),
+            Err(e) => failures.push(e.to_string()),
+        }
     }
-    Ok(changes)
+    if failures.is_empty() {
+        Ok(changes)
+    } else {
+        for (dst, gateway) in &changes.set {
+            log::info!("route {dst} via {gateway}");
+        }
+        Err(Error::Io(format!("routes: {}", failures.join("; "))))
+    }
 }
+
+/// Held while routes change: a reconciliation still running when SIGTERM
+/// comes must not add routes after uninstall listed them.
+static RECONCILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The main table's gateways for `destinations`, whoever made the routes.
 fn main_table(
