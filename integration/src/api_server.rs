@@ -61,6 +61,17 @@ struct State {
     lists: usize,
 }
 
+impl State {
+    /// The objects of `kind` that the request's selector takes.
+    fn objects(&self, kind: Kind, target: &Target) -> Vec<Value> {
+        let all: Vec<&Value> = match kind {
+            Kind::Node => self.nodes.values().collect(),
+            Kind::Pod => self.pods.values().collect(),
+        };
+        all.into_iter().filter(|o| target.selects(o)).cloned().collect()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
@@ -396,44 +407,24 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
         }
         ["api", "v1", "nodes"] if target.watch() => watch(tls, shared, Kind::Node, &target),
         ["api", "v1", "pods"] if target.watch() => watch(tls, shared, Kind::Pod, &target),
-        ["api", "v1", "nodes"] => {
-            let mut state = shared.lock();
-            state.lists += 1;
-            let items: Vec<Value> = state
-                .nodes
-                .values()
-                .filter(|n| target.selects(n))
-                .cloned()
-                .collect();
-            let list = json!({
-                "kind": "NodeList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": state.version.to_string()},
-                "items": items,
-            });
-            drop(state);
-            respond(tls, 200, &list)
-        }
-        ["api", "v1", "pods"] => {
-            let mut state = shared.lock();
-            state.lists += 1;
-            let items: Vec<Value> = state
-                .pods
-                .values()
-                .filter(|p| target.selects(p))
-                .cloned()
-                .collect();
-            let list = json!({
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": state.version.to_string()},
-                "items": items,
-            });
-            drop(state);
-            respond(tls, 200, &list)
-        }
+        ["api", "v1", "nodes"] => list(tls, shared, Kind::Node, &target),
+        ["api", "v1", "pods"] => list(tls, shared, Kind::Pod, &target),
         _ => respond(tls, 404, &status(404, "NotFound", "not found")),
     }
+}
+
+/// A LIST of `kind`, at the current version.
+fn list<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) -> std::io::Result<()> {
+    let mut state = shared.lock();
+    state.lists += 1;
+    let list = json!({
+        "kind": format!("{}List", kind.name()),
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": state.version.to_string()},
+        "items": state.objects(kind, target),
+    });
+    drop(state);
+    respond(tls, 200, &list)
 }
 
 fn head<T: Write>(tls: &mut T, code: u16) -> std::io::Result<()> {
@@ -489,14 +480,11 @@ fn watch<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) ->
     };
     head(tls, 200)?;
     if replay {
-        let existing: Vec<String> = match kind {
-            Kind::Node => state.nodes.values().cloned().collect::<Vec<_>>(),
-            Kind::Pod => state.pods.values().cloned().collect(),
-        }
-        .into_iter()
-        .filter(|o| target.selects(o))
-        .map(|o| json!({"type": "ADDED", "object": o}).to_string())
-        .collect();
+        let existing: Vec<String> = state
+            .objects(kind, target)
+            .into_iter()
+            .map(|o| json!({"type": "ADDED", "object": o}).to_string())
+            .collect();
         drop(state);
         for event in &existing {
             chunk(tls, &format!("{event}\n"))?;
