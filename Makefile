@@ -25,7 +25,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
 
-.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster clean
 
 all: build
 
@@ -176,6 +176,12 @@ test: lint unit integration check-install bench-smoke fuzz
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh
+
+# Three nodes in network namespaces on an underlay, each running the node
+# agent against the API test server; pods on different nodes talk.
+demo-cluster: build
+	@CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) LAB_SAY=1 cargo test --locked -q -p integration \
+		--test cluster_lab -- --nocapture three_nodes
 
 clean:
 	cargo clean

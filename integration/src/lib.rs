@@ -23,6 +23,7 @@ pub mod api_server;
 pub mod bench;
 pub mod containerd;
 pub mod leases;
+pub mod node_agent;
 pub mod probe;
 
 /// Where `ip netns` keeps its namespace files.

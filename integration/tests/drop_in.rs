@@ -7,6 +7,8 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -74,6 +76,18 @@ fn with_only_the_binaries_one_service_is_started_however_many_race() {
 fn a_started_service_holds_none_of_the_runtimes_pipes() {
     let ipam = Ipam::direct();
     let conf = drop_in_conf(&ipam, "10.74.0.0/24");
+    // The runtime's pipes, made here so their inodes are known: the
+    // service may hold pipes of its own (its stop and signal pipes), never
+    // one of these.
+    let (mut stdout, stdout_writer) = std::io::pipe().expect("pipe");
+    let (mut stderr, stderr_writer) = std::io::pipe().expect("pipe");
+    let runtime_pipes: BTreeSet<String> = [stdout.as_raw_fd(), stderr.as_raw_fd()]
+        .iter()
+        .map(|fd| {
+            let inode = fs::metadata(format!("/proc/self/fd/{fd}")).expect("stat").ino();
+            format!("pipe:[{inode}]")
+        })
+        .collect();
     let started = Instant::now();
     let mut child = Command::new("nsenter")
         .arg(format!("--net={}", ipam.node.netns.path().display()))
@@ -81,21 +95,21 @@ fn a_started_service_holds_none_of_the_runtimes_pipes() {
         .arg(bin("host-local"))
         .envs(add_env("piped"))
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(stdout_writer)
+        .stderr(stderr_writer)
         .spawn()
         .expect("spawn");
     if let Some(mut stdin) = child.stdin.take() {
         std::io::Write::write_all(&mut stdin, conf.as_bytes()).expect("stdin");
     }
-    // wait_with_output reads stdout and stderr to their ends.
-    let output = child.wait_with_output().expect("output");
+    // As a runtime does: read the output to its end, when every writer
+    // has closed it.
+    let mut errors = String::new();
+    std::io::Read::read_to_end(&mut stdout, &mut Vec::new()).expect("stdout");
+    std::io::Read::read_to_string(&mut stderr, &mut errors).expect("stderr");
+    let status = child.wait().expect("wait");
     let took = started.elapsed();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(status.success(), "{errors}");
     assert!(
         took < Duration::from_secs(10),
         "the output ended only after {took:?}"
@@ -107,9 +121,12 @@ fn a_started_service_holds_none_of_the_runtimes_pipes() {
         .flatten()
         .filter_map(|fd| fs::read_link(fd.path()).ok())
         .map(|target| target.display().to_string())
-        .filter(|target| target.starts_with("pipe:"))
+        .filter(|target| runtime_pipes.contains(target))
         .collect();
-    assert!(pipes.is_empty(), "the service holds pipes: {pipes:?}");
+    assert!(
+        pipes.is_empty(),
+        "the service holds the runtime's pipes: {pipes:?}"
+    );
     let session = |pid: u32| {
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
         stat.rsplit(')')

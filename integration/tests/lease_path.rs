@@ -1,14 +1,15 @@
 //! The one lease path under faults: a full disk under the lease service,
 //! sockets of other users, the service holding a network while other
-//! clients come, the service killed inside a burst, and one attachment
-//! added from two pods. Each test names the behaviour it keeps.
+//! clients come, the service killed inside a burst or stopped by a signal,
+//! and one attachment added from two pods. Each test names the behaviour
+//! it keeps.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
 use integration::{LeaseService, Node, bin, fault_bin, finish, spawn_in, wait_for};
@@ -142,6 +143,201 @@ fn a_service_killed_after_answering_a_release_loses_no_add() {
     assert!(!held.contains_key("gone"), "{held:?}");
     assert_eq!(held.get("kept"), Some(&kept), "{held:?}");
     assert_ne!(next, kept);
+}
+
+/// `host-local serve` as a node agent runs it: on the data directory's own
+/// socket, what it writes to stderr kept, stopped by a signal.
+struct Served {
+    child: Child,
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Served {
+    /// Starts `binary serve --socket <socket> <args>` with `env` added and
+    /// waits until it answers.
+    fn start(binary: &Path, socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(binary)
+            .arg("serve")
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("host-local serve");
+        let log = child.stderr.take().map(|mut pipe| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut pipe, &mut text).ok();
+                text
+            })
+        });
+        wait_for("the lease service to listen", Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(socket).is_ok()
+        });
+        Served { child, log }
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on the pid of a child not yet reaped (still ours).
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// Its exit status and everything it logged, once it exited, which must
+    /// be within `limit`.
+    fn exit_within(mut self, limit: Duration) -> (ExitStatus, String) {
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let log = self.log.take().and_then(|t| t.join().ok()).unwrap_or_default();
+                panic!("still running {limit:?} after the signal; it logged:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let log = self.log.take().and_then(|t| t.join().ok()).unwrap_or_default();
+        (status, log)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// containerID → address, read by opening the database directly (`cnictl
+/// ipam ls --socket ""`, which asks the data directory's service only while
+/// one listens there).
+fn leased_directly(ipam: &Ipam) -> BTreeMap<String, String> {
+    ipam.node
+        .lease_records(NETWORK, &ipam.data_dir, "")
+        .iter()
+        .map(|l| {
+            (
+                l["containerID"].as_str().unwrap_or_default().to_owned(),
+                l["ip"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// What a node agent's stop does: SIGTERM to its lease service right after
+/// a DEL was answered, while the release may still be waiting for its
+/// flush. The service exits 0 at once, its socket gone, saying why; the
+/// database, opened directly and then by a new service, has the DEL's
+/// release and every ADD.
+#[test]
+fn a_sigterm_right_after_a_del_is_answered_loses_no_lease_and_no_release() {
+    let node = Node::new();
+    let socket = node.path("data").join(".sled/.service.sock");
+    let service = Served::start(&bin("host-local"), &socket, &[], &[]);
+    let ipam = Ipam::with_socket(node, &socket);
+    let conf = v4_conf(&ipam, "1.0.0", "10.73.0.0/24");
+    let mut held: BTreeMap<String, String> = ["a", "b", "c", "d"]
+        .into_iter()
+        .map(|id| (id.to_owned(), bare(&address(&ipam.add(id, &conf)))))
+        .collect();
+    let del = ipam.run("DEL", "b", &conf, &[]);
+    service.signal(libc::SIGTERM);
+    assert!(del.ok(), "{del:?}");
+    held.remove("b");
+
+    let (status, log) = service.exit_within(Duration::from_secs(5));
+    assert!(status.success(), "{status}; it logged:\n{log}");
+    assert!(log.contains("stopped (SIGTERM)"), "{log}");
+    assert!(!socket.exists(), "its socket is removed");
+    assert_eq!(leased_directly(&ipam), held, "opened directly");
+
+    let _again = Served::start(&bin("host-local"), &socket, &[], &[]);
+    assert_eq!(leased(&ipam), held, "through a new service");
+    let next = bare(&address(&ipam.add("e", &conf)));
+    assert!(!held.values().any(|ip| *ip == next), "{next} handed out twice");
+}
+
+/// SIGTERM while a DEL's answer is out and its flush not done (the service
+/// held between the two at `host-local:release-answered`): it stops
+/// listening at once, but exits only after the flush, with status 0, and
+/// the release is on disk.
+#[test]
+fn a_sigterm_waits_for_an_answered_release_to_be_flushed() {
+    let node = Node::new();
+    let socket = node.path("data").join(".sled/.service.sock");
+    let (ready, resume) = (node.path("release-answered"), node.path("resume"));
+    let pause = [
+        ("CNI_SUITE_FAULT_PAUSE", "host-local:release-answered"),
+        ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ("CNI_SUITE_FAULT_RESUME", resume.to_str().expect("UTF-8")),
+    ];
+    let mut service = Served::start(&fault_bin(), &socket, &[], &pause);
+    let ipam = Ipam::with_socket(node, &socket);
+    let conf = v4_conf(&ipam, "1.0.0", "10.74.0.0/24");
+    let kept = bare(&address(&ipam.add("kept", &conf)));
+    ipam.add("gone", &conf);
+    ipam.run("DEL", "gone", &conf, &[]).success();
+    wait_for(
+        "the service to hold between answering the release and flushing it",
+        Duration::from_secs(10),
+        || ready.exists(),
+    );
+
+    service.signal(libc::SIGTERM);
+    wait_for("its socket to be removed", Duration::from_secs(2), || {
+        !socket.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(service.running(), "it exited with a release not on disk");
+    fs::write(&resume, "").expect("resume");
+
+    let (status, log) = service.exit_within(Duration::from_secs(10));
+    assert!(status.success(), "{status}; it logged:\n{log}");
+    assert!(
+        log.contains("stopped (SIGTERM)") && log.contains("every release it answered on disk"),
+        "{log}"
+    );
+    let held = leased_directly(&ipam);
+    assert_eq!(
+        held,
+        BTreeMap::from([("kept".to_owned(), kept)]),
+        "the DEL's release is on disk"
+    );
+}
+
+/// SIGTERM or SIGINT to a service with nothing to do, whether run by an
+/// operator or started by a plugin (`--idle-exit`, detached): it exits 0
+/// well within its one-second watch of its sockets, its socket removed.
+#[test]
+fn a_signal_stops_an_idle_service_at_once() {
+    for (signal, name, args) in [
+        (libc::SIGTERM, "SIGTERM", &[][..]),
+        (libc::SIGINT, "SIGINT", &[][..]),
+        (libc::SIGTERM, "SIGTERM", &["--idle-exit", "300"][..]),
+    ] {
+        let node = Node::new();
+        let socket = node.path("hl.sock");
+        let service = Served::start(&bin("host-local"), &socket, args, &[]);
+        let signalled = Instant::now();
+        service.signal(signal);
+        let (status, log) = service.exit_within(Duration::from_secs(5));
+        let took = signalled.elapsed();
+        assert!(status.success(), "{name} {args:?}: {status}; it logged:\n{log}");
+        assert!(took < Duration::from_millis(900), "{name} {args:?}: {took:?}");
+        assert!(log.contains(&format!("stopped ({name})")), "{log}");
+        assert!(!socket.exists(), "{name} {args:?}: its socket is removed");
+    }
 }
 
 /// A Unix socket server run as `nobody`, writing what each connection sent

@@ -3,31 +3,20 @@
 //! with a resourceVersion, watch events and bookmarks, 410 Expired on an
 //! old version, 401 on a bad token, a watch dropped mid-stream.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::Duration;
 
 use futures::StreamExt;
 use integration::api_server::ApiServer;
-use integration::{Node, bin, require_root, spawn_in, wait_for};
+use integration::node_agent::{
+    Agent, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
+};
+use integration::{Node, require_root, wait_for};
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "agent-token";
-
-fn node_object(name: &str, pod_cidrs: &[&str], internal_ip: &str) -> Value {
-    json!({
-        "metadata": {"name": name},
-        "spec": {"podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs},
-        "status": {"addresses": [
-            {"type": "InternalIP", "address": internal_ip},
-            {"type": "Hostname", "address": name},
-        ]},
-    })
-}
 
 /// A kube-rs client for `server`, run on the calling thread's runtime; the
 /// server listens in `node`'s namespace, which the test enters to connect.
@@ -60,7 +49,7 @@ fn the_api_test_server_answers_lists_watches_and_errors_as_kube_rs_expects() {
     require_root();
     let node = lab_node();
     let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], "10.250.0.11"));
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     in_netns(node.netns.path(), async {
         let nodes: kube::Api<KubeNode> = kube::Api::all(client(&server, TOKEN));
         let list = nodes.list(&ListParams::default()).await.expect("list");
@@ -70,8 +59,8 @@ fn the_api_test_server_answers_lists_watches_and_errors_as_kube_rs_expects() {
 
         let params = WatchParams::default().timeout(10);
         let mut events = nodes.watch(&params, &version).await.expect("watch").boxed();
-        server.apply_node(node_object("n2", &["10.244.2.0/24"], "10.250.0.12"));
-        server.apply_node(node_object("n2", &["10.244.3.0/24"], "10.250.0.12"));
+        server.apply_node(node_object("n2", &["10.244.2.0/24"], &["10.250.0.12"]));
+        server.apply_node(node_object("n2", &["10.244.3.0/24"], &["10.250.0.12"]));
         server.delete_node("n2");
         let mut seen = Vec::new();
         while seen.len() < 4 {
@@ -122,91 +111,13 @@ fn the_api_test_server_answers_lists_watches_and_errors_as_kube_rs_expects() {
     });
 }
 
-/// A running agent in `node`'s namespace, SIGTERMed when dropped.
-struct Agent {
-    child: Option<Child>,
-    health: u16,
-}
-
-impl Agent {
-    fn start(node: &Node, server: &ApiServer, token: &str, extra: &[(&str, &str)]) -> Agent {
-        let account = server.service_account(&node.path(""), token);
-        let health = free_port(node);
-        let listen = format!("127.0.0.1:{health}");
-        let port = server.port.to_string();
-        let conf_dir = node.path("net.d");
-        let lease_dir = node.path("leases");
-        let bin_dir = node.path("bin");
-        let mut env = vec![
-            ("NODE_NAME", "n1"),
-            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
-            ("KUBERNETES_SERVICE_PORT", port.as_str()),
-            ("SERVICE_ACCOUNT_DIR", account.to_str().expect("UTF-8")),
-            ("CNI_CONF_DIR", conf_dir.to_str().expect("UTF-8")),
-            ("CNI_LEASE_DIR", lease_dir.to_str().expect("UTF-8")),
-            ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
-            ("HEALTH_LISTEN", listen.as_str()),
-        ];
-        env.extend_from_slice(extra);
-        let child = spawn_in(node.netns.path(), &bin("cni-node-agent"), &[], &env, "");
-        Agent {
-            child: Some(child),
-            health,
-        }
-    }
-
-    /// GET `path` of the health endpoint: status code and body.
-    fn probe(&self, node: &Node, path: &str) -> Option<(u16, String)> {
-        let ns = netns::NetNs::open(node.netns.path()).expect("netns");
-        let mut stream = ns
-            .run(|| TcpStream::connect(("127.0.0.1", self.health)))
-            .expect("enter")
-            .ok()?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()))
-    }
-
-    /// SIGTERM, then the exit status and what it logged.
-    fn stop(&mut self) -> (std::process::ExitStatus, String) {
-        let child = self.child.take().expect("running");
-        let pid = child.id().to_string();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        let output = child.wait_with_output().expect("wait");
-        (
-            output.status,
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = self.stop();
-        }
-    }
-}
-
-fn free_port(node: &Node) -> u16 {
-    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
-    ns.run(|| std::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("enter")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+/// The agent of Node n1, reaching the API server on the node's loopback.
+fn agent_of_n1(node: &Node, server: &ApiServer, token: &str, extra: &[(&str, &str)]) -> Agent {
+    Agent::start(node, "n1", server, "127.0.0.1", token, extra)
 }
 
 fn conflist(node: &Node) -> PathBuf {
-    node.path("net.d/10-cni-suite.conflist")
+    host_conflist(node)
 }
 
 fn read_conflist(node: &Node) -> Option<Value> {
@@ -220,14 +131,6 @@ fn subnets(conf: &Value) -> Vec<String> {
         .flatten()
         .map(|set| set[0]["subnet"].as_str().unwrap_or_default().to_owned())
         .collect()
-}
-
-/// A node whose loopback is up (the API test server and the probes use
-/// it).
-fn lab_node() -> Node {
-    let node = Node::new();
-    node.netns.ip(&["link", "set", "lo", "up"]).success();
-    node
 }
 
 /// The uplink of the lab's node: a link holding the node's InternalIP,
@@ -257,10 +160,10 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
     server.apply_node(node_object(
         "n1",
         &["10.244.1.0/24", "fd00:10:244:1::/64"],
-        "10.250.0.11",
+        &["10.250.0.11"],
     ));
-    server.apply_node(node_object("n2", &["10.244.2.0/24"], "10.250.0.12"));
-    let mut agent = Agent::start(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    server.apply_node(node_object("n2", &["10.244.2.0/24"], &["10.250.0.12"]));
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
 
     wait_for("the agent's conflist", Duration::from_secs(20), || {
         read_conflist(&node).is_some()
@@ -285,7 +188,7 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
     assert_eq!(agent.probe(&node, "/healthz").map(|(code, _)| code), Some(200));
 
     // The Node changes: the file follows.
-    server.apply_node(node_object("n1", &["10.244.7.0/24"], "10.250.0.11"));
+    server.apply_node(node_object("n1", &["10.244.7.0/24"], &["10.250.0.11"]));
     wait_for(
         "the new pod CIDR in the conflist",
         Duration::from_secs(10),
@@ -300,7 +203,7 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
     server.expire_history();
     server.drop_watches();
     server.delete_node("n2");
-    server.apply_node(node_object("n1", &["10.244.8.0/24"], "10.250.0.11"));
+    server.apply_node(node_object("n1", &["10.244.8.0/24"], &["10.250.0.11"]));
     wait_for("the conflist after a relist", Duration::from_secs(20), || {
         read_conflist(&node).is_some_and(|c| subnets(&c) == ["10.244.8.0/24"])
     });
@@ -327,8 +230,8 @@ fn an_agent_the_api_server_refuses_is_alive_but_not_ready() {
     require_root();
     let node = lab_node();
     let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], "127.0.0.1"));
-    let mut agent = Agent::start(&node, &server, "a stale token", &[]);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    let mut agent = agent_of_n1(&node, &server, "a stale token", &[]);
     wait_for("the health endpoint", Duration::from_secs(10), || {
         agent.probe(&node, "/healthz").is_some()
     });
@@ -341,28 +244,6 @@ fn an_agent_the_api_server_refuses_is_alive_but_not_ready() {
     assert!(reason.contains("not listed"), "{reason}");
     assert!(read_conflist(&node).is_none());
     assert!(server.requests() > 0, "the agent asked and was refused");
-}
-
-/// `ip [-6] route show proto 201` in the node: the agent's routes.
-fn agent_routes(node: &Node) -> Vec<String> {
-    let mut routes = Vec::new();
-    for family in ["-4", "-6"] {
-        let shown = node
-            .netns
-            .ip(&[family, "route", "show", "proto", "201"])
-            .success()
-            .stdout;
-        routes.extend(shown.lines().map(|line| {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            format!(
-                "{} via {}",
-                words.first().unwrap_or(&""),
-                words.get(2).unwrap_or(&"")
-            )
-        }));
-    }
-    routes.sort();
-    routes
 }
 
 #[test]
@@ -390,7 +271,7 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
         .ip(&["route", "add", "10.99.0.0/24", "via", "10.250.0.99"])
         .success();
     let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], "10.250.0.11"));
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     server.apply_node(json!({
         "metadata": {"name": "n2"},
         "spec": {"podCIDR": "10.244.2.0/24", "podCIDRs": ["10.244.2.0/24", "fd00:10:244:2::/64"]},
@@ -399,8 +280,8 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
             {"type": "InternalIP", "address": "fd00:250::12"},
         ]},
     }));
-    server.apply_node(node_object("n3", &["10.244.3.0/24"], "10.250.0.13"));
-    let agent = Agent::start(&node, &server, TOKEN, &[]);
+    server.apply_node(node_object("n3", &["10.244.3.0/24"], &["10.250.0.13"]));
+    let agent = agent_of_n1(&node, &server, TOKEN, &[]);
     let expected = |routes: &[&str]| {
         let mut routes: Vec<String> = routes.iter().map(|r| (*r).to_owned()).collect();
         routes.sort();
@@ -419,8 +300,8 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
     });
 
     // n3 moves, a fourth node joins, n2 leaves.
-    server.apply_node(node_object("n3", &["10.244.3.0/24"], "10.250.0.23"));
-    server.apply_node(node_object("n4", &["10.244.4.0/24"], "10.250.0.14"));
+    server.apply_node(node_object("n3", &["10.244.3.0/24"], &["10.250.0.23"]));
+    server.apply_node(node_object("n4", &["10.244.4.0/24"], &["10.250.0.14"]));
     server.delete_node("n2");
     wait_for("the routes to follow the Nodes", Duration::from_secs(2), || {
         agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.4.0/24 via 10.250.0.14"])
@@ -431,7 +312,7 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
     node.netns
         .ip(&["route", "replace", "10.244.4.0/24", "via", "10.250.0.99"])
         .success();
-    server.apply_node(node_object("n5", &["10.244.5.0/24"], "10.250.0.15"));
+    server.apply_node(node_object("n5", &["10.244.5.0/24"], &["10.250.0.15"]));
     wait_for("the wrong gateway replaced", Duration::from_secs(2), || {
         agent_routes(&node)
             == expected(&[
@@ -443,8 +324,8 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
 
     // A Node whose InternalIP is not on-link: its route fails, every other
     // change still happens, and the agent is not ready until it is gone.
-    server.apply_node(node_object("n6", &["10.244.6.0/24"], "192.0.2.66"));
-    server.apply_node(node_object("n7", &["10.244.7.0/24"], "10.250.0.17"));
+    server.apply_node(node_object("n6", &["10.244.6.0/24"], &["192.0.2.66"]));
+    server.apply_node(node_object("n7", &["10.244.7.0/24"], &["10.250.0.17"]));
     wait_for("n7's route beside n6's failure", Duration::from_secs(2), || {
         agent_routes(&node).contains(&"10.244.7.0/24 via 10.250.0.17".to_owned())
     });
@@ -456,12 +337,20 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
     wait_for("ready again", Duration::from_secs(2), || {
         agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
     });
+    wait_for("n7's route gone", Duration::from_secs(2), || {
+        agent_routes(&node)
+            == expected(&[
+                "10.244.3.0/24 via 10.250.0.23",
+                "10.244.4.0/24 via 10.250.0.14",
+                "10.244.5.0/24 via 10.250.0.15",
+            ])
+    });
 
     // A restarted agent changes nothing; one stopped with uninstall
     // removes its routes and leaves the operator's.
     drop(agent);
     let before = node.netns.ip(&["route", "show"]).success().stdout;
-    let mut agent = Agent::start(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
     wait_for("readiness after a restart", Duration::from_secs(20), || {
         agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
     });
@@ -471,4 +360,41 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
     assert!(agent_routes(&node).is_empty(), "{log}");
     let left = node.netns.ip(&["route", "show"]).success().stdout;
     assert!(left.contains("10.99.0.0/24 via 10.250.0.99"), "{left}");
+}
+
+#[test]
+fn a_lease_service_left_by_an_agent_killed_with_sigkill_is_stopped_on_uninstall() {
+    require_root();
+    let node = lab_node();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    let mut first = agent_of_n1(&node, &server, TOKEN, &[]);
+    wait_for("readiness", Duration::from_secs(20), || first.ready(&node));
+    let leases = host_leases(&node);
+    let services = integration::services_under(&leases);
+    assert_eq!(services.len(), 1, "the agent runs the lease service");
+    first.kill();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        integration::services_under(&leases),
+        services,
+        "a SIGKILLed agent leaves its service running"
+    );
+
+    // The next agent finds the place taken, uses that service, and stops
+    // it when it uninstalls.
+    let mut second = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness", Duration::from_secs(20), || second.ready(&node));
+    assert_eq!(integration::services_under(&leases), services);
+    let (status, log) = second.stop();
+    assert!(status.success(), "{log}");
+    assert!(integration::services_under(&leases).is_empty(), "{log}");
+    assert!(!leases.exists(), "{log}");
+    let left: Vec<_> = std::fs::read_dir(host_bin(&node))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "nothing of the suite left in the bin directory: {left:?}"
+    );
 }

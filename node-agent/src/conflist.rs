@@ -133,6 +133,32 @@ pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
     Ok(true)
 }
 
+/// Deletes the pods' bridge the conflist named (made by the bridge plugin
+/// on the node's first pod) once no link is its port; true when it did.
+/// One with ports is left: pods still use it.
+pub fn remove_bridge_if_unused(name: &str) -> Result<bool, Error> {
+    let failed = |e: netlink::Error| Error::Io(format!("bridge {name}: {e}"));
+    let nl = netlink::Netlink::connect().map_err(failed)?;
+    let Some(bridge) = nl.link_by_name(name).map_err(failed)? else {
+        return Ok(false);
+    };
+    if bridge.kind != "bridge" {
+        return Ok(false);
+    }
+    let ports = nl
+        .links()
+        .map_err(failed)?
+        .iter()
+        .filter(|link| link.master == Some(bridge.index))
+        .count();
+    if ports > 0 {
+        log::warn!("bridge {name} still has {ports} ports: kept");
+        return Ok(false);
+    }
+    nl.delete_link(&bridge).map_err(failed)?;
+    Ok(true)
+}
+
 /// The MTU pods get: the uplink's, the link holding one of the node's
 /// addresses (`internal_ips`), else the one of the default route, else
 /// 1500.

@@ -1,6 +1,6 @@
-//! `/healthz` (the process answers) and `/readyz` (the Nodes are listed,
-//! this node's configuration and the routes to the other nodes are in
-//! place), over plain HTTP for the kubelet's probes.
+//! `/healthz` (the process answers) and `/readyz` (the binaries are
+//! installed, the Nodes listed, this node's configuration, the routes to
+//! the other nodes and the masquerade in place), over plain HTTP for the kubelet's probes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,12 +13,22 @@ use crate::Error;
 
 #[derive(Debug, Clone, Default)]
 pub struct Health {
+    installed: Arc<AtomicBool>,
     listed: Arc<AtomicBool>,
     configured: Arc<AtomicBool>,
     routed: Arc<AtomicBool>,
+    masqueraded: Arc<AtomicBool>,
 }
 
 impl Health {
+    pub fn set_installed(&self, done: bool) {
+        self.installed.store(done, Ordering::SeqCst);
+    }
+
+    pub fn set_masqueraded(&self, done: bool) {
+        self.masqueraded.store(done, Ordering::SeqCst);
+    }
+
     pub fn set_listed(&self, done: bool) {
         self.listed.store(done, Ordering::SeqCst);
     }
@@ -37,12 +47,16 @@ impl Health {
 
     /// Why the agent is not ready, if it is not.
     pub fn not_ready(&self) -> Option<&'static str> {
-        if !self.listed.load(Ordering::SeqCst) {
+        if !self.installed.load(Ordering::SeqCst) {
+            Some("the plugin binaries are not in place")
+        } else if !self.listed.load(Ordering::SeqCst) {
             Some("the Nodes are not listed yet")
         } else if !self.configured.load(Ordering::SeqCst) {
             Some("this node's CNI configuration is not in place")
         } else if !self.routed.load(Ordering::SeqCst) {
             Some("the routes to the other nodes' pods are not in place")
+        } else if !self.masqueraded.load(Ordering::SeqCst) {
+            Some("the masquerade of traffic leaving the cluster is not in place")
         } else {
             None
         }

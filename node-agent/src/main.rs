@@ -1,7 +1,9 @@
-//! `cni-node-agent`: run by a DaemonSet on every node; writes the node's
-//! CNI configuration from its Node object and keeps it current, answers
-//! health probes, and on SIGTERM stops (removing what it wrote when told
-//! to uninstall). See docs/ARCHITECTURE.md, "The node agent".
+//! `cni-node-agent`: run by a DaemonSet on every node; installs the
+//! suite's plugins, writes the node's CNI configuration from its Node
+//! object and keeps it current with the routes to other nodes' pods and
+//! the masquerade of traffic leaving the cluster, runs the lease service,
+//! answers health probes, and on SIGTERM stops (removing what it put on
+//! the node when told to uninstall). See docs/ARCHITECTURE.md, "The node agent".
 
 use std::process::ExitCode;
 
@@ -11,6 +13,8 @@ use k8s_openapi::api::core::v1::Node;
 mod cluster;
 mod conflist;
 mod health;
+mod install;
+mod lease;
 mod logging;
 mod nodes;
 mod routes;
@@ -54,17 +58,33 @@ fn main() -> ExitCode {
 }
 
 async fn run(settings: Settings) -> Result<(), Error> {
+    // First: a SIGTERM during the start must still stop (and uninstall)
+    // cleanly rather than kill the agent halfway.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::Io(format!("cannot handle SIGTERM: {e}")))?;
     let health = health::Health::default();
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
+    // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
     let api: kube::Api<Node> = kube::Api::all(client);
+    let bin_dir = install::BinDir::new(settings.cni_bin_dir.clone());
+    // Before the conflist exists, so the runtime never calls a plugin that
+    // is not there yet; a start that cannot install fails.
+    install_plugins(&settings, &bin_dir, &health).await?;
+    let lease_service = settings
+        .lease_service
+        .then(|| lease::LeaseService::start(&settings.cni_bin_dir, &settings.lease_dir));
+    let reinstalling = tokio::spawn(keep_installed(
+        settings.clone(),
+        bin_dir.clone(),
+        health.clone(),
+        lease_service.as_ref().map(lease::LeaseService::restarter),
+    ));
     log::info!(
         "node {}: writing {} from its Node object",
         settings.node_name,
         settings.conflist_path().display()
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::Io(format!("cannot handle SIGTERM: {e}")))?;
     let outcome = tokio::select! {
         outcome = nodes::follow(api, settings.clone(), health) => outcome,
         _ = terminate.recv() => {
@@ -73,25 +93,128 @@ async fn run(settings: Settings) -> Result<(), Error> {
         }
         _ = tokio::signal::ctrl_c() => Ok(()),
     };
+    reinstalling.abort();
+    let _ = reinstalling.await;
+    if let Some(service) = lease_service {
+        service.stop().await;
+    }
     if settings.uninstall_on_stop {
-        let removing = tokio::task::spawn_blocking(routes::remove_all).await;
-        match removing {
-            Ok(Ok(count)) => log::info!("removed {count} routes"),
-            Ok(Err(e)) => log::error!("{e}"),
-            Err(e) => log::error!("routes: {e}"),
+        let removing = tokio::task::spawn_blocking(move || uninstall(&settings, &bin_dir)).await;
+        if let Err(e) = removing {
+            log::error!("uninstalling: {e}");
         }
-        uninstall(&settings);
     }
     outcome
 }
 
+/// Installs the plugins from the agent's image; the lease service is told
+/// to start again from a host-local it replaced.
+async fn install_plugins(
+    settings: &Settings,
+    bin_dir: &install::BinDir,
+    health: &health::Health,
+) -> Result<install::Installed, Error> {
+    let plugins = settings.plugins();
+    if plugins.is_empty() {
+        health.set_installed(true);
+        return Ok(install::Installed::default());
+    }
+    let source = settings.source_dir()?;
+    let bin = bin_dir.clone();
+    let outcome = tokio::task::spawn_blocking(move || bin.install(&source, &plugins))
+        .await
+        .map_err(|e| Error::Io(format!("installing: {e}")))?;
+    match &outcome {
+        Ok(done) => {
+            for name in &done.written {
+                let aside = if done.kept_aside.contains(name) {
+                    " (the node's own kept aside)"
+                } else {
+                    ""
+                };
+                log::info!("installed {}{aside}", settings.cni_bin_dir.join(name).display());
+            }
+            health.set_installed(true);
+        }
+        Err(_) => health.set_installed(false),
+    }
+    outcome
+}
+
+/// Puts the binaries back when someone removed or changed them, every
+/// resync.
+async fn keep_installed(
+    settings: Settings,
+    bin_dir: install::BinDir,
+    health: health::Health,
+    restart_lease_service: Option<lease::Restarter>,
+) {
+    let mut every = tokio::time::interval(nodes::RESYNC);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        match install_plugins(&settings, &bin_dir, &health).await {
+            Ok(done) if done.written.iter().any(|name| name == "host-local") => {
+                if let Some(restart) = &restart_lease_service {
+                    restart.restart();
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log::error!("{e}"),
+        }
+    }
+}
+
 /// Leaves the node as it was before the agent came: what the agent wrote
-/// is removed, nothing else.
-fn uninstall(settings: &Settings) {
+/// is removed (the conflist first, so no new pod is set up meanwhile), the
+/// binaries it replaced are put back, nothing else is touched. Each step
+/// is tried whatever the one before it did.
+fn uninstall(settings: &Settings, bin_dir: &install::BinDir) {
     let path = settings.conflist_path();
     match conflist::remove_own(&path, &settings.network_name) {
         Ok(true) => log::info!("removed {}", path.display()),
         Ok(false) => {}
+        Err(e) => log::error!("{e}"),
+    }
+    match conflist::remove_bridge_if_unused(&settings.bridge) {
+        Ok(true) => log::info!("removed the bridge {}", settings.bridge),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
+    }
+    match routes::remove_all() {
+        Ok(count) => log::info!("removed {count} routes"),
+        Err(e) => log::error!("{e}"),
+    }
+    match firewall::egress::remove() {
+        Ok(families) if !families.is_empty() => log::info!("removed the masquerade rules ({families:?})"),
+        Ok(_) => {}
+        Err(e) => log::error!("masquerade: {e}"),
+    }
+    match lease::stop_remaining(&settings.lease_dir) {
+        Ok(true) => log::info!(
+            "stopped the lease service left on {}",
+            settings.lease_dir.display()
+        ),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
+    }
+    match lease::remove_unused(&settings.lease_dir) {
+        Ok(true) => log::info!("removed {}", settings.lease_dir.display()),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
+    }
+    match bin_dir.uninstall() {
+        Ok(done) => {
+            for name in &done.restored {
+                log::info!("restored the node's own {name}");
+            }
+            for name in &done.removed {
+                log::info!("removed {name}");
+            }
+            for name in &done.left {
+                log::warn!("{name} was changed by someone else since it was installed: left as it is");
+            }
+        }
         Err(e) => log::error!("{e}"),
     }
 }

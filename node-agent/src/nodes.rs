@@ -78,8 +78,7 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
         .boxed();
     let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
     let mut relisted: Option<BTreeMap<String, NodeInfo>> = None;
-    let mut written: Option<Value> = None;
-    let mut routed: Option<BTreeMap<IpNetwork, IpAddr>> = None;
+    let mut synced = Synced::default();
     let mut resync = tokio::time::interval(RESYNC);
     loop {
         let event = tokio::select! {
@@ -88,12 +87,11 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
                 None => break,
             },
             _ = resync.tick() => {
-                // Someone may have deleted a route or the file: put them
-                // back even when no Node changed.
-                routed = None;
-                written = None;
+                // Someone may have deleted a route, a rule or the file:
+                // put them back even when no Node changed.
+                synced = Synced::default();
                 if relisted.is_none() && health.listed() {
-                    sync(&settings, &nodes, &chained, &mut written, &mut routed, &health).await;
+                    sync(&settings, &nodes, &chained, &mut synced, &health).await;
                 }
                 continue;
             }
@@ -127,54 +125,108 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
         if relisted.is_some() {
             continue;
         }
-        sync(&settings, &nodes, &chained, &mut written, &mut routed, &health).await;
+        sync(&settings, &nodes, &chained, &mut synced, &health).await;
     }
     Err(Error::Watch("the Node watch ended".into()))
 }
 
-/// How often the file and the routes are checked with no Node changing.
-const RESYNC: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often the file, the routes and the rules are checked with no Node
+/// changing.
+pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Brings the conflist and the routes in line with `nodes`.
+/// What the last sync put in place, so an event that changes none of it
+/// (most Node updates are status heartbeats) costs nothing.
+#[derive(Debug, Default)]
+struct Synced {
+    routed: Option<BTreeMap<IpNetwork, IpAddr>>,
+    /// This node's pod CIDRs and the cluster's, as masqueraded.
+    masqueraded: Option<(Vec<IpNetwork>, Vec<IpNetwork>)>,
+}
+
+/// Brings the conflist, the routes and the masquerade in line with `nodes`.
 async fn sync(
     settings: &Settings,
     nodes: &BTreeMap<String, NodeInfo>,
     chained: &[Value],
-    written: &mut Option<Value>,
-    routed: &mut Option<BTreeMap<IpNetwork, IpAddr>>,
+    synced: &mut Synced,
     health: &Health,
 ) {
-    if let Err(e) = write_own(settings, nodes, chained, written, health).await {
+    if let Err(e) = write_own(settings, nodes, chained, health).await {
         log::error!("{e}");
         health.set_configured(false);
     }
     let wanted = routes::wanted(&settings.node_name, nodes);
-    if routed.as_ref() == Some(&wanted) {
-        return;
-    }
-    let target = wanted.clone();
-    match tokio::task::spawn_blocking(move || routes::reconcile(&target)).await {
-        Ok(Ok(changes)) => {
-            for (dst, gateway) in &changes.set {
-                log::info!("route {dst} via {gateway}");
+    if synced.routed.as_ref() != Some(&wanted) {
+        let target = wanted.clone();
+        match blocking(move || routes::reconcile(&target)).await {
+            Ok(changes) => {
+                for (dst, gateway) in &changes.set {
+                    log::info!("route {dst} via {gateway}");
+                }
+                for dst in &changes.removed {
+                    log::info!("removed the route to {dst}");
+                }
+                synced.routed = Some(wanted);
+                health.set_routed(true);
             }
-            for dst in &changes.removed {
-                log::info!("removed the route to {dst}");
+            Err(e) => {
+                log::error!("{e}");
+                synced.routed = None;
+                health.set_routed(false);
             }
-            *routed = Some(wanted);
-            health.set_routed(true);
-        }
-        Ok(Err(e)) => {
-            log::error!("{e}");
-            *routed = None;
-            health.set_routed(false);
-        }
-        Err(e) => {
-            log::error!("routes: {e}");
-            *routed = None;
-            health.set_routed(false);
         }
     }
+    let masquerade = (
+        nodes
+            .get(&settings.node_name)
+            .map(|n| n.pod_cidrs.clone())
+            .unwrap_or_default(),
+        cluster_range(settings, nodes),
+    );
+    if synced.masqueraded.as_ref() != Some(&masquerade) {
+        let (sources, cluster) = masquerade.clone();
+        match blocking(move || {
+            firewall::egress::apply(&sources, &cluster).map_err(|e| Error::Io(e.to_string()))
+        })
+        .await
+        {
+            Ok(changed) => {
+                if !changed.is_empty() {
+                    log::info!(
+                        "masquerading traffic from {:?} leaving {:?} ({changed:?})",
+                        masquerade.0,
+                        masquerade.1
+                    );
+                }
+                synced.masqueraded = Some(masquerade);
+                health.set_masqueraded(true);
+            }
+            Err(e) => {
+                log::error!("masquerade: {e}");
+                synced.masqueraded = None;
+                health.set_masqueraded(false);
+            }
+        }
+    }
+}
+
+/// The cluster's pod range: as set, else every Node's pod CIDRs.
+fn cluster_range(settings: &Settings, nodes: &BTreeMap<String, NodeInfo>) -> Vec<IpNetwork> {
+    if !settings.cluster_cidrs.is_empty() {
+        return settings.cluster_cidrs.clone();
+    }
+    let all: std::collections::BTreeSet<IpNetwork> =
+        nodes.values().flat_map(|n| n.pod_cidrs.iter().copied()).collect();
+    all.into_iter().collect()
+}
+
+/// Runs netlink or iptables work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Io(format!("a blocking task: {e}")))?
 }
 
 /// Writes this node's configuration if its content changed.
@@ -182,7 +234,6 @@ async fn write_own(
     settings: &Settings,
     nodes: &BTreeMap<String, NodeInfo>,
     chained: &[Value],
-    written: &mut Option<Value>,
     health: &Health,
 ) -> Result<(), Error> {
     let Some(own) = nodes.get(&settings.node_name) else {
@@ -199,28 +250,23 @@ async fn write_own(
         return Ok(());
     }
     let internal_ips = own.internal_ips.clone();
-    let mtu = tokio::task::spawn_blocking(move || conflist::uplink_mtu(&internal_ips))
-        .await
-        .map_err(|e| Error::Io(format!("looking up the uplink's MTU: {e}")))?;
+    let mtu = blocking(move || Ok(conflist::uplink_mtu(&internal_ips))).await?;
     let network = NodeNetwork {
         pod_cidrs: own.pod_cidrs.clone(),
         mtu,
     };
     let content = conflist::render(settings, &network, chained);
-    if written.as_ref() != Some(&content) || !settings.conflist_path().exists() {
-        let path = settings.conflist_path();
-        if conflist::write_if_changed(&path, &content)? {
-            log::info!(
-                "wrote {} for pod CIDRs {:?}, MTU {mtu}",
-                path.display(),
-                network
-                    .pod_cidrs
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-            );
-        }
-        *written = Some(content);
+    let path = settings.conflist_path();
+    if conflist::write_if_changed(&path, &content)? {
+        log::info!(
+            "wrote {} for pod CIDRs {:?}, MTU {mtu}",
+            path.display(),
+            network
+                .pod_cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        );
     }
     health.set_configured(true);
     Ok(())

@@ -47,6 +47,32 @@ pub struct Settings {
     #[arg(long, env = "CNI_BIN_DIR", default_value = "/opt/cni/bin")]
     pub cni_bin_dir: PathBuf,
 
+    /// Where the suite's binaries are in the agent's image; unset: the
+    /// directory of the agent's own executable.
+    #[arg(long, env = "CNI_SOURCE_BIN_DIR")]
+    pub source_bin_dir: Option<PathBuf>,
+
+    /// The plugins installed from there into the CNI bin directory
+    /// (comma-separated; empty: install nothing).
+    #[arg(
+        long,
+        env = "CNI_INSTALL_PLUGINS",
+        value_delimiter = ',',
+        default_value = "bridge,host-local,loopback,istio-redirect"
+    )]
+    pub install_plugins: Vec<String>,
+
+    /// The cluster's pod range: traffic from this node's pods to it keeps
+    /// its source address, the rest is masqueraded (comma-separated CIDRs;
+    /// unset: every Node's pod CIDRs).
+    #[arg(long, env = "CLUSTER_CIDRS", value_delimiter = ',')]
+    pub cluster_cidrs: Vec<ipnetwork::IpNetwork>,
+
+    /// Run host-local's lease service for the lease directory, so no ADD
+    /// waits for one to start.
+    #[arg(long, env = "LEASE_SERVICE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub lease_service: bool,
+
     /// The service account the kubelet mounts (token, ca.crt, namespace).
     #[arg(
         long,
@@ -67,5 +93,27 @@ pub struct Settings {
 impl Settings {
     pub fn conflist_path(&self) -> PathBuf {
         self.cni_conf_dir.join(&self.conflist_name)
+    }
+
+    /// The plugins to install, without empty entries (`CNI_INSTALL_PLUGINS=""`).
+    pub fn plugins(&self) -> Vec<String> {
+        self.install_plugins
+            .iter()
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .collect()
+    }
+
+    /// Where the binaries to install are.
+    pub fn source_dir(&self) -> Result<PathBuf, crate::Error> {
+        if let Some(dir) = &self.source_bin_dir {
+            return Ok(dir.clone());
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(PathBuf::from))
+            .ok_or_else(|| {
+                crate::Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
+            })
     }
 }

@@ -2,7 +2,10 @@
 //! lease service. Run it once per node (a systemd unit, a DaemonSet, or in
 //! the background), or let host-local start one per data directory when
 //! nothing is configured (it passes `--idle-exit`); plugin processes and
-//! `cnictl ipam` find it at the socket.
+//! `cnictl ipam` find it at the socket. SIGTERM and SIGINT stop it as its
+//! idle exit does: it stops listening, answers what it accepted, makes every
+//! release it answered durable, and exits 0 (1 if a release it answered
+//! could not be made durable within the wait).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use cni::skel::dispatch;
 use ipam::config::DEFAULT_SOCKET;
-use ipam::service::{self, Service};
+use ipam::service::{self, Service, Stopper};
 use ipam::store::Stores;
 
 use crate::plugin::HostLocal;
@@ -58,6 +61,14 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if let Some(after) = idle_exit {
         service = service.exit_when_idle(after);
     }
+    // After detaching (it closes every inherited descriptor) and after the
+    // service manager's socket is taken (fd 3): the signals' pipe is a
+    // descriptor of its own. Before anything is bound, so a SIGTERM from
+    // now on always stops cleanly.
+    if let Err(e) = stop_on_signals(service.stopper()) {
+        eprintln!("host-local serve: cannot handle SIGTERM and SIGINT: {e}");
+        return ExitCode::FAILURE;
+    }
     let stores = Arc::new(Stores::resident(Some(service.claim_hook())));
     let listening = match passed {
         Ok(Some(listening)) => {
@@ -85,12 +96,39 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
         dispatch(&plugin, env, || Ok(stdin))
     };
     match service.run(listening, stores, Arc::new(handler)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(stopped) => {
+            eprintln!("host-local serve: {stopped}");
+            // An answered release lost with this process is worth saying
+            // in the status too.
+            if stopped.releases_not_durable == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Err(e) => {
             eprintln!("host-local serve: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// SIGTERM and SIGINT stop the service (see [`Service::run`]). signal-hook's
+/// handler only writes to a pipe; a thread of its own reads it and tells
+/// the service, whose run loop wakes at once. A second signal while it
+/// stops changes nothing: the stop is bounded already.
+fn stop_on_signals(stopper: Stopper) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
+                stopper.stop(name);
+            }
+        })
+        .map(drop)
 }
 
 fn usage_error() -> ExitCode {

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 
+pub mod egress;
 pub mod exec;
 pub mod istio;
 pub mod masquerade;

@@ -61,11 +61,11 @@ fn network_comment(network: &str, subnet: &IpNetwork) -> String {
 }
 
 /// iptables-restore quoting: double quotes, with `"` and `\` escaped.
-fn quote(text: &str) -> String {
+pub(crate) fn quote(text: &str) -> String {
     format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-fn network_of(net: &IpNetwork) -> String {
+pub(crate) fn network_of(net: &IpNetwork) -> String {
     format!("{}/{}", net.network(), net.prefix())
 }
 
@@ -161,7 +161,7 @@ impl NatTable {
 
     /// POSTROUTING rules jumping to `chain` (whatever their match: the
     /// reference once wrote `-s ip/prefix`).
-    fn jumps_to<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    pub fn jumps_to<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.rules_of("POSTROUTING")
             .filter(move |line| line.ends_with(&format!(" -j {chain}")))
     }

@@ -21,12 +21,14 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cni::skel::Reply;
@@ -37,7 +39,7 @@ use serde_json::Value;
 use crate::admin::{self, AdminOp};
 use crate::client::{self, Route};
 use crate::socket;
-use crate::store::{ClaimHook, Stores, sled_dir};
+use crate::store::{ClaimHook, Stores, releases_owed, sled_dir};
 
 /// How long the service waits for a client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -303,9 +305,23 @@ impl Listening {
         }
     }
 
-    /// Ends the accept loop on this socket.
+    /// Ends the accept loop on this socket: connections already queued on
+    /// it are still accepted, new ones are refused.
     fn close(&self) {
         let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+
+    /// Stops serving here for good: a socket of its own is closed and its
+    /// file removed. A socket a service manager passed is left as it is
+    /// (its accept loop ends when the service stops, see [`accept`]): it is
+    /// the manager's too, and shutting it down would refuse every
+    /// connection until the manager's socket unit is restarted, instead of
+    /// starting the service again on the next one.
+    fn stop(&self) {
+        if self.own.is_some() {
+            self.close();
+            self.remove_own_file();
+        }
     }
 }
 
@@ -502,12 +518,20 @@ pub fn passed_by_service_manager() -> io::Result<Option<Listening>> {
 /// What the service runs for a plugin request: the plugin's own dispatch.
 pub type PluginHandler = dyn Fn(&BTreeMap<String, String>, Vec<u8>) -> Reply + Send + Sync;
 
+/// What the run loop hears besides its watch interval.
+enum Event {
+    /// A data directory's socket the store claimed (see [`Service::claim_hook`]).
+    Claimed(Listening),
+    /// Stop serving, for this reason (see [`Stopper`]).
+    Stop(String),
+}
+
 /// The lease service under construction: its data directory sockets are
 /// bound by the store (through [`Service::claim_hook`]) while it serves.
 #[derive(Debug)]
 pub struct Service {
-    added: mpsc::Sender<Listening>,
-    incoming: mpsc::Receiver<Listening>,
+    events: mpsc::Sender<Event>,
+    incoming: mpsc::Receiver<Event>,
     idle_exit: Option<Duration>,
 }
 
@@ -517,11 +541,61 @@ impl Default for Service {
     }
 }
 
+/// Asks a running [`Service`] to stop (what `host-local serve` hands its
+/// SIGTERM and SIGINT to). Cheap to clone, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct Stopper(mpsc::Sender<Event>);
+
+impl Stopper {
+    /// Makes [`Service::run`] stop serving at once, for `why` (said in
+    /// [`Stopped`]); asked before it runs, it stops as soon as it starts.
+    /// Asking again, or once it has stopped, does nothing.
+    pub fn stop(&self, why: &str) {
+        let _ = self.0.send(Event::Stop(why.to_owned()));
+    }
+}
+
+/// Why [`Service::run`] returned, and what was left undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopped {
+    /// `no request for 300s` (see [`Service::exit_when_idle`]), or what
+    /// was given to [`Stopper::stop`].
+    pub why: String,
+    /// Connections still being answered when the wait for them ended
+    /// ([`client::PATIENCE`]); their clients get no answer and try the
+    /// next place.
+    pub unanswered: usize,
+    /// Releases answered but not made durable by then (see
+    /// [`crate::store::releases_owed`]): lost when the process ends, their
+    /// leases stay held until GC or a repeated DEL frees them.
+    pub releases_not_durable: usize,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped ({})", self.why)?;
+        if self.unanswered == 0 && self.releases_not_durable == 0 {
+            return write!(
+                f,
+                ": no longer listening, every connection it accepted answered, every release it answered on disk"
+            );
+        }
+        write!(
+            f,
+            " after waiting {:?}: {} connection(s) still being answered, {} answered release(s) not on disk \
+             (their leases stay held until GC or a repeated DEL)",
+            client::PATIENCE,
+            self.unanswered,
+            self.releases_not_durable
+        )
+    }
+}
+
 impl Service {
     pub fn new() -> Self {
-        let (added, incoming) = mpsc::channel();
+        let (events, incoming) = mpsc::channel();
         Service {
-            added,
+            events,
             incoming,
             idle_exit: None,
         }
@@ -535,11 +609,16 @@ impl Service {
         self
     }
 
+    /// What stops [`Service::run`] from another thread (a signal's).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.events.clone())
+    }
+
     /// For [`Stores::resident`]: takes charge of a data directory before
     /// its first database opens, or answers busy (code 11) naming the
     /// service that has it.
     pub fn claim_hook(&self) -> ClaimHook {
-        let added = self.added.clone();
+        let events = self.events.clone();
         Box::new(move |sled_dir: &Path| {
             let data_dir = sled_dir.parent().unwrap_or(sled_dir).to_path_buf();
             let socket = data_dir_socket(&data_dir);
@@ -561,35 +640,55 @@ impl Service {
                 )));
             };
             log::info!("serving the data directory's socket {}", socket.display());
-            added
-                .send(listening)
+            events
+                .send(Event::Claimed(listening))
                 .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
         })
     }
 
-    /// Serves on `first` and every socket claimed later, for good. Each
-    /// connection is answered on a thread of its own, as many at once as
-    /// clients come; a thread that has answered waits for the next
-    /// connection instead of exiting, because a new thread starts with an
-    /// empty heap and first takes over what exited ones left, which with a
-    /// large network's pages cached cost more than the call.
-    pub fn run(self, first: Listening, stores: Arc<Stores>, plugin: Arc<PluginHandler>) -> io::Result<()> {
+    /// Serves on `first` and every socket claimed later, until it has been
+    /// idle for the time set with [`Service::exit_when_idle`] or a
+    /// [`Stopper`] stops it. Either way it then stops the same way: no
+    /// socket accepts any more and its own socket files are removed; what
+    /// it accepted is answered and every release it answered made durable
+    /// (for at most [`client::PATIENCE`]); and it returns why, with what
+    /// was left undone. Each connection is
+    /// answered on a thread of its own, as many at once as clients come;
+    /// a thread that has answered waits for the next connection instead of
+    /// exiting, because a new thread starts with an empty heap and first
+    /// takes over what exited ones left, which with a large network's
+    /// pages cached cost more than the call.
+    pub fn run(
+        self,
+        first: Listening,
+        stores: Arc<Stores>,
+        plugin: Arc<PluginHandler>,
+    ) -> io::Result<Stopped> {
         let workers = Arc::new(Workers::new(stores, plugin));
-        let activity = Arc::clone(&workers.activity);
+        // Closed when the service stops: ends the accept loop of a socket
+        // a service manager passed, which is not shut down (see
+        // `Listening::stop`).
+        let (stopped, stopping) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let stopped = Arc::new(stopped);
         let accepting = |listening: &Listening| {
             let (listener, workers) = (Arc::clone(&listening.listener), Arc::clone(&workers));
+            let stopped = listening.own.is_none().then(|| Arc::clone(&stopped));
             std::thread::Builder::new()
                 .name("accept".into())
-                .spawn(move || accept(&listener, &workers))
-                .map(drop)
+                .spawn(move || accept(&listener, &workers, stopped.as_deref()))
         };
-        accepting(&first)?;
+        let mut acceptors = vec![accepting(&first)?];
         let mut watched = vec![first];
         loop {
+            acceptors.retain(|acceptor| !acceptor.is_finished());
             match self.incoming.recv_timeout(WATCH_INTERVAL) {
-                Ok(listening) => {
-                    accepting(&listening)?;
+                Ok(Event::Claimed(listening)) => {
+                    acceptors.push(accepting(&listening)?);
                     watched.push(listening);
+                }
+                Ok(Event::Stop(why)) => {
+                    drop(stopping);
+                    return Ok(self.stop_serving(why, &watched, acceptors, &workers.activity));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let mut lost = Vec::new();
@@ -597,7 +696,7 @@ impl Service {
                         match slot.watch() {
                             Watch::Fine => {}
                             Watch::Rebound(fresh) => {
-                                accepting(&fresh)?;
+                                acceptors.push(accepting(&fresh)?);
                                 std::mem::replace(slot, fresh).close();
                             }
                             Watch::Lost => lost.push(index),
@@ -607,23 +706,56 @@ impl Service {
                         watched.remove(index).close();
                     }
                     if let Some(limit) = self.idle_exit
-                        && activity.idle_for().is_some_and(|idle| idle >= limit)
+                        && workers.activity.idle_for().is_some_and(|idle| idle >= limit)
                     {
-                        log::info!("no request for {limit:?}: exiting");
-                        for listening in &watched {
-                            listening.close();
-                            listening.remove_own_file();
-                        }
-                        // Connections accepted just before are answered.
-                        let started = Instant::now();
-                        while activity.idle_for().is_none() && started.elapsed() < client::PATIENCE {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                        return Ok(());
+                        drop(stopping);
+                        let why = format!("no request for {limit:?}");
+                        return Ok(self.stop_serving(why, &watched, acceptors, &workers.activity));
                     }
                 }
+                // Never: `self` holds a sender.
                 Err(mpsc::RecvTimeoutError::Disconnected) => {}
             }
+        }
+    }
+
+    /// Stops serving, whether idle or told to: no socket accepts any more
+    /// and this service's own socket files are removed (a client then
+    /// finds nothing listening and goes on to the next place at once);
+    /// connections already accepted, or queued on its sockets, are
+    /// answered and the releases they answered made durable, waiting at
+    /// most [`client::PATIENCE`]. Sockets the store claimed meanwhile are
+    /// closed and removed too. What was left undone is in the answer, for
+    /// the caller to say.
+    fn stop_serving(
+        &self,
+        why: String,
+        watched: &[Listening],
+        acceptors: Vec<JoinHandle<()>>,
+        activity: &Activity,
+    ) -> Stopped {
+        for listening in watched {
+            listening.stop();
+        }
+        let started = Instant::now();
+        let done = || {
+            acceptors.iter().all(JoinHandle::is_finished)
+                && activity.idle_for().is_some()
+                && releases_owed() == 0
+        };
+        while !done() && started.elapsed() < client::PATIENCE {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Claimed by a connection answered meanwhile; never accepted on.
+        while let Ok(event) = self.incoming.try_recv() {
+            if let Event::Claimed(late) = event {
+                late.stop();
+            }
+        }
+        Stopped {
+            why,
+            unanswered: activity.answering.load(Ordering::Acquire),
+            releases_not_durable: releases_owed(),
         }
     }
 }
@@ -666,14 +798,41 @@ impl Activity {
     }
 }
 
-fn accept(listener: &UnixListener, workers: &Workers) {
-    for connection in listener.incoming() {
-        match connection {
-            Ok(stream) => {
+/// Accepts connections on `listener` and hands them to `workers`, until
+/// the socket is shut down (connections queued on it before are still
+/// accepted) or, for a socket a service manager passed (`stopped` given),
+/// until the service stops: then `stopped` reads end of file, and what is
+/// queued on that socket is left to the service the manager starts next.
+fn accept(listener: &UnixListener, workers: &Workers, stopped: Option<&OwnedFd>) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        if let Some(stopped) = stopped {
+            let mut ready = [
+                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(stopped.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut ready, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    log::warn!("stopped accepting: {e}");
+                    return;
+                }
+            }
+            if ready[1].any().unwrap_or(true) {
+                log::debug!("stopped accepting on the passed socket");
+                return;
+            }
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
                 workers.activity.begin();
                 workers.dispatch(stream);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A passed socket may be non-blocking (`NonBlocking=yes` in a
+            // systemd socket unit).
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && stopped.is_some() => continue,
             Err(e) => {
                 log::debug!("stopped accepting: {e}");
                 return;
@@ -955,6 +1114,131 @@ mod tests {
         let err = bind(&socket).expect_err("the first still runs");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
         thread_of(&socket);
+    }
+
+    /// Runs `service` on `listening` on a thread of its own; what it
+    /// returns comes on the channel.
+    fn running(
+        service: Service,
+        listening: Listening,
+        plugin: Arc<PluginHandler>,
+    ) -> mpsc::Receiver<io::Result<Stopped>> {
+        let (done, result) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(service.run(listening, Arc::new(Stores::resident(None)), plugin));
+        });
+        result
+    }
+
+    fn answers_done() -> Arc<PluginHandler> {
+        Arc::new(|_env: &BTreeMap<String, String>, _stdin: Vec<u8>| Reply::Done)
+    }
+
+    const PROMPTLY: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_stop_while_idle_removes_the_socket_and_returns_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("svc.sock");
+        let service = Service::new();
+        let stopper = service.stopper();
+        let result = running(service, bind(&socket).expect("bind"), answers_done());
+        forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")).expect("served");
+        let asked = Instant::now();
+        stopper.stop("SIGTERM");
+        let stopped = result.recv_timeout(PROMPTLY).expect("returned").expect("run");
+        // The run loop wakes on the stop, not at its next watch.
+        assert!(asked.elapsed() < WATCH_INTERVAL, "{:?}", asked.elapsed());
+        assert_eq!(
+            stopped,
+            Stopped {
+                why: "SIGTERM".into(),
+                unanswered: 0,
+                releases_not_durable: 0
+            }
+        );
+        assert!(!socket.exists(), "its socket is removed");
+        stopper.stop("again, once stopped: nothing happens");
+    }
+
+    /// What was accepted before the stop is answered before `run` returns;
+    /// nothing new is accepted meanwhile.
+    #[test]
+    fn a_stop_answers_what_was_accepted_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("svc.sock");
+        let (entered, in_plugin) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
+            let _ = entered.send(());
+            let _ = released.lock().expect("lock").recv();
+            Reply::Document(serde_json::json!({"answered": true}))
+        });
+        let service = Service::new();
+        let stopper = service.stopper();
+        let result = running(service, bind(&socket).expect("bind"), plugin);
+        let call = {
+            let socket = socket.clone();
+            std::thread::spawn(move || forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")))
+        };
+        in_plugin
+            .recv_timeout(PROMPTLY)
+            .expect("the call reached the plugin");
+        stopper.stop("test");
+        let started = Instant::now();
+        while socket.exists() {
+            assert!(started.elapsed() < PROMPTLY, "the socket stayed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(UnixStream::connect(&socket).is_err(), "still accepting");
+        assert!(
+            matches!(
+                result.recv_timeout(Duration::from_millis(200)),
+                Err(mpsc::RecvTimeoutError::Timeout)
+            ),
+            "returned before answering what it accepted"
+        );
+        release.send(()).expect("release");
+        let answer = call.join().expect("call").expect("answered");
+        assert_eq!(answer.document, Some(serde_json::json!({"answered": true})));
+        let stopped = result.recv_timeout(PROMPTLY).expect("returned").expect("run");
+        assert_eq!((stopped.unanswered, stopped.releases_not_durable), (0, 0));
+    }
+
+    /// A socket a service manager passed is the manager's too: a stop
+    /// leaves it listening, so what comes next waits for the service the
+    /// manager starts then.
+    #[test]
+    fn a_stop_leaves_a_passed_socket_to_its_manager() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("passed.sock");
+        let managers = UnixListener::bind(&socket).expect("bind");
+        let passed = Listening::inherited(managers.try_clone().expect("dup"));
+        let service = Service::new();
+        let stopper = service.stopper();
+        let result = running(service, passed, answers_done());
+        forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")).expect("served");
+        stopper.stop("test");
+        result.recv_timeout(PROMPTLY).expect("returned").expect("run");
+        assert!(socket.exists());
+        let _next = UnixStream::connect(&socket).expect("still listening");
+        managers.accept().expect("queued for the manager");
+    }
+
+    /// The idle exit is the same stop.
+    #[test]
+    fn an_idle_service_stops_the_same_way() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("svc.sock");
+        let service = Service::new().exit_when_idle(Duration::from_millis(1));
+        let result = running(service, bind(&socket).expect("bind"), answers_done());
+        let stopped = result
+            .recv_timeout(WATCH_INTERVAL * 2 + PROMPTLY)
+            .expect("returned")
+            .expect("run");
+        assert_eq!(stopped.why, "no request for 1ms");
+        assert!(!socket.exists(), "its socket is removed");
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub fn peer_trusted(stream: &UnixStream) -> Result<(), Refusal> {
     }
 }
 
+/// The pid of the process at the other end, as this pid namespace sees it.
+pub fn peer_pid(stream: &UnixStream) -> Option<i32> {
+    peer(stream).ok().map(|cred| cred.pid())
+}
+
 /// The (device, inode) of the binary the process at the other end runs,
 /// when this process can see it (same pid namespace, allowed to read it).
 pub fn peer_binary(stream: &UnixStream) -> Option<(u64, u64)> {

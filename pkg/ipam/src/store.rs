@@ -16,7 +16,8 @@
 //! a tail of hundreds of milliseconds on a busy or virtual disk (measured:
 //! 140-470 ms `sync_file_range` in the service behind the slowest DELs),
 //! and a DEL waited for it. A crash or a failed flush in that window only
-//! leaves the lease held, as before the DEL: GC or a repeated DEL frees it.
+//! leaves the lease held, as before the DEL: GC or a repeated DEL frees it;
+//! a service that stops waits until none is owed ([`releases_owed`]).
 //! A change that adds a lease is never answered before it is on disk.
 //!
 //! The store is sled alone: it never reads the reference plugin's files,
@@ -29,6 +30,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -320,6 +322,19 @@ thread_local! {
     static RELEASES_TO_FLUSH: RefCell<Vec<Paths>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The entries of every thread's `RELEASES_TO_FLUSH`, in all: what a
+/// stopping service checks is none (see [`releases_owed`]).
+static RELEASES_OWED: AtomicUsize = AtomicUsize::new(0);
+
+/// Releases that some thread of this process answered and has not yet
+/// tried to make durable (counted once per thread and network). A lease
+/// service that stops waits for it to be zero: a release still owed when
+/// the process ends is lost (its lease stays held until GC or a repeated
+/// DEL frees it).
+pub fn releases_owed() -> usize {
+    RELEASES_OWED.load(Ordering::Acquire)
+}
+
 /// Creates a directory of the store (0700) if needed, and refuses one that
 /// is a symlink: nothing of the store is reached through one.
 fn private_dir(path: &Path) -> Result<(), Error> {
@@ -511,6 +526,7 @@ impl Stores {
                     paths.db_dir.display()
                 );
             }
+            RELEASES_OWED.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -551,6 +567,7 @@ impl Stores {
                 RELEASES_TO_FLUSH.with_borrow_mut(|owed| {
                     if !owed.contains(paths) {
                         owed.push(paths.clone());
+                        RELEASES_OWED.fetch_add(1, Ordering::AcqRel);
                     }
                 });
             } else {

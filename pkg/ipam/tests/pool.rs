@@ -645,7 +645,8 @@ fn the_generation_witness_only_lags_never_leads() {
 /// In the lease service a release is answered once committed and made
 /// durable after the answer; an ADD is durable before it is answered, and
 /// its flush covers a release still owed. The witness shows which changes
-/// are on disk.
+/// are on disk. The process-wide count of owed releases (what a stopping
+/// service waits on) follows; no other test of this binary owes any.
 #[test]
 fn a_resident_store_makes_releases_durable_after_the_answer_and_adds_before() {
     let mut net = Net::new(&["10.9.0.0/29"]);
@@ -655,6 +656,10 @@ fn a_resident_store_makes_releases_durable_after_the_answer_and_adds_before() {
     assert!(!net.stores.owes_durability(), "an ADD is on disk when it returns");
     assert_eq!(net.del("a"), 1);
     assert!(net.stores.owes_durability());
+    assert_eq!(ipam::store::releases_owed(), 1);
+    std::thread::scope(|s| {
+        s.spawn(|| assert_eq!(ipam::store::releases_owed(), 1, "seen from another thread"));
+    });
     assert_eq!(
         witness(&net),
         after_a,
@@ -662,6 +667,7 @@ fn a_resident_store_makes_releases_durable_after_the_answer_and_adds_before() {
     );
     net.stores.make_releases_durable();
     assert!(!net.stores.owes_durability());
+    assert_eq!(ipam::store::releases_owed(), 0);
     assert_eq!(witness(&net), after_a + 1);
 
     net.add("b", &[]).expect("add");
@@ -674,6 +680,7 @@ fn a_resident_store_makes_releases_durable_after_the_answer_and_adds_before() {
     );
     net.stores.make_releases_durable();
     assert_eq!(witness(&net), after_a + 4);
+    assert_eq!(ipam::store::releases_owed(), 0);
 
     assert_eq!(net.del("nobody"), 0);
     assert!(

@@ -79,6 +79,15 @@ impl Netlink {
         }
     }
 
+    /// Every link of the namespace.
+    pub fn links(&self) -> Result<Vec<Link>> {
+        let messages: Vec<LinkMessage> = self
+            .runtime
+            .block_on(self.handle.link().get().execute().try_collect())
+            .map_err(netlink_err("list links"))?;
+        Ok(messages.iter().map(link_from).collect())
+    }
+
     /// Creates a bridge. Fails with EEXIST if a link of that name exists.
     pub fn create_bridge(&self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
         let mut builder = LinkBridge::new(name);

@@ -1,0 +1,250 @@
+//! host-local's lease service for the lease directory the conflist names,
+//! run by the agent from the host-local it installed: without it, the
+//! first ADD after the service's idle exit pays for starting one. The
+//! service listens where host-local looks first for a configuration with
+//! no `socket` key (`<dataDir>/.sled/.service.sock`), and it runs the very
+//! file the runtime executes, which is what lets the bridge ask it
+//! directly instead of executing host-local (docs/ARCHITECTURE.md, "zero
+//! setup").
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::Error;
+
+/// How long the service gets to answer what it accepted and flush after
+/// SIGTERM before it is killed: beyond its own bound on that wait.
+const STOP_PATIENCE: Duration = ipam::client::PATIENCE.saturating_add(Duration::from_secs(5));
+/// The wait before starting it again after it exited.
+const RESTART_DELAY: Duration = Duration::from_secs(1);
+/// A service that exits sooner than this after its start is started again
+/// only after ten restart delays.
+const QUICK_EXIT: Duration = Duration::from_secs(5);
+
+/// The running supervisor: ask it to restart the service (a new host-local
+/// was installed) or to stop it.
+#[derive(Debug)]
+pub struct LeaseService {
+    orders: watch::Sender<Order>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Run(u64),
+    Stop,
+}
+
+impl LeaseService {
+    /// Starts `<bin_dir>/host-local serve` for `lease_dir` and keeps it
+    /// running: when it exits (a service a plugin started holds the place,
+    /// or it failed), it is started again.
+    pub fn start(bin_dir: &Path, lease_dir: &Path) -> LeaseService {
+        let (orders, mut received) = watch::channel(Order::Run(0));
+        let exe = bin_dir.join("host-local");
+        let socket = ipam::service::data_dir_socket(lease_dir);
+        let task = tokio::spawn(async move {
+            loop {
+                let mut child = match spawn(&exe, &socket) {
+                    Ok(child) => child,
+                    Err(e) => {
+                        log::error!("cannot start the lease service {}: {e}", exe.display());
+                        if wait_or_stop(&mut received, RESTART_DELAY * 10).await {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                log::info!(
+                    "lease service {} on {}",
+                    child.id().unwrap_or_default(),
+                    socket.display()
+                );
+                let started = tokio::time::Instant::now();
+                tokio::select! {
+                    status = child.wait() => {
+                        match status {
+                            Ok(status) => log::warn!("the lease service exited ({status}); starting it again"),
+                            Err(e) => log::warn!("the lease service: {e}"),
+                        }
+                        // Quickly: most likely a service a plugin started
+                        // holds the place until its idle exit.
+                        let delay = if started.elapsed() < QUICK_EXIT { RESTART_DELAY * 10 } else { RESTART_DELAY };
+                        if wait_or_stop(&mut received, delay).await {
+                            return;
+                        }
+                    }
+                    order = changed(&mut received) => {
+                        stop(&mut child).await;
+                        if order == Order::Stop {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        LeaseService { orders, task }
+    }
+
+    /// What restarts the service from elsewhere.
+    pub fn restarter(&self) -> Restarter {
+        Restarter(self.orders.clone())
+    }
+
+    /// Stops the service (SIGTERM: it answers what it accepted and makes
+    /// every answered change durable) and waits for it.
+    pub async fn stop(self) {
+        let _ = self.orders.send(Order::Stop);
+        let _ = self.task.await;
+    }
+}
+
+/// Restarts the lease service: a new host-local was installed.
+#[derive(Debug, Clone)]
+pub struct Restarter(watch::Sender<Order>);
+
+impl Restarter {
+    pub fn restart(&self) {
+        self.0.send_modify(|order| {
+            if let Order::Run(generation) = order {
+                *generation += 1;
+            }
+        });
+    }
+}
+
+/// Stops a lease service that still listens on the lease directory's
+/// socket once the agent's own has stopped: one a plugin started, or the
+/// child of an earlier agent that was killed with SIGKILL (nothing stops
+/// that one otherwise: it has no idle exit). Only a process running a
+/// file named `host-local` is signalled. True when there was one.
+pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
+    let socket = ipam::service::data_dir_socket(lease_dir);
+    let Ok(stream) = ipam::socket::connect(&socket) else {
+        return Ok(false);
+    };
+    let Some(pid) = ipam::socket::peer_pid(&stream) else {
+        return Ok(false);
+    };
+    drop(stream);
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    if exe.file_name().is_none_or(|name| name != "host-local") {
+        return Err(Error::Io(format!(
+            "{} is served by pid {pid} ({}), not host-local: left running",
+            socket.display(),
+            exe.display()
+        )));
+    }
+    let target = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
+    // Its socket goes first; the process ends once what it answered is
+    // on disk.
+    let deadline = std::time::Instant::now() + STOP_PATIENCE;
+    while running(pid) {
+        if std::time::Instant::now() > deadline {
+            log::warn!("the lease service {pid} did not stop within {STOP_PATIENCE:?}; killing it");
+            let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(true)
+}
+
+/// Whether `pid` runs: not gone, and not a zombie (an orphan handed to
+/// an agent that is pid 1 of its container stays one until reaped).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Removes the lease directory once no network in it holds a lease (the
+/// node's pods are gone); true when it did. Its parent goes too when that
+/// leaves it empty (`/run/cni-suite`).
+pub fn remove_unused(lease_dir: &Path) -> Result<bool, Error> {
+    let entries = match std::fs::read_dir(lease_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::Io(format!("cannot read {}: {e}", lease_dir.display()))),
+    };
+    let stores = ipam::store::Stores::direct();
+    for entry in entries.flatten() {
+        let network = entry.file_name().to_string_lossy().into_owned();
+        if network.starts_with('.') || !entry.path().is_dir() {
+            continue;
+        }
+        let leases = ipam::admin::run(&stores, lease_dir, &network, &ipam::admin::AdminOp::List)
+            .map_err(|e| Error::Io(format!("listing the leases of {network}: {e}")))?;
+        if leases.as_array().is_some_and(|held| !held.is_empty()) {
+            log::warn!("{} still holds leases of {network}: kept", lease_dir.display());
+            return Ok(false);
+        }
+    }
+    drop(stores);
+    std::fs::remove_dir_all(lease_dir)
+        .map_err(|e| Error::Io(format!("cannot remove {}: {e}", lease_dir.display())))?;
+    if let Some(parent) = lease_dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+    Ok(true)
+}
+
+/// Starts the service; what it writes to stderr becomes the agent's log
+/// records (target `lease-service`), so the agent's log stays JSON lines.
+fn spawn(exe: &PathBuf, socket: &Path) -> std::io::Result<Child> {
+    let mut child = Command::new(exe)
+        .arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                log::info!(target: "lease-service", "{line}");
+            }
+        });
+    }
+    Ok(child)
+}
+
+/// The next order.
+async fn changed(received: &mut watch::Receiver<Order>) -> Order {
+    if received.changed().await.is_err() {
+        return Order::Stop;
+    }
+    *received.borrow_and_update()
+}
+
+/// Waits `delay`; true when told to stop meanwhile.
+async fn wait_or_stop(received: &mut watch::Receiver<Order>, delay: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => *received.borrow() == Order::Stop,
+        order = changed(received) => order == Order::Stop,
+    }
+}
+
+async fn stop(child: &mut Child) {
+    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    }
+    match tokio::time::timeout(STOP_PATIENCE, child.wait()).await {
+        Ok(Ok(status)) => log::info!("the lease service stopped ({status})"),
+        Ok(Err(e)) => log::warn!("the lease service: {e}"),
+        Err(_) => {
+            log::warn!("the lease service did not stop within {STOP_PATIENCE:?}; killing it");
+            let _ = child.kill().await;
+        }
+    }
+}
