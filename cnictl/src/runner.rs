@@ -81,7 +81,19 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
         Verb::Gc(g) => &g.network,
         Verb::Ipam(_) => unreachable!("handled above"),
     };
-    let list = NetworkConfigList::load(&cli.global.conf_dir, network).map_err(|e| Failure::new(e, None))?;
+    let list = match (
+        NetworkConfigList::load(&cli.global.conf_dir, network),
+        &cli.command,
+    ) {
+        (Ok(list), _) => list,
+        // As CRI-O does: an attachment whose configuration file is gone (its
+        // CNI uninstalled, the pod still there) is deleted with the
+        // configuration libcni cached when it was added.
+        (Err(not_found @ libcni::Error::NotFound { .. }), Verb::Del(attach)) => {
+            cached_list(&config, network, attach)?.ok_or_else(|| Failure::new(not_found, None))?
+        }
+        (Err(e), _) => return Err(Failure::new(e, None)),
+    };
     let fail = |e| Failure::new(e, Some(&list));
     match &cli.command {
         Verb::Add(attach) => {
@@ -219,6 +231,22 @@ fn attachment_of(rt: &RuntimeConf) -> GcAttachment {
         container_id: rt.container_id.clone(),
         ifname: rt.ifname.clone(),
     }
+}
+
+/// The configuration list cached with `attach`'s result, if any.
+fn cached_list(
+    config: &CniConfig,
+    network: &str,
+    attach: &Attach,
+) -> Result<Option<NetworkConfigList>, Failure> {
+    let rt = runtime_conf(attach)?;
+    let cached = config
+        .cache
+        .load(network, &rt.container_id, &rt.ifname)
+        .map_err(|e| Failure::new(e, None))?;
+    cached
+        .map(|entry| NetworkConfigList::from_bytes(&entry.config).map_err(|e| Failure::new(e, None)))
+        .transpose()
 }
 
 fn runtime_conf(attach: &Attach) -> Result<RuntimeConf, Failure> {

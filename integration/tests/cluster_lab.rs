@@ -142,8 +142,8 @@ impl LabNode {
     }
 }
 
-/// Every regular file under `dir` (recursively, dot-files included) and
-/// the SHA-256 of its content.
+/// Every directory and regular file under `dir` (recursively, dot-files
+/// included), files with the SHA-256 of their content.
 fn files(dir: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -152,6 +152,7 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
+            out.insert(path.display().to_string(), "directory".into());
             out.extend(files(&path));
         } else if path.is_file() {
             let hash = integration::run("sha256sum", &[path.to_str().expect("UTF-8")])
@@ -167,7 +168,7 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
 }
 
 fn same_content(a: &Path, b: &Path) -> bool {
-    std::fs::read(a).ok() == std::fs::read(b).ok()
+    std::fs::read(a).is_ok_and(|a| std::fs::read(b).is_ok_and(|b| a == b))
 }
 
 /// One veth from the underlay's bridge into `ns` (as `eth0`), with the
@@ -504,9 +505,26 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     for (lab_node, pod) in lab.nodes.iter().zip(&pods) {
         lab_node.del_pod(pod);
     }
-    for ((lab_node, agent), before) in lab.nodes.iter().zip(&mut agents).zip(&before) {
+    for (index, ((lab_node, agent), before)) in lab.nodes.iter().zip(&mut agents).zip(&before).enumerate() {
         let (status, log) = agent.stop();
         assert!(status.success(), "{log}");
+        if index == 0 {
+            // The restarted agent found everything in place: it wrote,
+            // installed and masqueraded nothing (its rules compare equal
+            // to what iptables-save prints).
+            let running = log.split("SIGTERM").next().unwrap_or_default();
+            for change in [
+                "masquerading traffic",
+                "\"msg\":\"installed",
+                "\"msg\":\"wrote",
+                "\"msg\":\"route ",
+            ] {
+                assert!(
+                    !running.contains(change),
+                    "the restarted agent changed something ({change}): {running}"
+                );
+            }
+        }
         let after = lab_node.state();
         let changed: Vec<(&String, Option<&String>, Option<&String>)> = before
             .keys()

@@ -398,3 +398,41 @@ fn a_lease_service_left_by_an_agent_killed_with_sigkill_is_stopped_on_uninstall(
         "nothing of the suite left in the bin directory: {left:?}"
     );
 }
+
+#[test]
+fn uninstall_with_pods_left_keeps_what_their_dels_need() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let bin = host_bin(&node);
+    let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    let pod = node.pod("pod");
+    node.cnictl_env(&["add", "cni-suite", pod.path_str()], &cni_path)
+        .success();
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(!conflist(&node).exists(), "no new pod is set up: {log}");
+    assert!(agent_routes(&node).is_empty());
+    for plugin in ["bridge", "host-local"] {
+        assert!(
+            bin.join(plugin).exists(),
+            "{plugin} stays for the pod's DEL: {log}"
+        );
+    }
+    assert!(node.netns.link_is_up("cni0"), "the pod's bridge stays");
+    assert!(log.contains("pods still hold leases"), "{log}");
+
+    // The runtime deletes the pod with its cached configuration.
+    node.cnictl_env(&["del", "cni-suite", pod.path_str()], &cni_path)
+        .success();
+    let leases = node.leases_in("cni-suite", &host_leases(&node));
+    assert!(
+        !leases.contains("10.244.1."),
+        "the pod's lease is released: {leases}"
+    );
+}

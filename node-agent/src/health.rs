@@ -41,16 +41,12 @@ impl Health {
         self.routed.store(done, Ordering::SeqCst);
     }
 
-    pub fn listed(&self) -> bool {
-        self.listed.load(Ordering::SeqCst)
-    }
-
     /// Why the agent is not ready, if it is not.
     pub fn not_ready(&self) -> Option<&'static str> {
         if !self.installed.load(Ordering::SeqCst) {
             Some("the plugin binaries are not in place")
         } else if !self.listed.load(Ordering::SeqCst) {
-            Some("the Nodes are not listed yet")
+            Some("the Nodes are not listed and watched")
         } else if !self.configured.load(Ordering::SeqCst) {
             Some("this node's CNI configuration is not in place")
         } else if !self.routed.load(Ordering::SeqCst) {

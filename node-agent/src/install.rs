@@ -32,6 +32,8 @@ use crate::Error;
 const STATE_DIR: &str = ".cni-suite";
 const RECORD: &str = "installed.json";
 const REPLACED: &str = "replaced";
+/// How the files written beside a place end.
+const TEMPORARY: &str = ".cni-suite.tmp";
 
 /// Which binary hashes the agent wrote at each plugin's place.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +64,8 @@ pub struct Uninstalled {
     /// Files at a plugin's place that someone changed after the agent wrote
     /// them: left alone.
     pub left: Vec<String>,
+    /// Places that could not be undone (each with why); the others were.
+    pub failed: Vec<String>,
 }
 
 fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
@@ -89,11 +93,18 @@ fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let beside = dir.join(format!(".{name}.cni-suite.{}.tmp", std::process::id()));
+    // One name, reused: callers hold the directory's lock, and a file left
+    // by an agent killed here is removed first (never written through: a
+    // link planted at that name is replaced, not followed).
+    let beside = dir.join(format!(".{name}{TEMPORARY}"));
+    match fs::remove_file(&beside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("remove", &beside, e)),
+    }
     let written = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&beside)
@@ -120,6 +131,29 @@ fn sync_dir(dir: &Path) {
 impl BinDir {
     pub fn new(dir: PathBuf) -> Self {
         BinDir { dir }
+    }
+
+    /// Holds an exclusive `flock` on the bin directory itself (never
+    /// removed, unlike the agent's own directory in it): two agents on one
+    /// node (a rollout's old and new pod) never interleave their changes.
+    fn lock(&self) -> Result<File, Error> {
+        fs::create_dir_all(&self.dir).map_err(|e| io_error("create", &self.dir, e))?;
+        let dir = File::open(&self.dir).map_err(|e| io_error("open", &self.dir, e))?;
+        dir.lock().map_err(|e| io_error("lock", &self.dir, e))?;
+        Ok(dir)
+    }
+
+    /// Removes what an agent killed while writing left beside a place.
+    fn sweep(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.ends_with(TEMPORARY) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 
     fn state(&self) -> PathBuf {
@@ -157,6 +191,8 @@ impl BinDir {
     /// Copies each of `names` from `source` unless the bin directory already
     /// holds the same content there.
     pub fn install(&self, source: &Path, names: &[String]) -> Result<Installed, Error> {
+        let _alone = self.lock()?;
+        self.sweep();
         let mut record = self.read_record()?;
         let mut done = Installed::default();
         for name in names {
@@ -174,8 +210,8 @@ impl BinDir {
             let ours = record.installed.get(name).cloned().unwrap_or_default();
             if let Some(present) = &present
                 && !ours.contains(present)
+                && self.keep_aside(name, &place)?
             {
-                self.keep_aside(name, &place)?;
                 done.kept_aside.push(name.clone());
             }
             record
@@ -193,52 +229,67 @@ impl BinDir {
     }
 
     /// Keeps the file at `place` (not the agent's) as the original to
-    /// restore: a second name for it, so its place is never empty.
-    fn keep_aside(&self, name: &str, place: &Path) -> Result<(), Error> {
+    /// restore: a second name for it, so its place is never empty. The
+    /// first original kept stays: a file another installer put there later
+    /// and the agent replaced again is not what the node had before the
+    /// agent came. Returns whether it kept this one.
+    fn keep_aside(&self, name: &str, place: &Path) -> Result<bool, Error> {
         let aside = self.replaced(name);
         let dir = aside.parent().unwrap_or(Path::new("."));
         fs::DirBuilder::new()
             .recursive(true)
             .create(dir)
             .map_err(|e| io_error("create", dir, e))?;
-        match fs::remove_file(&aside) {
+        match fs::hard_link(place, &aside) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error("remove", &aside, e)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(io_error("keep aside", place, e)),
         }
-        fs::hard_link(place, &aside).map_err(|e| io_error("keep aside", place, e))?;
         sync_dir(dir);
-        Ok(())
+        Ok(true)
     }
 
     /// Puts back every original kept aside and removes the rest of what the
     /// agent wrote, where the file at the place is still the agent's; then
     /// its own directory, once nothing in it is still needed.
     pub fn uninstall(&self) -> Result<Uninstalled, Error> {
+        let _alone = self.lock()?;
+        self.sweep();
         let record = self.read_record()?;
         let mut done = Uninstalled::default();
         let mut kept = Record::default();
         for (name, ours) in &record.installed {
             let place = self.dir.join(name);
             let aside = self.replaced(name);
-            let present = hash_of(&place)?;
-            let still_ours = present.as_ref().is_some_and(|hash| ours.contains(hash));
-            if !still_ours {
-                if present.is_some() {
-                    done.left.push(name.clone());
+            let undone = hash_of(&place).and_then(|present| {
+                let still_ours = present.as_ref().is_some_and(|hash| ours.contains(hash));
+                if !still_ours {
+                    if present.is_some() {
+                        done.left.push(name.clone());
+                    }
+                    return Ok(false);
                 }
                 if aside.exists() {
-                    // Whoever changed the file may want the original.
+                    fs::rename(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
+                    done.restored.push(name.clone());
+                } else {
+                    fs::remove_file(&place).map_err(|e| io_error("remove", &place, e))?;
+                    done.removed.push(name.clone());
+                }
+                Ok(true)
+            });
+            match undone {
+                Ok(true) => {}
+                // Whoever changed the file may want the original; a place
+                // that could not be undone is tried again next time.
+                Ok(false) if !aside.exists() => {}
+                Ok(false) => {
                     kept.installed.insert(name.clone(), ours.clone());
                 }
-                continue;
-            }
-            if aside.exists() {
-                fs::rename(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
-                done.restored.push(name.clone());
-            } else {
-                fs::remove_file(&place).map_err(|e| io_error("remove", &place, e))?;
-                done.removed.push(name.clone());
+                Err(e) => {
+                    done.failed.push(e.to_string());
+                    kept.installed.insert(name.clone(), ours.clone());
+                }
             }
         }
         sync_dir(&self.dir);
@@ -344,6 +395,53 @@ mod tests {
         assert_eq!(
             read(&host.join(".cni-suite/replaced/loopback")),
             "upstream loopback"
+        );
+    }
+
+    #[test]
+    fn the_first_original_kept_aside_is_the_one_restored() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("loopback"), "ours loopback");
+        put(&host.join("loopback"), "upstream loopback");
+        put(
+            &host.join(".loopback.cni-suite.tmp"),
+            "left by an agent killed while writing",
+        );
+        let bin = BinDir::new(host.clone());
+        bin.install(&image, &names(&["loopback"])).expect("install");
+        assert!(!host.join(".loopback.cni-suite.tmp").exists());
+        // Another installer writes its own; the agent's next round puts
+        // the suite's back and keeps the first original.
+        put(&host.join("loopback"), "another installer's loopback");
+        let again = bin.install(&image, &names(&["loopback"])).expect("again");
+        assert_eq!(again.written, names(&["loopback"]));
+        assert!(again.kept_aside.is_empty());
+        bin.uninstall().expect("uninstall");
+        assert_eq!(read(&host.join("loopback")), "upstream loopback");
+        assert!(!host.join(".cni-suite").exists());
+    }
+
+    #[test]
+    fn a_place_that_cannot_be_undone_does_not_stop_the_others() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("bridge"), "ours bridge");
+        put(&image.join("loopback"), "ours loopback");
+        put(&host.join("loopback"), "upstream loopback");
+        let bin = BinDir::new(host.clone());
+        bin.install(&image, &names(&["bridge", "loopback"]))
+            .expect("install");
+        // A directory now stands at bridge's place.
+        fs::remove_file(host.join("bridge")).expect("rm");
+        fs::create_dir(host.join("bridge")).expect("mkdir");
+        let undone = bin.uninstall().expect("uninstall");
+        assert_eq!(undone.failed.len(), 1, "{undone:?}");
+        assert_eq!(undone.restored, names(&["loopback"]));
+        assert_eq!(read(&host.join("loopback")), "upstream loopback");
+        assert!(
+            host.join(".cni-suite/installed.json").exists(),
+            "bridge is still recorded"
         );
     }
 

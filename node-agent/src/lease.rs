@@ -49,7 +49,25 @@ impl LeaseService {
         let exe = bin_dir.join("host-local");
         let socket = ipam::service::data_dir_socket(lease_dir);
         let task = tokio::spawn(async move {
+            let mut said_taken = false;
             loop {
+                // A service a plugin started (or an earlier agent's, left
+                // by a SIGKILL) serves there: the agent's would only fail
+                // to take the place. It takes over once that one exits.
+                if ipam::socket::connect(&socket).is_ok() {
+                    if !said_taken {
+                        log::info!(
+                            "another lease service serves {}; starting one when it exits",
+                            socket.display()
+                        );
+                        said_taken = true;
+                    }
+                    if wait_or_stop(&mut received, RESTART_DELAY * 5).await {
+                        return;
+                    }
+                    continue;
+                }
+                said_taken = false;
                 let mut child = match spawn(&exe, &socket) {
                     Ok(child) => child,
                     Err(e) => {
@@ -72,8 +90,8 @@ impl LeaseService {
                             Ok(status) => log::warn!("the lease service exited ({status}); starting it again"),
                             Err(e) => log::warn!("the lease service: {e}"),
                         }
-                        // Quickly: most likely a service a plugin started
-                        // holds the place until its idle exit.
+                        // One that fails at once is not restarted in a
+                        // tight loop.
                         let delay = if started.elapsed() < QUICK_EXIT { RESTART_DELAY * 10 } else { RESTART_DELAY };
                         if wait_or_stop(&mut received, delay).await {
                             return;
@@ -132,6 +150,12 @@ pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
         return Ok(false);
     };
     drop(stream);
+    if pid == 0 {
+        return Err(Error::Io(format!(
+            "{} is served by a process outside the agent's pid namespace: left running (the agent needs the host's, hostPID)",
+            socket.display()
+        )));
+    }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
     if exe.file_name().is_none_or(|name| name != "host-local") {
         return Err(Error::Io(format!(
@@ -165,35 +189,60 @@ fn running(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// What uninstall found in the lease directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseDir {
+    Absent,
+    Removed,
+    /// Leases are held (the node still has pods of this network), or it
+    /// holds files that are not host-local's: kept.
+    Kept,
+}
+
 /// Removes the lease directory once no network in it holds a lease (the
-/// node's pods are gone); true when it did. Its parent goes too when that
-/// leaves it empty (`/run/cni-suite`).
-pub fn remove_unused(lease_dir: &Path) -> Result<bool, Error> {
+/// node's pods are gone) and it holds nothing but host-local's own files
+/// (each network's `lock`, and `.sled`). Its parent goes too when that
+/// leaves it empty and it is the default's (`/run/cni-suite`).
+pub fn remove_unused(lease_dir: &Path) -> Result<LeaseDir, Error> {
+    let unreadable = |e: std::io::Error| Error::Io(format!("cannot read {}: {e}", lease_dir.display()));
     let entries = match std::fs::read_dir(lease_dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(Error::Io(format!("cannot read {}: {e}", lease_dir.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LeaseDir::Absent),
+        Err(e) => return Err(unreadable(e)),
     };
     let stores = ipam::store::Stores::direct();
-    for entry in entries.flatten() {
+    for entry in entries {
+        let entry = entry.map_err(unreadable)?;
         let network = entry.file_name().to_string_lossy().into_owned();
-        if network.starts_with('.') || !entry.path().is_dir() {
+        if network.starts_with('.') {
             continue;
+        }
+        let only_lock = std::fs::read_dir(entry.path())
+            .map(|files| files.flatten().all(|f| f.file_name() == "lock"))
+            .unwrap_or(false);
+        if !only_lock {
+            log::warn!(
+                "{} holds {network}, which is not host-local's: kept",
+                lease_dir.display()
+            );
+            return Ok(LeaseDir::Kept);
         }
         let leases = ipam::admin::run(&stores, lease_dir, &network, &ipam::admin::AdminOp::List)
             .map_err(|e| Error::Io(format!("listing the leases of {network}: {e}")))?;
         if leases.as_array().is_some_and(|held| !held.is_empty()) {
             log::warn!("{} still holds leases of {network}: kept", lease_dir.display());
-            return Ok(false);
+            return Ok(LeaseDir::Kept);
         }
     }
     drop(stores);
     std::fs::remove_dir_all(lease_dir)
         .map_err(|e| Error::Io(format!("cannot remove {}: {e}", lease_dir.display())))?;
-    if let Some(parent) = lease_dir.parent() {
+    if let Some(parent) = lease_dir.parent()
+        && parent.file_name().is_some_and(|name| name == "cni-suite")
+    {
         let _ = std::fs::remove_dir(parent);
     }
-    Ok(true)
+    Ok(LeaseDir::Removed)
 }
 
 /// Starts the service; what it writes to stderr becomes the agent's log
@@ -210,9 +259,17 @@ fn spawn(exe: &PathBuf, socket: &Path) -> std::io::Result<Child> {
         .spawn()?;
     if let Some(stderr) = child.stderr.take() {
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                log::info!(target: "lease-service", "{line}");
+            // Bytes, not text: a line that is not UTF-8 must not stop the
+            // reading, or the pipe fills and the service blocks logging.
+            let mut reader = BufReader::new(stderr);
+            let mut line = Vec::new();
+            while reader
+                .read_until(b'\n', &mut line)
+                .await
+                .is_ok_and(|read| read > 0)
+            {
+                log::info!(target: "lease-service", "{}", String::from_utf8_lossy(&line).trim_end());
+                line.clear();
             }
         });
     }

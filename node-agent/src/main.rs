@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 
+mod changes;
 mod cluster;
 mod conflist;
 mod health;
@@ -67,6 +68,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
     let api: kube::Api<Node> = kube::Api::all(client);
+    let chained = conflist::chained_plugins(&settings)?;
     let bin_dir = install::BinDir::new(settings.cni_bin_dir.clone());
     // Before the conflist exists, so the runtime never calls a plugin that
     // is not there yet; a start that cannot install fails.
@@ -86,7 +88,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
         settings.conflist_path().display()
     );
     let outcome = tokio::select! {
-        outcome = nodes::follow(api, settings.clone(), health) => outcome,
+        outcome = nodes::follow(api, settings.clone(), chained, health) => outcome,
         _ = terminate.recv() => {
             log::info!("SIGTERM: stopping");
             Ok(())
@@ -95,12 +97,17 @@ async fn run(settings: Settings) -> Result<(), Error> {
     };
     reinstalling.abort();
     let _ = reinstalling.await;
+    // The conflist goes first, so no new pod is set up while the rest
+    // goes (a pod set up meanwhile would start a lease service of its own).
+    let conflist_was_ours = settings.uninstall_on_stop && remove_conflist(&settings);
     if let Some(service) = lease_service {
         service.stop().await;
     }
     if settings.uninstall_on_stop {
-        let removing = tokio::task::spawn_blocking(move || uninstall(&settings, &bin_dir)).await;
-        if let Err(e) = removing {
+        let removing = tokio::task::spawn_blocking(move || {
+            changes::uninstall(|| uninstall(&settings, &bin_dir, conflist_was_ours));
+        });
+        if let Err(e) = removing.await {
             log::error!("uninstalling: {e}");
         }
     }
@@ -121,7 +128,7 @@ async fn install_plugins(
     }
     let source = settings.source_dir()?;
     let bin = bin_dir.clone();
-    let outcome = tokio::task::spawn_blocking(move || bin.install(&source, &plugins))
+    let outcome = tokio::task::spawn_blocking(move || changes::change(|| bin.install(&source, &plugins)))
         .await
         .map_err(|e| Error::Io(format!("installing: {e}")))?;
     match &outcome {
@@ -165,22 +172,29 @@ async fn keep_installed(
     }
 }
 
-/// Leaves the node as it was before the agent came: what the agent wrote
-/// is removed (the conflist first, so no new pod is set up meanwhile), the
-/// binaries it replaced are put back, nothing else is touched. Each step
-/// is tried whatever the one before it did.
-fn uninstall(settings: &Settings, bin_dir: &install::BinDir) {
+/// Removes the agent's conflist; whether there was one of its own.
+fn remove_conflist(settings: &Settings) -> bool {
     let path = settings.conflist_path();
     match conflist::remove_own(&path, &settings.network_name) {
-        Ok(true) => log::info!("removed {}", path.display()),
-        Ok(false) => {}
-        Err(e) => log::error!("{e}"),
+        Ok(true) => {
+            log::info!("removed {}", path.display());
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            log::error!("{e}");
+            false
+        }
     }
-    match conflist::remove_bridge_if_unused(&settings.bridge) {
-        Ok(true) => log::info!("removed the bridge {}", settings.bridge),
-        Ok(false) => {}
-        Err(e) => log::error!("{e}"),
-    }
+}
+
+/// Leaves the node as it was before the agent came, once its conflist is
+/// gone: its routes and rules, the lease service a plugin may have started
+/// and the lease directory; then, unless pods are still there (their
+/// leases held: their DELs need the plugins and the bridge), the bridge
+/// and the binaries, the originals put back. Nothing else is touched, and
+/// each step is tried whatever the one before it did.
+fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: bool) {
     match routes::remove_all() {
         Ok(count) => log::info!("removed {count} routes"),
         Err(e) => log::error!("{e}"),
@@ -198,10 +212,26 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir) {
         Ok(false) => {}
         Err(e) => log::error!("{e}"),
     }
-    match lease::remove_unused(&settings.lease_dir) {
-        Ok(true) => log::info!("removed {}", settings.lease_dir.display()),
-        Ok(false) => {}
-        Err(e) => log::error!("{e}"),
+    let leases = lease::remove_unused(&settings.lease_dir).unwrap_or_else(|e| {
+        log::error!("{e}");
+        lease::LeaseDir::Kept
+    });
+    match leases {
+        lease::LeaseDir::Removed => log::info!("removed {}", settings.lease_dir.display()),
+        lease::LeaseDir::Absent => {}
+        lease::LeaseDir::Kept => {
+            log::warn!("pods still hold leases: the bridge and the plugins stay for their DELs");
+            return;
+        }
+    }
+    // A bridge of that name the agent's conflist did not name may be
+    // another network's.
+    if conflist_was_ours {
+        match conflist::remove_bridge_if_unused(&settings.bridge) {
+            Ok(true) => log::info!("removed the bridge {}", settings.bridge),
+            Ok(false) => {}
+            Err(e) => log::error!("{e}"),
+        }
     }
     match bin_dir.uninstall() {
         Ok(done) => {
@@ -213,6 +243,9 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir) {
             }
             for name in &done.left {
                 log::warn!("{name} was changed by someone else since it was installed: left as it is");
+            }
+            for failure in &done.failed {
+                log::error!("{failure}");
             }
         }
         Err(e) => log::error!("{e}"),

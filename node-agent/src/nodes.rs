@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::Error;
 use crate::conflist::{self, NodeNetwork};
 use crate::health::Health;
-use crate::routes;
 use crate::settings::Settings;
+use crate::{changes, routes};
 
 /// What the agent reads from a Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,14 +71,19 @@ impl NodeInfo {
 /// Follows every Node until the stream ends (it does not: errors are
 /// retried with backoff), writing this node's configuration whenever what
 /// it is made of changes.
-pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Result<(), Error> {
-    let chained = conflist::chained_plugins(&settings)?;
+pub async fn follow(
+    api: Api<Node>,
+    settings: Settings,
+    chained: Vec<Value>,
+    health: Health,
+) -> Result<(), Error> {
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
     let mut relisted: Option<BTreeMap<String, NodeInfo>> = None;
     let mut synced = Synced::default();
+    let mut listed_once = false;
     let mut resync = tokio::time::interval(RESYNC);
     loop {
         let event = tokio::select! {
@@ -89,13 +94,21 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
             _ = resync.tick() => {
                 // Someone may have deleted a route, a rule or the file:
                 // put them back even when no Node changed.
+                // While the watch is down or relisting, from the last
+                // list the agent had.
                 synced = Synced::default();
-                if relisted.is_none() && health.listed() {
+                if listed_once {
                     sync(&settings, &nodes, &chained, &mut synced, &health).await;
                 }
                 continue;
             }
         };
+        // Ready only while the watch is in place: not while it relists
+        // or fails.
+        health.set_listed(matches!(
+            event,
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
+        ));
         match event {
             Ok(Event::Init) => relisted = Some(BTreeMap::new()),
             Ok(Event::InitApply(node)) => {
@@ -105,7 +118,7 @@ pub async fn follow(api: Api<Node>, settings: Settings, health: Health) -> Resul
             }
             Ok(Event::InitDone) => {
                 nodes = relisted.take().unwrap_or_default();
-                health.set_listed(true);
+                listed_once = true;
             }
             Ok(Event::Apply(node)) => {
                 if let Some(info) = NodeInfo::from_node(&node) {
@@ -158,7 +171,7 @@ async fn sync(
     let wanted = routes::wanted(&settings.node_name, nodes);
     if synced.routed.as_ref() != Some(&wanted) {
         let target = wanted.clone();
-        match blocking(move || routes::reconcile(&target)).await {
+        match blocking(move || changes::change(|| routes::reconcile(&target))).await {
             Ok(changes) => {
                 for (dst, gateway) in &changes.set {
                     log::info!("route {dst} via {gateway}");

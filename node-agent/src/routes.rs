@@ -61,12 +61,9 @@ pub struct Changes {
 /// those no Node asks for removed, missing or wrong ones replaced in one
 /// step (never deleted first). A route that fails (a gateway that is not
 /// on-link) is reported and the others go on; the error lists every
-/// failure. Runs on a blocking thread (netlink here is blocking), one
-/// reconciliation at a time, uninstall included.
+/// failure. Runs on a blocking thread (netlink here is blocking), inside
+/// [`crate::changes::change`].
 pub fn reconcile(wanted: &BTreeMap<IpNetwork, IpAddr>) -> Result<Changes, Error> {
-    let _one_at_a_time = RECONCILING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let nl = Netlink::connect().map_err(netlink_error)?;
     let mut changes = Changes::default();
     let mut failures = Vec::new();
@@ -108,10 +105,6 @@ pub fn reconcile(wanted: &BTreeMap<IpNetwork, IpAddr>) -> Result<Changes, Error>
         Err(Error::Io(format!("routes: {}", failures.join("; "))))
     }
 }
-
-/// Held while routes change: a reconciliation still running when SIGTERM
-/// comes must not add routes after uninstall listed them.
-static RECONCILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The main table's gateways for `destinations`, whoever made the routes.
 fn main_table(

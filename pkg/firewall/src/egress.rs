@@ -30,7 +30,9 @@ pub const CHAIN: &str = "CNI-SUITE-EGRESS";
 const INSIDE: &str = "cni-suite node agent: to pods of the cluster";
 const MULTICAST: &str = "cni-suite node agent: multicast stays unmasqueraded";
 const LEAVING: &str = "cni-suite node agent: leaving the cluster";
-const FROM_PODS: &str = "cni-suite node agent: from this node's pods";
+// No apostrophe in a comment: iptables-save prints it escaped (`\'`), and
+// the rendered lines must equal what it prints.
+const FROM_PODS: &str = "cni-suite node agent: from the pods of this node";
 
 /// The rules of the chain and the POSTROUTING jumps for one family.
 fn wanted(family: Family, sources: &[IpNetwork], cluster: &[IpNetwork]) -> (Vec<String>, BTreeSet<String>) {
@@ -175,7 +177,7 @@ mod tests {
              -A CNI-SUITE-EGRESS -d 10.244.1.0/24 -m comment --comment \"cni-suite node agent: to pods of the cluster\" -j RETURN\n\
              -A CNI-SUITE-EGRESS -d 224.0.0.0/4 -m comment --comment \"cni-suite node agent: multicast stays unmasqueraded\" -j RETURN\n\
              -A CNI-SUITE-EGRESS -m comment --comment \"cni-suite node agent: leaving the cluster\" -j MASQUERADE\n\
-             -A POSTROUTING -s 10.244.1.0/24 -m comment --comment \"cni-suite node agent: from this node's pods\" -j CNI-SUITE-EGRESS\n\
+             -A POSTROUTING -s 10.244.1.0/24 -m comment --comment \"cni-suite node agent: from the pods of this node\" -j CNI-SUITE-EGRESS\n\
              COMMIT\n"
         );
         let table = saved(&empty, &input);

@@ -1,0 +1,30 @@
+//! One change to the node at a time, and none once uninstall has begun.
+//!
+//! Installs, route reconciliations and masquerade updates run on blocking
+//! threads. When SIGTERM ends the agent's loops, one of them may still be
+//! queued or running; without this, it could put back a route, a rule or
+//! a binary right after uninstall removed it.
+
+use std::sync::{Mutex, PoisonError};
+
+use crate::Error;
+
+/// Whether uninstall has begun.
+static NODE: Mutex<bool> = Mutex::new(false);
+
+/// Runs `work` alone, unless uninstall has begun.
+pub fn change<T>(work: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    let uninstalling = NODE.lock().unwrap_or_else(PoisonError::into_inner);
+    if *uninstalling {
+        return Err(Error::Io("the agent is uninstalling: no more changes".into()));
+    }
+    work()
+}
+
+/// Runs `work` once every change in progress has finished; none starts
+/// after it.
+pub fn uninstall(work: impl FnOnce()) {
+    let mut uninstalling = NODE.lock().unwrap_or_else(PoisonError::into_inner);
+    *uninstalling = true;
+    work();
+}
