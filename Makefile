@@ -23,9 +23,10 @@ RELEASE_DIR = target/$(TARGET)/release
 # Debian packages the build, the tests and the demo use.
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
 	python3 containernetworking-plugins iptables nftables \
-	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace
+	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace \
+	python3-yaml python3-venv
 
-.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image validate-manifest clean
 
 all: build
 
@@ -172,7 +173,24 @@ soak: build fault-bin
 			cargo test --locked -p integration --test crash -- --nocapture hundred_kills || exit 1; \
 	done
 
-test: lint unit integration check-install bench-smoke fuzz
+test: lint unit integration validate-manifest image check-install bench-smoke fuzz
+
+# The node agent's image (deploy/cni-suite.yaml runs it): an OCI archive
+# that `kind load image-archive`, `ctr images import` and `docker load` read.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE_NAME := docker.io/cni-suite/node-agent:$(VERSION)
+IMAGE_TAR := target/cni-suite-image.tar
+image: build
+	python3 deploy/image.py $(IMAGE_TAR) $(IMAGE_NAME) $(RELEASE_DIR)
+	@echo "$(IMAGE_TAR): $(IMAGE_NAME)"
+
+# The manifest against the API's own schemas, offline (kubernetes-validate
+# bundles them; Debian's kubectl cannot validate without a server).
+VALIDATE := target/tools/validate
+validate-manifest: deps
+	@[ -x $(VALIDATE)/bin/kubernetes-validate ] || { python3 -m venv $(VALIDATE) && \
+		$(VALIDATE)/bin/pip install -q kubernetes-validate==1.33.1; }
+	$(VALIDATE)/bin/kubernetes-validate -k 1.33.0 --strict deploy/cni-suite.yaml
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

@@ -87,22 +87,11 @@ impl Agent {
 
     /// GET `path` of the health endpoint: status code and body.
     pub fn probe(&self, node: &Node, path: &str) -> Option<(u16, String)> {
-        let ns = netns::NetNs::open(node.netns.path()).expect("netns");
-        let mut stream = ns
-            .run(|| TcpStream::connect(("127.0.0.1", self.health)))
-            .expect("enter")
-            .ok()?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()))
+        probe(node, self.health, path)
     }
 
     pub fn ready(&self, node: &Node) -> bool {
-        self.probe(node, "/readyz").is_some_and(|(code, _)| code == 200)
+        ready(node, self.health)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -140,7 +129,29 @@ impl Drop for Agent {
     }
 }
 
-fn free_port(node: &Node) -> u16 {
+/// GET `path` of an agent's health endpoint on `port` of the node's
+/// loopback: status code and body.
+pub fn probe(node: &Node, port: u16, path: &str) -> Option<(u16, String)> {
+    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
+    let mut stream = ns
+        .run(|| TcpStream::connect(("127.0.0.1", port)))
+        .expect("enter")
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()))
+}
+
+/// Whether the agent answering on `port` is ready.
+pub fn ready(node: &Node, port: u16) -> bool {
+    probe(node, port, "/readyz").is_some_and(|(code, _)| code == 200)
+}
+
+pub fn free_port(node: &Node) -> u16 {
     let ns = netns::NetNs::open(node.netns.path()).expect("netns");
     ns.run(|| std::net::TcpListener::bind("127.0.0.1:0"))
         .expect("enter")

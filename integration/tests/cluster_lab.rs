@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use integration::api_server::ApiServer;
+use integration::containerd::Containerd;
 use integration::node_agent::{
     Agent, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
@@ -121,7 +122,12 @@ impl LabNode {
             let routes = self.node.netns.ip(&[family, "route", "show"]).success().stdout;
             state.insert(format!("routes {family}"), routes);
         }
-        for save in ["iptables-save", "ip6tables-save"] {
+        for save in [
+            "iptables-save",
+            "ip6tables-save",
+            "iptables-legacy-save",
+            "ip6tables-legacy-save",
+        ] {
             let rules: Vec<String> = self
                 .node
                 .run(save, &["-t", "nat"])
@@ -542,4 +548,214 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
         assert!(integration::services_under(&host_leases(&lab_node.node)).is_empty());
     }
     say("every agent stopped with uninstall: each node is as it was before");
+}
+
+/// The image `make image` builds, as the manifest names it.
+const IMAGE: &str = "docker.io/cni-suite/node-agent:0.1.0";
+
+/// `deploy/image.py` over the binaries under test, into `dir`.
+fn build_image(dir: &Path) -> std::path::PathBuf {
+    let tar = dir.join("cni-suite-image.tar");
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/image.py");
+    integration::run(
+        &tool,
+        &[
+            tar.to_str().expect("UTF-8"),
+            IMAGE,
+            bin_dir().to_str().expect("UTF-8"),
+        ],
+    )
+    .success();
+    tar
+}
+
+/// The agent of `lab_node` run from the imported image as the DaemonSet
+/// runs it: host network, the host's pid namespace, NET_ADMIN and NET_RAW,
+/// and the manifest's hostPath mounts (each host path at its own path, so
+/// the conflist names paths the runtime on the host finds), the service
+/// account where the kubelet mounts it.
+fn run_agent_container(containerd: &Containerd, lab: &Lab, lab_node: &LabNode, health: u16) {
+    let node = &lab_node.node;
+    let account = lab.server.service_account(&node.path(""), TOKEN);
+    // The manifest mounts the lease directory's parent (`/run/cni-suite`,
+    // which the kubelet creates): the agent removes the directory itself.
+    let (bin, conf, leases) = (host_bin(node), node.conf_dir(), host_leases(node));
+    std::fs::create_dir_all(&leases).expect("lease dir's parent");
+    let xtables_lock = node.path("xtables.lock");
+    std::fs::write(&xtables_lock, "").expect("lock file");
+    let bind = |src: &Path, dst: &Path, mode: &str| {
+        format!(
+            "type=bind,src={},dst={},options=rbind:{mode}",
+            src.display(),
+            dst.display()
+        )
+    };
+    let mounts = [
+        bind(&bin, &bin, "rw"),
+        bind(&conf, &conf, "rw"),
+        bind(&leases, &leases, "rw"),
+        bind(&xtables_lock, Path::new("/run/xtables.lock"), "rw"),
+        bind(
+            &account,
+            Path::new("/var/run/secrets/kubernetes.io/serviceaccount"),
+            "ro",
+        ),
+    ];
+    let port = lab.server.port.to_string();
+    let env = [
+        format!("NODE_NAME={}", lab_node.name),
+        format!("KUBERNETES_SERVICE_HOST={SERVER}"),
+        format!("KUBERNETES_SERVICE_PORT={port}"),
+        format!("CNI_BIN_DIR={}", bin.display()),
+        format!("CNI_CONF_DIR={}", conf.display()),
+        format!("CNI_LEASE_DIR={}", leases.join("ipam").display()),
+        format!("HEALTH_LISTEN=127.0.0.1:{health}"),
+        "UNINSTALL_ON_STOP=true".to_owned(),
+    ];
+    let log = format!("file://{}", node.path("agent-container.log").display());
+    let mut args = vec![
+        "run",
+        "-d",
+        "--net-host",
+        "--cap-add",
+        "CAP_NET_ADMIN",
+        "--cap-add",
+        "CAP_NET_RAW",
+        "--log-uri",
+        &log,
+    ];
+    for mount in &mounts {
+        args.extend(["--mount", mount.as_str()]);
+    }
+    for pair in &env {
+        args.extend(["--env", pair.as_str()]);
+    }
+    args.extend([IMAGE, "node-agent"]);
+    containerd.ctr(node, "k8s.io", &args).success();
+}
+
+#[test]
+fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
+    require_root();
+    let lab = Lab::new(2);
+    let before = lab.nodes[1].state();
+    for (index, lab_node) in lab.nodes.iter().enumerate() {
+        lab.server
+            .apply_node(lab_node.object(u8::try_from(index + 1).expect("few")));
+    }
+    // n2's kubelet uses iptables-legacy (its hint chain is there): the
+    // agent's rules must go there too, not to nf_tables.
+    lab.nodes[1]
+        .node
+        .run("iptables-legacy", &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"])
+        .success();
+    let images = tempfile::tempdir().expect("tempdir");
+    let tar = build_image(images.path());
+    let containerd = Containerd::start(&lab.nodes[1].node, None);
+    containerd
+        .ctr(
+            &lab.nodes[1].node,
+            "k8s.io",
+            &["images", "import", tar.to_str().expect("UTF-8")],
+        )
+        .success();
+    let listed = containerd
+        .ctr(&lab.nodes[1].node, "k8s.io", &["images", "ls", "-q"])
+        .success()
+        .stdout;
+    assert!(
+        listed.lines().any(|name| name == IMAGE),
+        "imported as {IMAGE}: {listed}"
+    );
+
+    let mut native = lab.nodes[0].agent(&lab.server, true);
+    let health = integration::node_agent::free_port(&lab.nodes[1].node);
+    run_agent_container(&containerd, &lab, &lab.nodes[1], health);
+    let container_log =
+        || std::fs::read_to_string(lab.nodes[1].node.path("agent-container.log")).unwrap_or_default();
+    let started = Instant::now();
+    while !integration::node_agent::ready(&lab.nodes[1].node, health) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the agent in its container: {}",
+            container_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for("n1's agent ready", Duration::from_secs(30), || {
+        native.ready(&lab.nodes[0].node)
+    });
+
+    let n2 = &lab.nodes[1];
+    for plugin in ["bridge", "host-local", "loopback", "istio-redirect"] {
+        assert!(
+            same_content(&host_bin(&n2.node).join(plugin), &bin_dir().join(plugin)),
+            "{plugin}"
+        );
+    }
+    assert!(same_content(
+        &host_bin(&n2.node).join(".cni-suite/replaced/host-local"),
+        &Path::new(REFERENCE_DIR).join("host-local")
+    ));
+    assert!(host_conflist(&n2.node).exists());
+    assert!(
+        container_log().contains("iptables: /opt/cni-suite/iptables/legacy"),
+        "{}",
+        container_log()
+    );
+    let legacy = n2
+        .node
+        .run("iptables-legacy-save", &["-t", "nat"])
+        .success()
+        .stdout;
+    let nft = n2.node.run("iptables-nft-save", &["-t", "nat"]).success().stdout;
+    assert!(legacy.contains("-A POSTROUTING -s 10.244.2.0/24"), "{legacy}");
+    assert!(!nft.contains("CNI-SUITE-EGRESS"), "{nft}");
+
+    let pods: Vec<Netns> = lab
+        .nodes
+        .iter()
+        .map(|n| n.node.pod(&format!("pod-{}", n.name)))
+        .collect();
+    let addresses: Vec<(String, String)> = lab
+        .nodes
+        .iter()
+        .zip(&pods)
+        .map(|(n, pod)| n.add_pod(pod))
+        .collect();
+    ping(&pods[0], &addresses[1].0);
+    ping(&pods[1], &addresses[0].1);
+    let outside = source_seen(&pods[1], lab.outside.path(), "10.250.0.200");
+    assert_eq!(outside.to_string(), n2.v4, "masqueraded through iptables-legacy");
+    for (lab_node, pod) in lab.nodes.iter().zip(&pods) {
+        lab_node.del_pod(pod);
+    }
+
+    // SIGTERM, as the kubelet stops it: uninstalled from inside the
+    // container, the node is as it was.
+    containerd
+        .ctr(
+            &n2.node,
+            "k8s.io",
+            &["task", "kill", "--signal", "SIGTERM", "node-agent"],
+        )
+        .success();
+    wait_for("the agent's container to stop", Duration::from_secs(40), || {
+        containerd
+            .ctr(&n2.node, "k8s.io", &["task", "ls"])
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("node-agent") && line.contains("STOPPED"))
+    });
+    containerd
+        .ctr(&n2.node, "k8s.io", &["task", "delete", "node-agent"])
+        .success();
+    containerd
+        .ctr(&n2.node, "k8s.io", &["container", "delete", "node-agent"])
+        .success();
+    // What the kubelet made for the hostPath mount goes with the pod.
+    std::fs::remove_dir(host_leases(&n2.node)).expect("the lease directory's parent is left empty");
+    assert_eq!(before, n2.state(), "{}", container_log());
+    let (status, log) = native.stop();
+    assert!(status.success(), "{log}");
 }

@@ -15,6 +15,7 @@ mod cluster;
 mod conflist;
 mod health;
 mod install;
+mod iptables_mode;
 mod lease;
 mod logging;
 mod nodes;
@@ -38,6 +39,10 @@ pub enum Error {
 fn main() -> ExitCode {
     let settings = Settings::parse();
     logging::init();
+    // Before the runtime's threads exist: it edits PATH.
+    if let Some(flavour) = iptables_mode::select(settings.iptables_mode) {
+        log::info!("iptables: {}", flavour.display());
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -73,6 +73,11 @@ pub struct Settings {
     #[arg(long, env = "LEASE_SERVICE", default_value_t = true, action = clap::ArgAction::Set)]
     pub lease_service: bool,
 
+    /// Which iptables the rules go through when the agent's image carries
+    /// both (`auto`: the node's kubelet's, see `iptables_mode`).
+    #[arg(long, env = "IPTABLES_MODE", value_enum, default_value = "auto")]
+    pub iptables_mode: crate::iptables_mode::Mode,
+
     /// The service account the kubelet mounts (token, ca.crt, namespace).
     #[arg(
         long,
