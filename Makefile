@@ -24,7 +24,7 @@ RELEASE_DIR = target/$(TARGET)/release
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace \
-	python3-yaml python3-venv
+	python3-yaml python3-venv skopeo
 
 .PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image validate-manifest clean
 

@@ -8,11 +8,14 @@ the plugins it installs, cnictl); /opt/cni-suite/iptables/{nft,legacy}
 each hold one iptables flavour's save and restore commands, Debian's
 xtables multi-binaries with their libraries and extensions, of which the
 agent puts the node's own first on PATH (node-agent/src/iptables_mode.rs);
-busybox for a shell when someone needs to look inside.
+busybox for a shell when someone needs to look inside. Built on Debian
+or Ubuntu, for the machine's own architecture (the nodes' must match).
 """
 import glob
 import os
+import subprocess
 import sys
+import sysconfig
 
 import oci
 
@@ -32,9 +35,18 @@ def main():
         layer.host_binary(multi)
         for command in COMMANDS:
             layer.symlink("opt/cni-suite/iptables/%s/%s" % (flavour, command), multi)
-    for extension in sorted(glob.glob("/usr/lib/x86_64-linux-gnu/xtables/*.so")):
+    # This machine's architecture is the image's: its iptables, and the
+    # static binaries built here.
+    architecture = subprocess.run(["dpkg", "--print-architecture"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+    multiarch = sysconfig.get_config_var("MULTIARCH") or "%s-linux-gnu" % os.uname().machine
+    extensions = sorted(glob.glob("/usr/lib/%s/xtables/*.so" % multiarch))
+    if not extensions:
+        sys.exit("image.py: no iptables extensions found (is iptables installed?)")
+    for extension in extensions:
         layer.host_binary(extension)
-    oci.write_archive(out, name, layer, ["/opt/cni-suite/bin/cni-node-agent"])
+    oci.write_archive(out, name, layer, ["/opt/cni-suite/bin/cni-node-agent"],
+                      architecture=architecture)
 
 
 if __name__ == "__main__":

@@ -118,12 +118,12 @@ def add(tar, name, data=None, mode=0o644, kind="file"):
         tar.addfile(info, io.BytesIO(data))
 
 
-def write_archive(out, name, layer, cmd, env=("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)):
+def write_archive(out, name, layer, cmd, env=("PATH=/usr/sbin:/usr/bin:/sbin:/bin",), architecture="amd64"):
     """Writes the image `name` (a full reference, `docker.io/...:tag`) to
     `out`, through a temporary file renamed into place."""
     uncompressed, compressed = layer.tar()
     config = json.dumps({
-        "architecture": "amd64", "os": "linux",
+        "architecture": architecture, "os": "linux",
         "config": {"Cmd": list(cmd), "Env": list(env)},
         "rootfs": {"type": "layers", "diff_ids": [digest(uncompressed)]},
     }, sort_keys=True).encode()

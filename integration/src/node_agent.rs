@@ -60,6 +60,21 @@ impl Agent {
         token: &str,
         extra: &[(&str, &str)],
     ) -> Agent {
+        Agent::start_under(node, name, server, server_host, token, extra, &[])
+    }
+
+    /// [`Agent::start`], run through `wrapper` (a command and its
+    /// arguments, the agent's path appended), as `setpriv` to give it a
+    /// container's capabilities only.
+    pub fn start_under(
+        node: &Node,
+        name: &str,
+        server: &ApiServer,
+        server_host: &str,
+        token: &str,
+        extra: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
         let account = server.service_account(&node.path(""), token);
         let health = free_port(node);
         let listen = format!("127.0.0.1:{health}");
@@ -78,7 +93,15 @@ impl Agent {
             ("HEALTH_LISTEN", listen.as_str()),
         ];
         env.extend_from_slice(extra);
-        let child = spawn_in(node.netns.path(), &bin("cni-node-agent"), &[], &env, "");
+        let agent = bin("cni-node-agent");
+        let child = match wrapper.split_first() {
+            None => spawn_in(node.netns.path(), &agent, &[], &env, ""),
+            Some((program, args)) => {
+                let mut args = args.to_vec();
+                args.push(agent.to_str().expect("UTF-8"));
+                spawn_in(node.netns.path(), std::path::Path::new(program), &args, &env, "")
+            }
+        };
         Agent {
             child: Some(child),
             health,

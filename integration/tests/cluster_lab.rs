@@ -307,6 +307,23 @@ impl Lab {
         }
     }
 
+    /// One pod on every node, added through its agent's conflist, and
+    /// its (IPv4, IPv6) addresses.
+    fn pod_on_every_node(&self) -> (Vec<Netns>, Vec<(String, String)>) {
+        let pods: Vec<Netns> = self
+            .nodes
+            .iter()
+            .map(|n| n.node.pod(&format!("pod-{}", n.name)))
+            .collect();
+        let addresses = self
+            .nodes
+            .iter()
+            .zip(&pods)
+            .map(|(n, pod)| n.add_pod(pod))
+            .collect();
+        (pods, addresses)
+    }
+
     fn wait_ready(&self, agents: &[Agent]) {
         for (lab_node, agent) in self.nodes.iter().zip(agents) {
             wait_for(
@@ -411,17 +428,7 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
         .expect("ppid");
     assert_eq!(Some(parent), agents[0].pid(), "started by the agent");
 
-    let pods: Vec<Netns> = lab
-        .nodes
-        .iter()
-        .map(|n| n.node.pod(&format!("pod-{}", n.name)))
-        .collect();
-    let addresses: Vec<(String, String)> = lab
-        .nodes
-        .iter()
-        .zip(&pods)
-        .map(|(n, pod)| n.add_pod(pod))
-        .collect();
+    let (pods, addresses) = lab.pod_on_every_node();
     for (lab_node, (v4, v6)) in lab.nodes.iter().zip(&addresses) {
         say(&format!("pod on {} has {v4} and {v6}", lab_node.name));
     }
@@ -550,8 +557,11 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     say("every agent stopped with uninstall: each node is as it was before");
 }
 
-/// The image `make image` builds, as the manifest names it.
-const IMAGE: &str = "docker.io/cni-suite/node-agent:0.1.0";
+/// The image `make image` builds (tagged with the workspace's version),
+/// as containerd names what the manifest asks for.
+fn image() -> String {
+    format!("docker.io/cni-suite/node-agent:{}", env!("CARGO_PKG_VERSION"))
+}
 
 /// `deploy/image.py` over the binaries under test, into `dir`.
 fn build_image(dir: &Path) -> std::path::PathBuf {
@@ -561,7 +571,7 @@ fn build_image(dir: &Path) -> std::path::PathBuf {
         &tool,
         &[
             tar.to_str().expect("UTF-8"),
-            IMAGE,
+            &image(),
             bin_dir().to_str().expect("UTF-8"),
         ],
     )
@@ -630,7 +640,8 @@ fn run_agent_container(containerd: &Containerd, lab: &Lab, lab_node: &LabNode, h
     for pair in &env {
         args.extend(["--env", pair.as_str()]);
     }
-    args.extend([IMAGE, "node-agent"]);
+    let image = image();
+    args.extend([image.as_str(), "node-agent"]);
     containerd.ctr(node, "k8s.io", &args).success();
 }
 
@@ -651,12 +662,39 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
         .success();
     let images = tempfile::tempdir().expect("tempdir");
     let tar = build_image(images.path());
+    // What `docker load` (minikube's docker runtime) reads: the tagged
+    // manifest.json, read here by skopeo's docker-archive transport, which
+    // finds the image only by that tag.
+    let copied = images.path().join("through-docker-archive");
+    integration::run(
+        "skopeo",
+        &[
+            "copy",
+            "-q",
+            &format!(
+                "docker-archive:{}:cni-suite/node-agent:{}",
+                tar.display(),
+                env!("CARGO_PKG_VERSION")
+            ),
+            &format!("oci:{}:check", copied.display()),
+        ],
+    )
+    .success();
     let containerd = Containerd::start(&lab.nodes[1].node, None);
     containerd
         .ctr(
             &lab.nodes[1].node,
             "k8s.io",
-            &["images", "import", tar.to_str().expect("UTF-8")],
+            // As `kind load image-archive` runs it inside a node.
+            &[
+                "images",
+                "import",
+                "--all-platforms",
+                "--digests",
+                "--snapshotter",
+                "overlayfs",
+                tar.to_str().expect("UTF-8"),
+            ],
         )
         .success();
     let listed = containerd
@@ -664,8 +702,9 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
         .success()
         .stdout;
     assert!(
-        listed.lines().any(|name| name == IMAGE),
-        "imported as {IMAGE}: {listed}"
+        listed.lines().any(|name| name == image()),
+        "imported as {}: {listed}",
+        image()
     );
 
     let mut native = lab.nodes[0].agent(&lab.server, true);
@@ -712,17 +751,7 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     assert!(legacy.contains("-A POSTROUTING -s 10.244.2.0/24"), "{legacy}");
     assert!(!nft.contains("CNI-SUITE-EGRESS"), "{nft}");
 
-    let pods: Vec<Netns> = lab
-        .nodes
-        .iter()
-        .map(|n| n.node.pod(&format!("pod-{}", n.name)))
-        .collect();
-    let addresses: Vec<(String, String)> = lab
-        .nodes
-        .iter()
-        .zip(&pods)
-        .map(|(n, pod)| n.add_pod(pod))
-        .collect();
+    let (pods, addresses) = lab.pod_on_every_node();
     ping(&pods[0], &addresses[1].0);
     ping(&pods[1], &addresses[0].1);
     let outside = source_seen(&pods[1], lab.outside.path(), "10.250.0.200");
@@ -753,7 +782,8 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     containerd
         .ctr(&n2.node, "k8s.io", &["container", "delete", "node-agent"])
         .success();
-    // What the kubelet made for the hostPath mount goes with the pod.
+    // The kubelet made the hostPath directory (DirectoryOrCreate) and
+    // leaves it; the agent left it empty.
     std::fs::remove_dir(host_leases(&n2.node)).expect("the lease directory's parent is left empty");
     assert_eq!(before, n2.state(), "{}", container_log());
     let (status, log) = native.stop();

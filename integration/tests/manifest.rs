@@ -149,7 +149,9 @@ fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
         );
     }
     // The image make image builds, and its command.
-    assert_eq!(container.image.as_deref(), Some("cni-suite/node-agent:0.1.0"));
+    // The tag `make image` gives it: the workspace's version.
+    let image = format!("cni-suite/node-agent:{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(container.image.as_deref(), Some(image.as_str()));
     assert_eq!(
         container.command.as_deref(),
         Some(&["/opt/cni-suite/bin/cni-node-agent".to_owned()][..])

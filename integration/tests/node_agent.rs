@@ -18,6 +18,10 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "agent-token";
 
+/// containerd's default capabilities and the two the DaemonSet adds.
+const CONTAINER_CAPABILITIES: &str = "+chown,+dac_override,+fsetid,+fowner,+mknod,+net_raw,+setgid,+setuid,\
+     +setfcap,+setpcap,+net_bind_service,+sys_chroot,+kill,+audit_write,+net_admin";
+
 /// A kube-rs client for `server`, run on the calling thread's runtime; the
 /// server listens in `node`'s namespace, which the test enters to connect.
 fn client(server: &ApiServer, token: &str) -> kube::Client {
@@ -382,8 +386,22 @@ fn a_lease_service_left_by_an_agent_killed_with_sigkill_is_stopped_on_uninstall(
     );
 
     // The next agent finds the place taken, uses that service, and stops
-    // it when it uninstalls.
-    let mut second = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    // it when it uninstalls, with no more capabilities than the
+    // DaemonSet's container has (the runtime's defaults, NET_ADMIN and
+    // NET_RAW), against a service that has them all.
+    let mut second = Agent::start_under(
+        &node,
+        "n1",
+        &server,
+        "127.0.0.1",
+        TOKEN,
+        &[("UNINSTALL_ON_STOP", "true")],
+        &[
+            "setpriv",
+            &format!("--bounding-set=-all,{CONTAINER_CAPABILITIES}"),
+            "--",
+        ],
+    );
     wait_for("readiness", Duration::from_secs(20), || second.ready(&node));
     assert_eq!(integration::services_under(&leases), services);
     let (status, log) = second.stop();

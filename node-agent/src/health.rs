@@ -62,9 +62,16 @@ impl Health {
 /// Binds `address` now (so a port in use fails the start) and answers
 /// probes until the process ends.
 pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::JoinHandle<()>, Error> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|e| Error::Io(format!("cannot listen on {address} for health probes: {e}")))?;
+    let listener = match TcpListener::bind(address).await {
+        // `[::]` also answers IPv4, and is what an IPv6-only node's kubelet
+        // probes; on a kernel without IPv6 it cannot be bound.
+        Err(_) if address.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+            let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, address.port()));
+            TcpListener::bind(v4).await
+        }
+        bound => bound,
+    }
+    .map_err(|e| Error::Io(format!("cannot listen on {address} for health probes: {e}")))?;
     Ok(tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {

@@ -139,8 +139,8 @@ impl Restarter {
 /// Stops a lease service that still listens on the lease directory's
 /// socket once the agent's own has stopped: one a plugin started, or the
 /// child of an earlier agent that was killed with SIGKILL (nothing stops
-/// that one otherwise: it has no idle exit). Only a process running a
-/// file named `host-local` is signalled. True when there was one.
+/// that one otherwise: it has no idle exit). Only a root process named
+/// `host-local` is signalled. True when there was one.
 pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
     let socket = ipam::service::data_dir_socket(lease_dir);
     let Ok(stream) = ipam::socket::connect(&socket) else {
@@ -156,12 +156,16 @@ pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
             socket.display()
         )));
     }
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-    if exe.file_name().is_none_or(|name| name != "host-local") {
+    // Its name, not its executable: reading /proc/<pid>/exe needs ptrace
+    // access, which a process with more capabilities than the agent (one
+    // the runtime started) refuses, and names a replaced file "(deleted)".
+    // The socket's trust check already made sure it runs as root.
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if name.trim_end() != "host-local" {
         return Err(Error::Io(format!(
             "{} is served by pid {pid} ({}), not host-local: left running",
             socket.display(),
-            exe.display()
+            name.trim_end()
         )));
     }
     let target = nix::unistd::Pid::from_raw(pid);

@@ -86,8 +86,9 @@ pub struct Settings {
     )]
     pub service_account_dir: PathBuf,
 
-    /// Where `/healthz` and `/readyz` answer.
-    #[arg(long, env = "HEALTH_LISTEN", default_value = "0.0.0.0:9470")]
+    /// Where `/healthz` and `/readyz` answer (`[::]`: IPv6 and IPv4, or
+    /// IPv4 alone on a kernel without IPv6).
+    #[arg(long, env = "HEALTH_LISTEN", default_value = "[::]:9470")]
     pub health_listen: SocketAddr,
 
     /// On SIGTERM, remove everything the agent put on the node.
