@@ -454,3 +454,124 @@ fn uninstall_with_pods_left_keeps_what_their_dels_need() {
         "the pod's lease is released: {leases}"
     );
 }
+
+/// kindnet's conflist, as kindnetd writes it.
+fn kindnet_conflist() -> Value {
+    json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
+        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
+         "dataDir": "/run/cni-ipam-state", "ranges": [[{"subnet": "10.244.1.0/24"}]],
+         "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}
+    ]})
+}
+
+fn plugin_types(path: &std::path::Path) -> Vec<String> {
+    let conf: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default()).unwrap_or_default();
+    conf["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["type"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn istio_redirect_is_chained_last_into_another_cnis_file_and_put_back() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let kindnet = node.conf_dir().join("10-kindnet.conflist");
+    std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("kindnet's file");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[
+            ("ISTIO_CHAINED", "true"),
+            // Sorts after kindnet's: kindnet's stays the primary file.
+            ("CNI_CONF_NAME", "90-cni-suite.conflist"),
+            ("UNINSTALL_ON_STOP", "true"),
+        ],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
+
+    // kindnetd writes its file again: the entry is back within 2 s.
+    std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("rewritten");
+    wait_for("istio-redirect chained again", Duration::from_secs(2), || {
+        plugin_types(&kindnet) == ["ptp", "portmap", "istio-redirect"]
+    });
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let left: Value = serde_json::from_str(&std::fs::read_to_string(&kindnet).expect("kept")).expect("JSON");
+    assert_eq!(left, kindnet_conflist(), "only our entry removed: {log}");
+}
+
+#[test]
+fn a_pod_added_through_the_chain_the_agent_wrote_has_istios_capture() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    // A pod with no Kubernetes arguments (cnictl's) is captured by the
+    // entry's static `redirect`.
+    let entry = r#"{"type":"istio-redirect","redirect":{"interceptionMode":"REDIRECT"}}"#;
+    let agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[("ISTIO_CHAINED", "true"), ("ISTIO_PLUGIN_CONFIG", entry)],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    assert_eq!(plugin_types(&conflist(&node)), ["bridge", "istio-redirect"]);
+    let bin = host_bin(&node);
+    let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    let pod = node.pod("pod");
+    node.cnictl_env(&["add", "cni-suite", pod.path_str()], &cni_path)
+        .success();
+    let rules = integration::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
+        .success()
+        .stdout;
+    assert!(
+        rules.contains("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"),
+        "{rules}"
+    );
+    node.cnictl_env(&["del", "cni-suite", pod.path_str()], &cni_path)
+        .success();
+}
+
+#[test]
+fn with_istio_chaining_on_the_agent_is_ready_only_once_the_entry_is_in() {
+    require_root();
+    let node = lab_node();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    // The primary file is named, and another CNI has not written it yet.
+    let agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[
+            ("ISTIO_CHAINED", "true"),
+            ("ISTIO_CNI_CONF_FILE", "10-kindnet.conflist"),
+        ],
+    );
+    wait_for("the agent's own conflist", Duration::from_secs(20), || {
+        conflist(&node).exists()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, reason) = agent.probe(&node, "/readyz").expect("an answer");
+    assert_eq!(code, 503);
+    assert!(reason.contains("istio-redirect is not chained"), "{reason}");
+    let kindnet = node.conf_dir().join("10-kindnet.conflist");
+    std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("kindnet's file");
+    wait_for("ready once chained", Duration::from_secs(2), || {
+        agent.ready(&node)
+    });
+    assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
+}

@@ -21,10 +21,9 @@ pub fn change<T>(work: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
     work()
 }
 
-/// Runs `work` once every change in progress has finished; none starts
-/// after it.
-pub fn uninstall(work: impl FnOnce()) {
+/// Waits for the change in progress, if any; none starts after. What
+/// uninstall does next cannot be undone by a change still queued.
+pub fn stop() {
     let mut uninstalling = NODE.lock().unwrap_or_else(PoisonError::into_inner);
     *uninstalling = true;
-    work();
 }

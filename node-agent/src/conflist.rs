@@ -3,7 +3,7 @@
 //! runtime reads it.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
@@ -80,8 +80,9 @@ pub fn chained_plugins(settings: &crate::settings::Settings) -> Result<Vec<Value
 }
 
 /// Writes `content` to `path` unless it already holds exactly that: a
-/// file beside it, synced, then renamed over it, so the runtime never
-/// reads half a configuration. Returns whether it wrote.
+/// file beside it (with the mode of the file it replaces), synced, then
+/// renamed over it, so the runtime never reads half a configuration.
+/// Returns whether it wrote.
 pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
     let text = format!(
         "{}\n",
@@ -100,11 +101,13 @@ pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
         .unwrap_or_default();
     // A dot-name the runtime skips (it reads *.conf, *.conflist, *.json).
     let beside = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // A file another agent wrote keeps its mode.
+    let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(mode)
         .open(&beside)
         .and_then(|mut file| {
             file.write_all(text.as_bytes())?;

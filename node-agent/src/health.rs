@@ -18,11 +18,18 @@ pub struct Health {
     configured: Arc<AtomicBool>,
     routed: Arc<AtomicBool>,
     masqueraded: Arc<AtomicBool>,
+    /// Istio's entry is in the primary configuration (true when that mode
+    /// is off).
+    chained: Arc<AtomicBool>,
 }
 
 impl Health {
     pub fn set_installed(&self, done: bool) {
         self.installed.store(done, Ordering::SeqCst);
+    }
+
+    pub fn set_chained(&self, done: bool) {
+        self.chained.store(done, Ordering::SeqCst);
     }
 
     pub fn set_masqueraded(&self, done: bool) {
@@ -53,6 +60,8 @@ impl Health {
             Some("the routes to the other nodes' pods are not in place")
         } else if !self.masqueraded.load(Ordering::SeqCst) {
             Some("the masquerade of traffic leaving the cluster is not in place")
+        } else if !self.chained.load(Ordering::SeqCst) {
+            Some("istio-redirect is not chained into the node's primary CNI configuration")
         } else {
             None
         }

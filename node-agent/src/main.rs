@@ -16,6 +16,7 @@ mod conflist;
 mod health;
 mod install;
 mod iptables_mode;
+mod istio_chain;
 mod lease;
 mod logging;
 mod nodes;
@@ -73,7 +74,17 @@ async fn run(settings: Settings) -> Result<(), Error> {
     // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
     let api: kube::Api<Node> = kube::Api::all(client);
-    let chained = conflist::chained_plugins(&settings)?;
+    let mut chained = conflist::chained_plugins(&settings)?;
+    let istio_entry = if settings.istio_chained {
+        let entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
+        // The agent's own file carries it too, so where that file is the
+        // primary one the two never rewrite each other.
+        chained.push(entry.clone());
+        Some(entry)
+    } else {
+        health.set_chained(true);
+        None
+    };
     let bin_dir = install::BinDir::new(settings.cni_bin_dir.clone());
     // Before the conflist exists, so the runtime never calls a plugin that
     // is not there yet; a start that cannot install fails.
@@ -87,6 +98,8 @@ async fn run(settings: Settings) -> Result<(), Error> {
         health.clone(),
         lease_service.as_ref().map(lease::LeaseService::restarter),
     ));
+    let chaining =
+        istio_entry.map(|entry| tokio::spawn(keep_chained(settings.clone(), entry, health.clone())));
     log::info!(
         "node {}: writing {} from its Node object",
         settings.node_name,
@@ -102,19 +115,33 @@ async fn run(settings: Settings) -> Result<(), Error> {
     };
     reinstalling.abort();
     let _ = reinstalling.await;
+    if let Some(chaining) = chaining {
+        chaining.abort();
+        let _ = chaining.await;
+    }
+    if !settings.uninstall_on_stop {
+        if let Some(service) = lease_service {
+            service.stop().await;
+        }
+        return outcome;
+    }
+    // A change already on a blocking thread (SIGTERM cannot cancel it)
+    // finishes first; none starts after.
+    if let Err(e) = tokio::task::spawn_blocking(changes::stop).await {
+        log::error!("uninstalling: {e}");
+    }
+    if settings.istio_chained {
+        unchain(&settings);
+    }
     // The conflist goes first, so no new pod is set up while the rest
     // goes (a pod set up meanwhile would start a lease service of its own).
-    let conflist_was_ours = settings.uninstall_on_stop && remove_conflist(&settings);
+    let conflist_was_ours = remove_conflist(&settings);
     if let Some(service) = lease_service {
         service.stop().await;
     }
-    if settings.uninstall_on_stop {
-        let removing = tokio::task::spawn_blocking(move || {
-            changes::uninstall(|| uninstall(&settings, &bin_dir, conflist_was_ours));
-        });
-        if let Err(e) = removing.await {
-            log::error!("uninstalling: {e}");
-        }
+    let removing = tokio::task::spawn_blocking(move || uninstall(&settings, &bin_dir, conflist_was_ours));
+    if let Err(e) = removing.await {
+        log::error!("uninstalling: {e}");
     }
     outcome
 }
@@ -174,6 +201,66 @@ async fn keep_installed(
             Ok(_) => {}
             Err(e) => log::error!("{e}"),
         }
+    }
+}
+
+/// How often the primary configuration is checked for Istio's entry: an
+/// agent that rewrites the file has it back within this.
+const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Keeps istio-redirect last in the node's primary configuration, waiting
+/// for one when the directory has none yet.
+async fn keep_chained(settings: Settings, entry: serde_json::Value, health: health::Health) {
+    let mut every = tokio::time::interval(CHAIN_CHECK);
+    let mut waiting_said = false;
+    loop {
+        every.tick().await;
+        let Some(primary) =
+            istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
+        else {
+            if !waiting_said {
+                log::info!(
+                    "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
+                    settings.cni_conf_dir.display()
+                );
+                waiting_said = true;
+            }
+            health.set_chained(false);
+            continue;
+        };
+        waiting_said = false;
+        if istio_chain::in_place(&primary, &entry) {
+            health.set_chained(true);
+            continue;
+        }
+        let entry = entry.clone();
+        let inserting =
+            tokio::task::spawn_blocking(move || changes::change(|| istio_chain::insert(&primary, &entry)))
+                .await;
+        match inserting {
+            Ok(Ok(written)) => {
+                log::info!("chained istio-redirect into {}", written.display());
+                health.set_chained(true);
+            }
+            Ok(Err(e)) => {
+                log::error!("{e}");
+                health.set_chained(false);
+            }
+            Err(e) => log::error!("chaining: {e}"),
+        }
+    }
+}
+
+/// Takes Istio's entry out of the primary configuration, leaving the rest.
+fn unchain(settings: &Settings) {
+    let Some(primary) = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
+    else {
+        return;
+    };
+    match istio_chain::remove(&primary) {
+        Ok(true) => log::info!("removed istio-redirect from {}", primary.display()),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
     }
 }
 

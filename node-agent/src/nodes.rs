@@ -199,7 +199,9 @@ async fn sync(
     if synced.masqueraded.as_ref() != Some(&masquerade) {
         let (sources, cluster) = masquerade.clone();
         match blocking(move || {
-            firewall::egress::apply(&sources, &cluster).map_err(|e| Error::Io(e.to_string()))
+            changes::change(|| {
+                firewall::egress::apply(&sources, &cluster).map_err(|e| Error::Io(e.to_string()))
+            })
         })
         .await
         {

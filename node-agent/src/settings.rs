@@ -78,6 +78,21 @@ pub struct Settings {
     #[arg(long, env = "IPTABLES_MODE", value_enum, default_value = "auto")]
     pub iptables_mode: crate::iptables_mode::Mode,
 
+    /// Istio's chained install: istio-redirect appended last to the node's
+    /// primary configuration, and put back when another agent rewrites it.
+    #[arg(long, env = "ISTIO_CHAINED")]
+    pub istio_chained: bool,
+
+    /// The primary configuration's file name in the CNI conf directory;
+    /// unset: the first valid `.conf`/`.conflist` in name order.
+    #[arg(long, env = "ISTIO_CNI_CONF_FILE")]
+    pub istio_cni_conf_file: Option<String>,
+
+    /// istio-redirect's entry, as a JSON object; unset: the pod
+    /// annotations capability, skipping kube-system and istio-system.
+    #[arg(long, env = "ISTIO_PLUGIN_CONFIG")]
+    pub istio_plugin_config: Option<String>,
+
     /// The service account the kubelet mounts (token, ca.crt, namespace).
     #[arg(
         long,
