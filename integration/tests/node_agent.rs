@@ -575,3 +575,75 @@ fn with_istio_chaining_on_the_agent_is_ready_only_once_the_entry_is_in() {
     });
     assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
 }
+
+#[test]
+fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    // An injected pod, as the API server serves it.
+    server.add_pod(
+        "default",
+        "web-0",
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web-0", "namespace": "default", "annotations": {
+                   "sidecar.istio.io/status": r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"]}"#}},
+               "spec": {"initContainers": [{"name": "istio-validation"}],
+                        "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}}),
+    );
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[
+            ("ISTIO_CHAINED", "true"),
+            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+            ("UNINSTALL_ON_STOP", "true"),
+        ],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&kubeconfig).expect("written").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(
+        !kubeconfig.starts_with(node.conf_dir()),
+        "outside the CNI conf directory"
+    );
+
+    // cnictl passes the Kubernetes arguments a kubelet's runtime would, and
+    // no annotations: the plugin reads the pod through the kubeconfig.
+    let bin = host_bin(&node);
+    let pod = node.pod("pod");
+    let requests = server.requests();
+    node.cnictl_env(
+        &[
+            "add",
+            "--args",
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=x",
+            "cni-suite",
+            pod.path_str(),
+        ],
+        &[("CNI_PATH", bin.to_str().expect("UTF-8"))],
+    )
+    .success();
+    assert!(server.requests() > requests, "the plugin asked the API server");
+    let rules = integration::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
+        .success()
+        .stdout;
+    assert!(rules.contains("ISTIO_REDIRECT"), "{rules}");
+
+    // The kubelet rotates the token: the kubeconfig follows.
+    std::fs::write(node.path("serviceaccount/token"), "rotated-token").expect("rotate");
+    wait_for(
+        "the kubeconfig to carry the new token",
+        Duration::from_secs(2),
+        || std::fs::read_to_string(&kubeconfig).is_ok_and(|text| text.contains("rotated-token")),
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(!kubeconfig.exists(), "removed on uninstall: {log}");
+}

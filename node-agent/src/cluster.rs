@@ -11,8 +11,8 @@ use rustls_pki_types::pem::PemObject;
 
 use crate::Error;
 
-/// The in-cluster configuration, from the environment and `account_dir`.
-pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
+/// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
+pub fn server_url() -> Result<String, Error> {
     let host = std::env::var("KUBERNETES_SERVICE_HOST")
         .map_err(|_| Error::Setting("KUBERNETES_SERVICE_HOST is not set".into()))?;
     let port = std::env::var("KUBERNETES_SERVICE_PORT")
@@ -22,9 +22,15 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
     } else {
         host
     };
-    let url: http::Uri = format!("https://{host}:{port}")
+    Ok(format!("https://{host}:{port}"))
+}
+
+/// The in-cluster configuration, from the environment and `account_dir`.
+pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
+    let server = server_url()?;
+    let url: http::Uri = server
         .parse()
-        .map_err(|e| Error::Setting(format!("the API server's address {host}:{port}: {e}")))?;
+        .map_err(|e| Error::Setting(format!("the API server's address {server}: {e}")))?;
     let ca_path = account_dir.join("ca.crt");
     let ca = std::fs::read(&ca_path).map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
     let roots = CertificateDer::pem_slice_iter(&ca)

@@ -2,8 +2,7 @@
 //! over the node's pod CIDRs, then the chained plugins, written where the
 //! runtime reads it.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
@@ -95,29 +94,9 @@ pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
         .parent()
         .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // A dot-name the runtime skips (it reads *.conf, *.conflist, *.json).
-    let beside = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     // A file another agent wrote keeps its mode.
     let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&beside)
-        .and_then(|mut file| {
-            file.write_all(text.as_bytes())?;
-            file.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&beside, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&beside);
-        return Err(Error::Io(format!("cannot write {}: {e}", path.display())));
-    }
+    crate::atomic::replace_file(path, text.as_bytes(), mode)?;
     Ok(true)
 }
 

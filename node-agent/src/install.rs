@@ -18,22 +18,20 @@
 //! its own, and never keeps one of its own aside as the original.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
+use crate::atomic::{TEMPORARY, replace_file, sync_dir};
 
 /// The agent's own directory inside the bin directory.
 const STATE_DIR: &str = ".cni-suite";
 const RECORD: &str = "installed.json";
 const REPLACED: &str = "replaced";
-/// How the files written beside a place end.
-const TEMPORARY: &str = ".cni-suite.tmp";
 
 /// Which binary hashes the agent wrote at each plugin's place.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,49 +81,6 @@ fn hash_of(path: &Path) -> Result<Option<String>, Error> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Writes `bytes` to `path` through a dot-file beside it, synced, then
-/// renamed over it.
-fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // One name, reused: callers hold the directory's lock, and a file left
-    // by an agent killed here is removed first (never written through: a
-    // link planted at that name is replaced, not followed).
-    let beside = dir.join(format!(".{name}{TEMPORARY}"));
-    match fs::remove_file(&beside) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error("remove", &beside, e)),
-    }
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&beside)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
-        .and_then(|()| fs::rename(&beside, path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&beside);
-        return Err(io_error("write", path, e));
-    }
-    sync_dir(dir);
-    Ok(())
-}
-
-/// Makes a rename in `dir` durable; a failure only weakens that.
-fn sync_dir(dir: &Path) {
-    if let Ok(dir) = File::open(dir) {
-        let _ = dir.sync_all();
-    }
 }
 
 impl BinDir {

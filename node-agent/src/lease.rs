@@ -42,8 +42,8 @@ enum Order {
 
 impl LeaseService {
     /// Starts `<bin_dir>/host-local serve` for `lease_dir` and keeps it
-    /// running: when it exits (a service a plugin started holds the place,
-    /// or it failed), it is started again.
+    /// running: when it exits it is started again, and while another
+    /// service answers on its socket none is started.
     pub fn start(bin_dir: &Path, lease_dir: &Path) -> LeaseService {
         let (orders, mut received) = watch::channel(Order::Run(0));
         let exe = bin_dir.join("host-local");

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 
+mod atomic;
 mod changes;
 mod cluster;
 mod conflist;
@@ -17,6 +18,7 @@ mod health;
 mod install;
 mod iptables_mode;
 mod istio_chain;
+mod istio_kubeconfig;
 mod lease;
 mod logging;
 mod nodes;
@@ -76,7 +78,10 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let api: kube::Api<Node> = kube::Api::all(client);
     let mut chained = conflist::chained_plugins(&settings)?;
     let istio_entry = if settings.istio_chained {
-        let entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
+        let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
+        if entry.get("kubeconfig").is_none() {
+            entry["kubeconfig"] = serde_json::json!(settings.istio_kubeconfig);
+        }
         // The agent's own file carries it too, so where that file is the
         // primary one the two never rewrite each other.
         chained.push(entry.clone());
@@ -208,51 +213,67 @@ async fn keep_installed(
 /// agent that rewrites the file has it back within this.
 const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Keeps istio-redirect last in the node's primary configuration, waiting
-/// for one when the directory has none yet.
+/// Keeps istio-redirect last in the node's primary configuration (waiting
+/// for one when the directory has none yet) and its kubeconfig current.
+/// A problem is logged when it first shows, not every check.
 async fn keep_chained(settings: Settings, entry: serde_json::Value, health: health::Health) {
     let mut every = tokio::time::interval(CHAIN_CHECK);
-    let mut waiting_said = false;
+    let mut last_problem: Option<String> = None;
     loop {
         every.tick().await;
-        let Some(primary) =
-            istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
-        else {
-            if !waiting_said {
-                log::info!(
-                    "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
-                    settings.cni_conf_dir.display()
-                );
-                waiting_said = true;
-            }
-            health.set_chained(false);
-            continue;
-        };
-        waiting_said = false;
-        if istio_chain::in_place(&primary, &entry) {
-            health.set_chained(true);
-            continue;
-        }
-        let entry = entry.clone();
-        let inserting =
-            tokio::task::spawn_blocking(move || changes::change(|| istio_chain::insert(&primary, &entry)))
-                .await;
-        match inserting {
-            Ok(Ok(written)) => {
-                log::info!("chained istio-redirect into {}", written.display());
+        let (settings, entry) = (settings.clone(), entry.clone());
+        let checked = tokio::task::spawn_blocking(move || changes::change(|| chain_once(&settings, &entry)))
+            .await
+            .unwrap_or_else(|e| Err(Error::Io(format!("chaining: {e}"))));
+        match checked {
+            Ok(done) => {
+                for change in done {
+                    log::info!("{change}");
+                }
                 health.set_chained(true);
+                last_problem = None;
             }
-            Ok(Err(e)) => {
-                log::error!("{e}");
+            Err(problem) => {
                 health.set_chained(false);
+                let text = problem.to_string();
+                if last_problem.as_ref() != Some(&text) {
+                    log::warn!("{text}");
+                    last_problem = Some(text);
+                }
             }
-            Err(e) => log::error!("chaining: {e}"),
         }
     }
 }
 
-/// Takes Istio's entry out of the primary configuration, leaving the rest.
+/// One check of the kubeconfig and of the entry; what it changed.
+fn chain_once(settings: &Settings, entry: &serde_json::Value) -> Result<Vec<String>, Error> {
+    let primary = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
+                settings.cni_conf_dir.display()
+            ))
+        })?;
+    let mut done = Vec::new();
+    let kubeconfig = istio_kubeconfig::render(&cluster::server_url()?, &settings.service_account_dir)?;
+    if istio_kubeconfig::write_if_changed(&settings.istio_kubeconfig, &kubeconfig)? {
+        done.push(format!("wrote {}", settings.istio_kubeconfig.display()));
+    }
+    if !istio_chain::in_place(&primary, entry) {
+        let written = istio_chain::insert(&primary, entry)?;
+        done.push(format!("chained istio-redirect into {}", written.display()));
+    }
+    Ok(done)
+}
+
+/// Takes Istio's entry out of the primary configuration, leaving the rest,
+/// and removes the plugin's kubeconfig.
 fn unchain(settings: &Settings) {
+    match std::fs::remove_file(&settings.istio_kubeconfig) {
+        Ok(()) => log::info!("removed {}", settings.istio_kubeconfig.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => log::error!("cannot remove {}: {e}", settings.istio_kubeconfig.display()),
+    }
     let Some(primary) = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
     else {
         return;

@@ -93,6 +93,15 @@ pub struct Settings {
     #[arg(long, env = "ISTIO_PLUGIN_CONFIG")]
     pub istio_plugin_config: Option<String>,
 
+    /// The kubeconfig written for istio-redirect (0600, kept current with
+    /// the service account's token and CA); its entry names it.
+    #[arg(
+        long,
+        env = "ISTIO_KUBECONFIG",
+        default_value = "/var/run/istio-cni/istio-cni-kubeconfig"
+    )]
+    pub istio_kubeconfig: PathBuf,
+
     /// The service account the kubelet mounts (token, ca.crt, namespace).
     #[arg(
         long,
