@@ -21,7 +21,12 @@ fn bare(address: &str) -> String {
 }
 
 fn leased(ipam: &Ipam) -> BTreeMap<String, String> {
-    ipam.leases()
+    by_container(&ipam.leases())
+}
+
+/// containerID → address of lease records as `cnictl ipam ls` lists them.
+fn by_container(records: &[serde_json::Value]) -> BTreeMap<String, String> {
+    records
         .iter()
         .map(|l| {
             (
@@ -223,16 +228,7 @@ impl Drop for Served {
 /// ipam ls --socket ""`, which asks the data directory's service only while
 /// one listens there).
 fn leased_directly(ipam: &Ipam) -> BTreeMap<String, String> {
-    ipam.node
-        .lease_records(NETWORK, &ipam.data_dir, "")
-        .iter()
-        .map(|l| {
-            (
-                l["containerID"].as_str().unwrap_or_default().to_owned(),
-                l["ip"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
+    by_container(&ipam.node.lease_records(NETWORK, &ipam.data_dir, ""))
 }
 
 /// What a node agent's stop does: SIGTERM to its lease service right after
