@@ -26,7 +26,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace \
 	python3-yaml python3-venv skopeo
 
-.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image validate-manifest clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image manifests validate-manifest clean
 
 all: build
 
@@ -184,13 +184,23 @@ image: build
 	python3 deploy/image.py $(IMAGE_TAR) $(IMAGE_NAME) $(RELEASE_DIR)
 	@echo "$(IMAGE_TAR): $(IMAGE_NAME)"
 
-# The manifest against the API's own schemas, offline (kubernetes-validate
-# bundles them; Debian's kubectl cannot validate without a server).
+# The Istio manifest is generated from the base one, so the two cannot
+# drift apart by hand.
+K8S_MANIFEST := deploy/cni-suite.yaml
+K8S_ISTIO_MANIFEST := deploy/cni-suite-istio.yaml
+manifests: deps
+	python3 deploy/render.py $(K8S_ISTIO_MANIFEST)
+
+# The manifests against the API's own schemas, offline (kubernetes-validate
+# bundles them; Debian's kubectl cannot validate without a server), and the
+# checked-in Istio manifest against a fresh render.
 VALIDATE := target/tools/validate
 validate-manifest: deps
 	@[ -x $(VALIDATE)/bin/kubernetes-validate ] || { python3 -m venv $(VALIDATE) && \
 		$(VALIDATE)/bin/pip install -q kubernetes-validate==1.33.1; }
-	$(VALIDATE)/bin/kubernetes-validate -k 1.33.0 --strict deploy/cni-suite.yaml
+	$(VALIDATE)/bin/kubernetes-validate -k 1.33.0 --strict $(K8S_MANIFEST) $(K8S_ISTIO_MANIFEST)
+	@fresh=$$(mktemp) && trap 'rm -f "$$fresh"' EXIT && python3 deploy/render.py "$$fresh" && \
+		cmp "$$fresh" $(K8S_ISTIO_MANIFEST) || { echo "$(K8S_ISTIO_MANIFEST) is stale: run make manifests" >&2; exit 1; }
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

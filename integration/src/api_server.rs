@@ -4,8 +4,11 @@
 //! makes: GET of one object, LIST with a `resourceVersion`, WATCH streams of
 //! ADDED/MODIFIED/DELETED events and BOOKMARKs from a version, an expired
 //! version answered with HTTP 200 and an ERROR event carrying a 410
-//! `Expired` Status, 401 for a bad token. Tests change the objects, expire
-//! old versions and drop open watches.
+//! `Expired` Status, 401 for a bad token; DELETE of a pod with UID and
+//! resourceVersion preconditions (409 Conflict when one fails), JSON merge
+//! PATCH of a pod or its `status` subresource, and POST of Events. Tests
+//! change the objects, expire old versions, drop open watches, and read
+//! back every write request.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -59,6 +62,20 @@ struct State {
     /// Bumped to end every open watch abruptly.
     drops: u64,
     lists: usize,
+    writes: Vec<Written>,
+    events: Vec<Value>,
+}
+
+/// A request that changed something (or tried to), as the client sent it.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub method: String,
+    /// The path without the query.
+    pub path: String,
+    pub content_type: String,
+    pub body: Value,
+    /// The answer's status code.
+    pub code: u16,
 }
 
 impl State {
@@ -83,6 +100,19 @@ impl Shared {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the change for watches and wakes them.
+    fn publish(&self, mut state: MutexGuard<'_, State>, kind: Kind, event: &'static str, object: Value) {
+        let version = state.version;
+        state.changes.push(Change {
+            version,
+            kind,
+            event,
+            object,
+        });
+        drop(state);
+        self.changed.notify_all();
     }
 }
 
@@ -176,7 +206,26 @@ impl ApiServer {
         };
         let pod = stamp(&mut state, Kind::Pod, pod);
         state.pods.insert(key, pod.clone());
-        self.publish(state, Kind::Pod, event, pod);
+        self.shared.publish(state, Kind::Pod, event, pod);
+    }
+
+    /// The pod as the server holds it now.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .lock()
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Every DELETE, PATCH and POST received, in order.
+    pub fn writes(&self) -> Vec<Written> {
+        self.shared.lock().writes.clone()
+    }
+
+    /// The Events clients created.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.lock().events.clone()
     }
 
     /// Creates or replaces the Node `node["metadata"]["name"]`.
@@ -193,28 +242,15 @@ impl ApiServer {
         };
         let node = stamp(&mut state, Kind::Node, node);
         state.nodes.insert(name, node.clone());
-        self.publish(state, Kind::Node, event, node);
+        self.shared.publish(state, Kind::Node, event, node);
     }
 
     pub fn delete_node(&self, name: &str) {
         let mut state = self.shared.lock();
         if let Some(node) = state.nodes.remove(name) {
             let node = stamp(&mut state, Kind::Node, node);
-            self.publish(state, Kind::Node, "DELETED", node);
+            self.shared.publish(state, Kind::Node, "DELETED", node);
         }
-    }
-
-    /// Records the change for watches and wakes them.
-    fn publish(&self, mut state: MutexGuard<'_, State>, kind: Kind, event: &'static str, object: Value) {
-        let version = state.version;
-        state.changes.push(Change {
-            version,
-            kind,
-            event,
-            object,
-        });
-        drop(state);
-        self.shared.changed.notify_all();
     }
 
     /// Forgets the history: a watch from any version seen so far is
@@ -354,62 +390,170 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
     })
 }
 
-fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -> std::io::Result<()> {
+/// What a request asked for.
+struct Request {
+    method: String,
+    target: Target,
+    path: String,
+    content_type: String,
+    body: Value,
+    authorized: bool,
+}
+
+fn read_request<T: std::io::Read>(tls: &mut T, token: &str) -> std::io::Result<Request> {
+    let mut reader = BufReader::new(tls);
     let mut request_line = String::new();
-    let mut authorized = false;
-    {
-        let mut reader = BufReader::new(&mut *tls);
-        reader.read_line(&mut request_line)?;
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header)? == 0 || header == "\r\n" {
-                break;
-            }
-            let bearer = format!("Bearer {token}");
-            if header.to_ascii_lowercase().starts_with("authorization:")
-                && header.trim_end().ends_with(&bearer)
-            {
-                authorized = true;
-            }
+    reader.read_line(&mut request_line)?;
+    let (mut authorized, mut length, mut content_type) = (false, 0, String::new());
+    let bearer = format!("Bearer {token}");
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header == "\r\n" {
+            break;
+        }
+        let Some((name, value)) = header.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match name.to_ascii_lowercase().as_str() {
+            "authorization" => authorized |= value == bearer,
+            "content-length" => length = value.parse().unwrap_or(0),
+            "content-type" => value.clone_into(&mut content_type),
+            _ => {}
         }
     }
-    let target = Target::parse(request_line.split_whitespace().nth(1).unwrap_or_default());
-    let parts: Vec<&str> = target.parts.iter().map(String::as_str).collect();
-    if !authorized {
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(&mut reader, &mut body)?;
+    let mut words = request_line.split_whitespace();
+    let method = words.next().unwrap_or_default().to_owned();
+    let target_text = words.next().unwrap_or_default();
+    Ok(Request {
+        method,
+        target: Target::parse(target_text),
+        path: target_text.split('?').next().unwrap_or_default().to_owned(),
+        content_type,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        authorized,
+    })
+}
+
+fn not_found(what: &str, name: &str) -> (u16, Value) {
+    (
+        404,
+        status(404, "NotFound", &format!("{what} \"{name}\" not found")),
+    )
+}
+
+fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -> std::io::Result<()> {
+    let request = read_request(tls, token)?;
+    if !request.authorized {
         return respond(tls, 401, &status(401, "Unauthorized", "Unauthorized"));
     }
-    match parts.as_slice() {
-        ["api", "v1", "namespaces", ns, "pods", name] => {
-            let pod = shared
-                .lock()
-                .pods
-                .get(&((*ns).to_owned(), (*name).to_owned()))
-                .cloned();
-            match pod {
-                Some(pod) => respond(tls, 200, &pod),
-                None => respond(
-                    tls,
-                    404,
-                    &status(404, "NotFound", &format!("pods \"{name}\" not found")),
-                ),
+    let target = &request.target;
+    let parts: Vec<&str> = target.parts.iter().map(String::as_str).collect();
+    let (code, body) = match (request.method.as_str(), parts.as_slice()) {
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match shared.lock().pods.get(&((*ns).to_owned(), (*name).to_owned())) {
+                Some(pod) => (200, pod.clone()),
+                None => not_found("pods", name),
             }
         }
-        ["api", "v1", "nodes", name] => {
-            let node = shared.lock().nodes.get(*name).cloned();
-            match node {
-                Some(node) => respond(tls, 200, &node),
-                None => respond(
-                    tls,
-                    404,
-                    &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
-                ),
-            }
+        ("GET", ["api", "v1", "nodes", name]) => match shared.lock().nodes.get(*name) {
+            Some(node) => (200, node.clone()),
+            None => not_found("nodes", name),
+        },
+        ("GET", ["api", "v1", "nodes"]) if target.watch() => return watch(tls, shared, Kind::Node, target),
+        ("GET", ["api", "v1", "pods"]) if target.watch() => return watch(tls, shared, Kind::Pod, target),
+        ("GET", ["api", "v1", "nodes"]) => return list(tls, shared, Kind::Node, target),
+        ("GET", ["api", "v1", "pods"]) => return list(tls, shared, Kind::Pod, target),
+        ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            delete_pod(shared, ns, name, &request.body)
         }
-        ["api", "v1", "nodes"] if target.watch() => watch(tls, shared, Kind::Node, &target),
-        ["api", "v1", "pods"] if target.watch() => watch(tls, shared, Kind::Pod, &target),
-        ["api", "v1", "nodes"] => list(tls, shared, Kind::Node, &target),
-        ["api", "v1", "pods"] => list(tls, shared, Kind::Pod, &target),
-        _ => respond(tls, 404, &status(404, "NotFound", "not found")),
+        (
+            "PATCH",
+            ["api", "v1", "namespaces", ns, "pods", name]
+            | ["api", "v1", "namespaces", ns, "pods", name, "status"],
+        ) => patch_pod(shared, ns, name, &request),
+        ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
+            let mut event = request.body.clone();
+            event["metadata"]["namespace"] = json!(ns);
+            shared.lock().events.push(event.clone());
+            (201, event)
+        }
+        _ => (404, status(404, "NotFound", "not found")),
+    };
+    if request.method != "GET" {
+        shared.lock().writes.push(Written {
+            method: request.method.clone(),
+            path: request.path.clone(),
+            content_type: request.content_type.clone(),
+            body: request.body.clone(),
+            code,
+        });
+    }
+    respond(tls, code, &body)
+}
+
+/// As the real server with a zero grace period: gone at once, after the
+/// `preconditions` of the DeleteOptions in `options` hold.
+fn delete_pod(shared: &Shared, ns: &str, name: &str, options: &Value) -> (u16, Value) {
+    let mut state = shared.lock();
+    let key = (ns.to_owned(), name.to_owned());
+    let Some(pod) = state.pods.get(&key).cloned() else {
+        return not_found("pods", name);
+    };
+    let preconditions = &options["preconditions"];
+    for (field, actual) in [
+        ("uid", &pod["metadata"]["uid"]),
+        ("resourceVersion", &pod["metadata"]["resourceVersion"]),
+    ] {
+        let wanted = &preconditions[field];
+        if !wanted.is_null() && wanted != actual {
+            let message = format!(
+                "Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {actual}"
+            );
+            return (409, status(409, "Conflict", &message));
+        }
+    }
+    state.pods.remove(&key);
+    let pod = stamp(&mut state, Kind::Pod, pod);
+    shared.publish(state, Kind::Pod, "DELETED", pod.clone());
+    (200, pod)
+}
+
+/// A JSON merge patch (RFC 7386), the only kind the suite sends.
+fn patch_pod(shared: &Shared, ns: &str, name: &str, request: &Request) -> (u16, Value) {
+    if request.content_type != "application/merge-patch+json" {
+        return (415, status(415, "UnsupportedMediaType", &request.content_type));
+    }
+    let mut state = shared.lock();
+    let key = (ns.to_owned(), name.to_owned());
+    let Some(mut pod) = state.pods.get(&key).cloned() else {
+        return not_found("pods", name);
+    };
+    merge(&mut pod, &request.body);
+    let pod = stamp(&mut state, Kind::Pod, pod);
+    state.pods.insert(key, pod.clone());
+    shared.publish(state, Kind::Pod, "MODIFIED", pod.clone());
+    (200, pod)
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in fields {
+        if value.is_null() {
+            if let Some(object) = target.as_object_mut() {
+                object.remove(key);
+            }
+        } else {
+            merge(&mut target[key.as_str()], value);
+        }
     }
 }
 
@@ -430,8 +574,11 @@ fn list<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) -> 
 fn head<T: Write>(tls: &mut T, code: u16) -> std::io::Result<()> {
     let reason = match code {
         200 => "OK",
+        201 => "Created",
         400 => "Bad Request",
         401 => "Unauthorized",
+        409 => "Conflict",
+        415 => "Unsupported Media Type",
         _ => "Not Found",
     };
     // Chunked, as the real API server answers; one request per connection.

@@ -279,10 +279,13 @@ pub fn cnitool_bin() -> PathBuf {
     path
 }
 
-/// A running `host-local serve`, stopped (SIGKILL) when dropped.
+/// A running `host-local serve`, stopped (SIGKILL) when dropped. What it
+/// writes to stderr is kept: returned by [`LeaseService::exit_within`],
+/// printed when the test fails while it runs.
 #[derive(Debug)]
 pub struct LeaseService {
     child: Option<Child>,
+    log: Option<std::thread::JoinHandle<String>>,
     pub socket: PathBuf,
 }
 
@@ -290,18 +293,32 @@ impl LeaseService {
     /// Starts `binary serve --socket <socket>` with `env` added and waits
     /// until it answers.
     pub fn start(binary: &Path, socket: PathBuf, env: &[(&str, &str)]) -> Self {
-        let child = Command::new(binary)
+        LeaseService::start_with(binary, socket, &[], env)
+    }
+
+    /// [`LeaseService::start`] with more arguments after the socket's.
+    pub fn start_with(binary: &Path, socket: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(binary)
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {} serve: {e}", binary.display()));
+        let log = child.stderr.take().map(|mut pipe| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut pipe, &mut text).ok();
+                text
+            })
+        });
         let service = LeaseService {
             child: Some(child),
+            log,
             socket,
         };
         wait_for(
@@ -317,6 +334,48 @@ impl LeaseService {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `signal` to the service.
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = self.pid().expect("running");
+        let pid = libc::pid_t::try_from(pid).expect("pid");
+        // SAFETY: kill(2) on the pid of a child not yet reaped (still ours).
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
+    /// Whether it has not exited yet.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().expect("wait").is_none())
+    }
+
+    /// Its exit status and everything it logged, once it exited, which must
+    /// be within `limit`.
+    pub fn exit_within(mut self, limit: std::time::Duration) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().expect("running");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "still running {limit:?} after the signal; it logged:\n{}",
+                    self.take_log()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        (status, self.take_log())
+    }
+
+    fn take_log(&mut self) -> String {
+        self.log.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
+
     /// Kills the service now, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -329,6 +388,9 @@ impl LeaseService {
 impl Drop for LeaseService {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            eprintln!("the lease service logged:\n{}", self.take_log());
+        }
     }
 }
 
@@ -398,6 +460,23 @@ impl Netns {
         let mut full = vec!["-n", &self.name];
         full.extend_from_slice(args);
         run("ip", &full)
+    }
+
+    /// A veth pair: `end` here, its peer `eth0` in `pod`.
+    pub fn veth_to(&self, end: &str, pod: &Netns) {
+        self.ip(&[
+            "link",
+            "add",
+            end,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ])
+        .success();
     }
 
     /// Whether `link` is administratively up in this namespace.

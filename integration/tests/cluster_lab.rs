@@ -180,20 +180,7 @@ fn same_content(a: &Path, b: &Path) -> bool {
 /// One veth from the underlay's bridge into `ns` (as `eth0`), with the
 /// node's underlay addresses.
 fn attach(underlay: &Netns, port: &str, ns: &Netns, v4: &str, v6: &str) {
-    underlay
-        .ip(&[
-            "link",
-            "add",
-            port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            ns.name(),
-        ])
-        .success();
+    underlay.veth_to(port, ns);
     underlay
         .ip(&["link", "set", port, "master", "ul0", "up"])
         .success();

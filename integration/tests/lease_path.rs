@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
@@ -150,80 +150,6 @@ fn a_service_killed_after_answering_a_release_loses_no_add() {
     assert_ne!(next, kept);
 }
 
-/// `host-local serve` as a node agent runs it: on the data directory's own
-/// socket, what it writes to stderr kept, stopped by a signal.
-struct Served {
-    child: Child,
-    log: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Served {
-    /// Starts `binary serve --socket <socket> <args>` with `env` added and
-    /// waits until it answers.
-    fn start(binary: &Path, socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(binary)
-            .arg("serve")
-            .arg("--socket")
-            .arg(socket)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("host-local serve");
-        let log = child.stderr.take().map(|mut pipe| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut pipe, &mut text).ok();
-                text
-            })
-        });
-        wait_for("the lease service to listen", Duration::from_secs(10), || {
-            std::os::unix::net::UnixStream::connect(socket).is_ok()
-        });
-        Served { child, log }
-    }
-
-    fn signal(&self, signal: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on the pid of a child not yet reaped (still ours).
-        let sent = unsafe { libc::kill(pid, signal) };
-        assert_eq!(sent, 0, "kill: {}", std::io::Error::last_os_error());
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("wait").is_none()
-    }
-
-    /// Its exit status and everything it logged, once it exited, which must
-    /// be within `limit`.
-    fn exit_within(mut self, limit: Duration) -> (ExitStatus, String) {
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            if started.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                let log = self.log.take().and_then(|t| t.join().ok()).unwrap_or_default();
-                panic!("still running {limit:?} after the signal; it logged:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let log = self.log.take().and_then(|t| t.join().ok()).unwrap_or_default();
-        (status, log)
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// containerID → address, read by opening the database directly (`cnictl
 /// ipam ls --socket ""`, which asks the data directory's service only while
 /// one listens there).
@@ -240,7 +166,7 @@ fn leased_directly(ipam: &Ipam) -> BTreeMap<String, String> {
 fn a_sigterm_right_after_a_del_is_answered_loses_no_lease_and_no_release() {
     let node = Node::new();
     let socket = node.path("data").join(".sled/.service.sock");
-    let service = Served::start(&bin("host-local"), &socket, &[], &[]);
+    let service = LeaseService::start(&bin("host-local"), socket.clone(), &[]);
     let ipam = Ipam::with_socket(node, &socket);
     let conf = v4_conf(&ipam, "1.0.0", "10.73.0.0/24");
     let mut held: BTreeMap<String, String> = ["a", "b", "c", "d"]
@@ -258,7 +184,7 @@ fn a_sigterm_right_after_a_del_is_answered_loses_no_lease_and_no_release() {
     assert!(!socket.exists(), "its socket is removed");
     assert_eq!(leased_directly(&ipam), held, "opened directly");
 
-    let _again = Served::start(&bin("host-local"), &socket, &[], &[]);
+    let _again = LeaseService::start(&bin("host-local"), socket.clone(), &[]);
     assert_eq!(leased(&ipam), held, "through a new service");
     let next = bare(&address(&ipam.add("e", &conf)));
     assert!(!held.values().any(|ip| *ip == next), "{next} handed out twice");
@@ -278,7 +204,7 @@ fn a_sigterm_waits_for_an_answered_release_to_be_flushed() {
         ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
         ("CNI_SUITE_FAULT_RESUME", resume.to_str().expect("UTF-8")),
     ];
-    let mut service = Served::start(&fault_bin(), &socket, &[], &pause);
+    let mut service = LeaseService::start(&fault_bin(), socket.clone(), &pause);
     let ipam = Ipam::with_socket(node, &socket);
     let conf = v4_conf(&ipam, "1.0.0", "10.74.0.0/24");
     let kept = bare(&address(&ipam.add("kept", &conf)));
@@ -324,7 +250,7 @@ fn a_signal_stops_an_idle_service_at_once() {
     ] {
         let node = Node::new();
         let socket = node.path("hl.sock");
-        let service = Served::start(&bin("host-local"), &socket, args, &[]);
+        let service = LeaseService::start_with(&bin("host-local"), socket.clone(), args, &[]);
         let signalled = Instant::now();
         service.signal(signal);
         let (status, log) = service.exit_within(Duration::from_secs(5));

@@ -1,10 +1,13 @@
-//! `deploy/cni-suite.yaml`, checked without a server: every document
-//! round-trips through its `k8s-openapi` type without losing a field, and
-//! what it tells the agent is what the agent and the image understand.
-//! (`make validate-manifest` also runs `kubernetes-validate` from PyPI,
-//! which bundles the API's schemas, over it.)
+//! `deploy/cni-suite.yaml` and `deploy/cni-suite-istio.yaml`, checked
+//! without a server: every document round-trips through its `k8s-openapi`
+//! type without losing a field, what each tells the agent is what the agent
+//! and the image understand, and the Istio one is the base with Istio
+//! mode's additions and nothing else. (`make validate-manifest` also runs
+//! `kubernetes-validate` from PyPI, which bundles the API's schemas, over
+//! both, and fails when the Istio one is not what `deploy/render.py`
+//! renders now.)
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use integration::{bin, run};
@@ -13,36 +16,53 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-fn manifest() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/cni-suite.yaml")
+const BASE: &str = "cni-suite.yaml";
+/// `make manifests` renders it from the base (`deploy/render.py`).
+const ISTIO: &str = "cni-suite-istio.yaml";
+/// Every check but the last runs on both.
+const MANIFESTS: [&str; 2] = [BASE, ISTIO];
+
+/// What Istio mode adds to the base, all of it.
+const ISTIO_SETTING: (&str, &str) = ("ISTIO_CHAINED", "true");
+const ISTIO_CAPABILITIES: [&str; 2] = ["SYS_ADMIN", "SYS_PTRACE"];
+fn istio_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ])
 }
 
-/// Every YAML document of the manifest as JSON (Debian's python3-yaml
+fn manifest(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file)
+}
+
+/// Every YAML document of a manifest as JSON (Debian's python3-yaml
 /// parses it; the suite has no YAML crate).
-fn documents() -> Vec<Value> {
+fn documents(file: &str) -> Vec<Value> {
     let parsed = run(
         "python3",
         &[
             "-c",
             "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d]))",
-            manifest().to_str().expect("UTF-8"),
+            manifest(file).to_str().expect("UTF-8"),
         ],
     )
     .success();
     serde_json::from_str(&parsed.stdout).expect("JSON")
 }
 
-fn round_trip<T: DeserializeOwned + Serialize>(document: &Value) -> T {
+fn round_trip<T: DeserializeOwned + Serialize>(file: &str, document: &Value) -> T {
     let typed: T = serde_json::from_value(document.clone()).unwrap_or_else(|e| {
         panic!(
-            "{} is not a valid {}: {e}",
+            "{file}: {} is not a valid {}: {e}",
             document["metadata"]["name"], document["kind"]
         )
     });
     let back = serde_json::to_value(&typed).expect("serialize");
-    assert_eq!(&back, document, "a field was lost or changed");
+    assert_eq!(&back, document, "{file}: a field was lost or changed");
     typed
 }
 
@@ -53,58 +73,97 @@ fn of_kind<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind}"))
 }
 
+fn of_kind_mut<'a>(documents: &'a mut [Value], kind: &str) -> &'a mut Value {
+    documents
+        .iter_mut()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+/// A setting's value: the ConfigMap's, else the default `--help` shows
+/// on the line after its `[env: ...]`.
+fn setting(settings: &BTreeMap<String, String>, help: &str, key: &str) -> String {
+    if let Some(value) = settings.get(key) {
+        return value.clone();
+    }
+    let env = format!("[env: {key}=");
+    help.lines()
+        .skip_while(|line| !line.contains(&env))
+        .nth(1)
+        .and_then(|line| line.trim().strip_prefix("[default: "))
+        .and_then(|line| line.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("{key} is not set and has no default"))
+        .to_owned()
+}
+
 #[test]
 fn every_document_round_trips_through_its_kubernetes_type() {
-    let documents = documents();
-    let kinds: Vec<&str> = documents.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(
-        kinds,
-        [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "ConfigMap",
-            "DaemonSet"
-        ]
-    );
-    for document in &documents {
-        match document["kind"].as_str() {
-            Some("ServiceAccount") => drop(round_trip::<ServiceAccount>(document)),
-            Some("ClusterRole") => drop(round_trip::<ClusterRole>(document)),
-            Some("ClusterRoleBinding") => drop(round_trip::<ClusterRoleBinding>(document)),
-            Some("ConfigMap") => drop(round_trip::<ConfigMap>(document)),
-            Some("DaemonSet") => drop(round_trip::<DaemonSet>(document)),
-            other => panic!("unexpected kind {other:?}"),
+    for file in MANIFESTS {
+        let documents = documents(file);
+        let kinds: Vec<&str> = documents.iter().filter_map(|d| d["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "DaemonSet"
+            ],
+            "{file}"
+        );
+        for document in &documents {
+            match document["kind"].as_str() {
+                Some("ServiceAccount") => drop(round_trip::<ServiceAccount>(file, document)),
+                Some("ClusterRole") => drop(round_trip::<ClusterRole>(file, document)),
+                Some("ClusterRoleBinding") => drop(round_trip::<ClusterRoleBinding>(file, document)),
+                Some("ConfigMap") => drop(round_trip::<ConfigMap>(file, document)),
+                Some("DaemonSet") => drop(round_trip::<DaemonSet>(file, document)),
+                other => panic!("{file}: unexpected kind {other:?}"),
+            }
         }
     }
 }
 
+/// Reading nodes; in Istio mode also pods and events, for the plugin's
+/// lookup and repair.
 #[test]
-fn the_role_grants_only_reading_nodes() {
-    let documents = documents();
-    let role: ClusterRole = round_trip(of_kind(&documents, "ClusterRole"));
-    let rules = role.rules.expect("rules");
-    assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0].resources.as_deref(), Some(&["nodes".to_owned()][..]));
-    assert_eq!(
-        rules[0].verbs,
-        ["get", "list", "watch"].map(str::to_owned).to_vec()
-    );
+fn the_role_grants_reading_nodes_and_in_istio_mode_pods_and_events() {
+    for file in MANIFESTS {
+        let documents = documents(file);
+        let role: ClusterRole = round_trip(file, of_kind(&documents, "ClusterRole"));
+        let mut expected =
+            vec![json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]})];
+        if file == ISTIO {
+            expected.extend(istio_rules().as_array().expect("rules").iter().cloned());
+        }
+        assert_eq!(
+            serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
+            Value::Array(expected),
+            "{file}"
+        );
+    }
 }
 
 #[test]
 fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
-    let documents = documents();
-    let config: ConfigMap = round_trip(of_kind(&documents, "ConfigMap"));
-    let settings = config.data.expect("data");
     let help = run(bin("cni-node-agent"), &["--help"]).success().stdout;
+    for file in MANIFESTS {
+        settings_and_mounts(file, &help);
+    }
+}
+
+fn settings_and_mounts(file: &str, help: &str) {
+    let documents = documents(file);
+    let config: ConfigMap = round_trip(file, of_kind(&documents, "ConfigMap"));
+    let settings = config.data.expect("data");
     for key in settings.keys() {
         assert!(
             help.contains(&format!("[env: {key}=")),
-            "the agent has no setting {key}"
+            "{file}: the agent has no setting {key}"
         );
     }
-    let daemon_set: DaemonSet = round_trip(of_kind(&documents, "DaemonSet"));
+    let daemon_set: DaemonSet = round_trip(file, of_kind(&documents, "DaemonSet"));
     let pod = daemon_set.spec.expect("spec").template.spec.expect("pod spec");
     assert_eq!(pod.host_network, Some(true));
     let tolerations = pod.tolerations.expect("tolerations");
@@ -141,11 +200,12 @@ fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
         .map(str::to_owned)
         .into()
     );
-    for key in ["CNI_BIN_DIR", "CNI_CONF_DIR", "CNI_LEASE_DIR"] {
-        let path = &settings[key];
+    // ISTIO_KUBECONFIG's default too: Istio mode needs no mount of its own.
+    for key in ["CNI_BIN_DIR", "CNI_CONF_DIR", "CNI_LEASE_DIR", "ISTIO_KUBECONFIG"] {
+        let path = setting(&settings, help, key);
         assert!(
-            mounted.iter().any(|m| Path::new(path).starts_with(m)),
-            "{key}={path} is on no mount"
+            mounted.iter().any(|m| Path::new(&path).starts_with(m)),
+            "{file}: {key}={path} is on no mount"
         );
     }
     // The image make image builds, and its command.
@@ -162,7 +222,11 @@ fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
         .and_then(|s| s.capabilities.as_ref())
         .and_then(|c| c.add.clone())
         .expect("capabilities");
-    assert_eq!(capabilities, ["NET_ADMIN", "NET_RAW"].map(str::to_owned).to_vec());
+    let mut expected = vec!["NET_ADMIN", "NET_RAW"];
+    if file == ISTIO {
+        expected.extend(ISTIO_CAPABILITIES);
+    }
+    assert_eq!(capabilities, expected, "{file}");
     let readiness = container
         .readiness_probe
         .as_ref()
@@ -173,4 +237,37 @@ fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
         ":{}",
         serde_json::to_value(&readiness.port).expect("port")
     )));
+}
+
+/// Undoing exactly Istio mode's additions gives the base back: the same
+/// objects under the same names, so applying one file over the other
+/// switches modes and changes nothing else.
+#[test]
+fn the_istio_manifest_is_the_base_plus_istio_mode_and_nothing_else() {
+    let base = documents(BASE);
+    let mut istio = documents(ISTIO);
+
+    let data = of_kind_mut(&mut istio, "ConfigMap")["data"]
+        .as_object_mut()
+        .expect("data");
+    let (key, value) = ISTIO_SETTING;
+    assert_eq!(data.remove(key), Some(json!(value)));
+
+    let rules = of_kind_mut(&mut istio, "ClusterRole")["rules"]
+        .as_array_mut()
+        .expect("rules");
+    let added = istio_rules().as_array().expect("rules").len();
+    assert!(rules.len() > added, "{rules:?}");
+    let extra = rules.split_off(rules.len() - added);
+    assert_eq!(Value::Array(extra), istio_rules());
+
+    let capabilities = of_kind_mut(&mut istio, "DaemonSet")
+        .pointer_mut("/spec/template/spec/containers/0/securityContext/capabilities/add")
+        .and_then(Value::as_array_mut)
+        .expect("capabilities");
+    assert!(capabilities.len() > ISTIO_CAPABILITIES.len(), "{capabilities:?}");
+    let extra = capabilities.split_off(capabilities.len() - ISTIO_CAPABILITIES.len());
+    assert_eq!(extra, ISTIO_CAPABILITIES);
+
+    assert_eq!(istio, base);
 }

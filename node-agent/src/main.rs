@@ -22,6 +22,8 @@ mod istio_kubeconfig;
 mod lease;
 mod logging;
 mod nodes;
+mod pod_netns;
+mod repair;
 mod routes;
 mod settings;
 
@@ -75,8 +77,9 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
-    let api: kube::Api<Node> = kube::Api::all(client);
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
     let mut chained = conflist::chained_plugins(&settings)?;
+    let repair_label = repair::label(&settings.istio_repair_label)?;
     let istio_entry = if settings.istio_chained {
         let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
         if entry.get("kubeconfig").is_none() {
@@ -103,6 +106,17 @@ async fn run(settings: Settings) -> Result<(), Error> {
         health.clone(),
         lease_service.as_ref().map(lease::LeaseService::restarter),
     ));
+    let repairing = istio_entry
+        .as_ref()
+        .filter(|_| settings.istio_repair != repair::Mode::Off)
+        .map(|entry| {
+            tokio::spawn(repair::follow(
+                client,
+                settings.clone(),
+                entry.clone(),
+                repair_label,
+            ))
+        });
     let chaining =
         istio_entry.map(|entry| tokio::spawn(keep_chained(settings.clone(), entry, health.clone())));
     log::info!(
@@ -120,9 +134,9 @@ async fn run(settings: Settings) -> Result<(), Error> {
     };
     reinstalling.abort();
     let _ = reinstalling.await;
-    if let Some(chaining) = chaining {
-        chaining.abort();
-        let _ = chaining.await;
+    for task in [chaining, repairing].into_iter().flatten() {
+        task.abort();
+        let _ = task.await;
     }
     if !settings.uninstall_on_stop {
         if let Some(service) = lease_service {

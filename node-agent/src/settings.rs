@@ -94,13 +94,41 @@ pub struct Settings {
     pub istio_plugin_config: Option<String>,
 
     /// The kubeconfig written for istio-redirect (0600, kept current with
-    /// the service account's token and CA); its entry names it.
+    /// the service account's token and CA); its entry names it. The
+    /// default is under the DaemonSet's /run/cni-suite mount.
     #[arg(
         long,
         env = "ISTIO_KUBECONFIG",
-        default_value = "/var/run/istio-cni/istio-cni-kubeconfig"
+        default_value = "/run/cni-suite/istio/istio-cni-kubeconfig"
     )]
     pub istio_kubeconfig: PathBuf,
+
+    /// With ISTIO_CHAINED, what is done with this node's injected pods
+    /// whose validation init container failed because they started before
+    /// the plugin was chained: program their capture where they run
+    /// (needs SYS_ADMIN and SYS_PTRACE), delete them, or label them.
+    #[arg(long, env = "ISTIO_REPAIR", value_enum, default_value = "repair")]
+    pub istio_repair: crate::repair::Mode,
+
+    /// The init container that validates the capture.
+    #[arg(long, env = "ISTIO_REPAIR_INIT_CONTAINER", default_value = "istio-validation")]
+    pub istio_repair_init_container: String,
+
+    /// Its exit code when the capture is missing (0: any).
+    #[arg(long, env = "ISTIO_REPAIR_EXIT_CODE", default_value_t = 126)]
+    pub istio_repair_exit_code: i32,
+
+    /// Its termination message when the capture is missing (empty: any).
+    #[arg(long, env = "ISTIO_REPAIR_TERMINATION_MESSAGE", default_value = "")]
+    pub istio_repair_termination_message: String,
+
+    /// The label `ISTIO_REPAIR=label` sets, as key=value.
+    #[arg(
+        long,
+        env = "ISTIO_REPAIR_LABEL",
+        default_value = "cni.istio.io/uninitialized=true"
+    )]
+    pub istio_repair_label: String,
 
     /// The service account the kubelet mounts (token, ca.crt, namespace).
     #[arg(

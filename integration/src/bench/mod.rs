@@ -352,21 +352,7 @@ impl Suite {
         let pod = Netns::new("floor");
         let index = self.floors.fetch_add(1, Ordering::Relaxed);
         let host = format!("fl{index}");
-        self.node
-            .netns
-            .ip(&[
-                "link",
-                "add",
-                &host,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                pod.name(),
-            ])
-            .success();
+        self.node.netns.veth_to(&host, &pod);
         self.node
             .netns
             .ip(&["link", "set", &host, "master", &self.bridge, "up"])

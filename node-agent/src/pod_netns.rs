@@ -1,0 +1,119 @@
+//! A running pod's network namespace, found the way Istio's repair finds
+//! it: through the host's /proc (the DaemonSet shares the host's pid
+//! namespace), as the namespace of a process that holds the pod's address.
+//! Runtimes bind-mount namespaces wherever they like, so /proc is the one
+//! place every runtime's namespaces show.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use netlink::Netlink;
+use netns::NetNs;
+
+use crate::Error;
+
+/// A namespace's identity: the device and inode of its nsfs file.
+type NamespaceId = (u64, u64);
+
+fn namespace_id(path: &Path) -> std::io::Result<NamespaceId> {
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
+}
+
+/// When process `pid` started, in clock ticks since boot (`stat` field 22).
+fn start_time(proc_root: &Path, pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid).join("stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // from the last ')'.
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// `/proc/<pid>/ns/net` of the oldest process whose network namespace has
+/// one of `ips`: the pause container's, which outlives the pod's other
+/// processes (a failing init container's may be gone a moment later).
+/// The agent's own namespace (the host's) is never a pod's.
+pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> {
+    let own = namespace_id(&proc_root.join("self/ns/net"))
+        .map_err(|e| Error::Io(format!("{}/self/ns/net: {e}", proc_root.display())))?;
+    let entries =
+        std::fs::read_dir(proc_root).map_err(|e| Error::Io(format!("{}: {e}", proc_root.display())))?;
+    // Each namespace once, by its oldest process.
+    let mut oldest: HashMap<NamespaceId, (u64, String)> = HashMap::new();
+    let (mut unreadable, mut last_error) = (0, String::new());
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        let path = entry.path().join("ns/net");
+        let id = match namespace_id(&path) {
+            Ok(id) if id == own => continue,
+            Ok(id) => id,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                unreadable += 1;
+                last_error = format!("{}: {e}", path.display());
+                continue;
+            }
+            // Processes come and go during the scan: skip what vanished.
+            Err(_) => continue,
+        };
+        let Some(started) = start_time(proc_root, pid) else {
+            continue;
+        };
+        let current = oldest.entry(id).or_insert_with(|| (started, pid.to_owned()));
+        if started < current.0 {
+            *current = (started, pid.to_owned());
+        }
+    }
+    let mut candidates: Vec<(u64, String)> = oldest.into_values().collect();
+    candidates.sort();
+    for (_, pid) in candidates {
+        let path = proc_root.join(&pid).join("ns/net");
+        match holds_any(&path, ips) {
+            Ok(true) => return Ok(Some(path)),
+            Ok(false) => {}
+            Err(e) => {
+                unreadable += 1;
+                last_error = format!("{}: {e}", path.display());
+            }
+        }
+    }
+    // Not found where it could look: say where it could not, since that
+    // is usually a missing capability (SYS_PTRACE to open another user's
+    // namespace, SYS_ADMIN to enter it).
+    if unreadable > 0 {
+        return Err(Error::Io(format!(
+            "no network namespace this agent could read holds {ips:?}, and {unreadable} processes' could not be read (the last: {last_error})"
+        )));
+    }
+    Ok(None)
+}
+
+fn holds_any(path: &Path, ips: &[IpAddr]) -> Result<bool, String> {
+    let ns = NetNs::open(path).map_err(|e| e.to_string())?;
+    let addresses = Netlink::connect_in(&ns)
+        .and_then(|nl| nl.all_addresses())
+        .map_err(|e| e.to_string())?;
+    Ok(addresses.iter().any(|(_, address)| ips.contains(&address.ip())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("42")).expect("mkdir");
+        // Fields 1-22 of a real stat line, the name being "a) b".
+        std::fs::write(
+            dir.path().join("42/stat"),
+            "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 50",
+        )
+        .expect("stat");
+        assert_eq!(start_time(dir.path(), "42"), Some(98765));
+        assert_eq!(start_time(dir.path(), "43"), None);
+    }
+}

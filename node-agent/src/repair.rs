@@ -1,0 +1,569 @@
+//! Istio's repair controller, done by the agent (`ISTIO_REPAIR`, with
+//! `ISTIO_CHAINED`): a pod scheduled before istio-redirect was chained
+//! started without capture, and its `istio-validation` init container
+//! keeps failing with exit code 126. The agent watches its node's pods and,
+//! for each such pod, programs the capture in its running network
+//! namespace (by running the chained plugin there, as the runtime would
+//! have), or deletes it so it is created again through the chain, or
+//! labels it `cni.istio.io/uninitialized=true` for someone else to act on.
+//! Each outcome is recorded as an Event on the pod.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event as KubeEvent, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+
+use crate::Error;
+use crate::settings::Settings;
+
+/// What is done with a broken pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Program its capture where it runs (Istio's default).
+    Repair,
+    /// Delete it (UID and resourceVersion preconditions).
+    Delete,
+    /// Label it through the `pods/status` subresource.
+    Label,
+    /// Nothing.
+    Off,
+}
+
+impl Mode {
+    /// The Events' reason, as Istio's controller names them.
+    fn reason(self) -> &'static str {
+        match self {
+            Mode::Delete => "DeleteBrokenPod",
+            Mode::Label => "LabelBrokenPod",
+            Mode::Repair | Mode::Off => "RepairBrokenPod",
+        }
+    }
+}
+
+/// The injector's annotation: only injected pods are looked at.
+const SIDECAR_STATUS: &str = "sidecar.istio.io/status";
+/// The Events' source.
+const COMPONENT: &str = "cni-suite-repair";
+/// How often pods still broken are tried again when nothing about them
+/// changes (a pod in back-off changes only at its next restart).
+const RETRY: Duration = Duration::from_secs(10);
+/// How long one pod's action may take.
+const ACTION_LIMIT: Duration = Duration::from_secs(30);
+
+/// What makes a pod broken: its validation container, not exited 0 now,
+/// last terminated with this exit code (0: any) and message (empty: any).
+#[derive(Debug, Clone)]
+pub struct Criteria {
+    pub init_container: String,
+    pub exit_code: i32,
+    pub termination_message: String,
+}
+
+impl Criteria {
+    pub fn from_settings(settings: &Settings) -> Criteria {
+        Criteria {
+            init_container: settings.istio_repair_init_container.clone(),
+            exit_code: settings.istio_repair_exit_code,
+            termination_message: settings.istio_repair_termination_message.trim().to_owned(),
+        }
+    }
+
+    /// Istio's test, field for field: the current state is checked first
+    /// so that a pod whose validation has since passed is never touched.
+    pub fn is_broken(&self, pod: &Pod) -> bool {
+        let annotated = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(SIDECAR_STATUS));
+        if !annotated {
+            return false;
+        }
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.init_container_statuses.as_ref());
+        statuses.into_iter().flatten().any(|container| {
+            if !self.init_container.is_empty() && container.name != self.init_container {
+                return false;
+            }
+            let now = container.state.as_ref().and_then(|s| s.terminated.as_ref());
+            if now.is_some_and(|t| t.exit_code == 0 || t.reason.as_deref() == Some("Completed")) {
+                return false;
+            }
+            container
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|last| {
+                    (self.exit_code == 0 || last.exit_code == self.exit_code)
+                        && (self.termination_message.is_empty()
+                            || last.message.as_deref().map(str::trim) == Some(&self.termination_message))
+                })
+        })
+    }
+}
+
+/// `key=value` of `ISTIO_REPAIR_LABEL`.
+pub fn label(setting: &str) -> Result<(String, String), Error> {
+    match setting.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(Error::Setting(format!(
+            "ISTIO_REPAIR_LABEL must be key=value, not {setting:?}"
+        ))),
+    }
+}
+
+type Key = (String, String);
+
+fn key_of(pod: &Pod) -> Option<Key> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+/// The controller's state: its node's pods and what it did to them.
+struct Controller {
+    client: kube::Client,
+    settings: Settings,
+    mode: Mode,
+    criteria: Criteria,
+    label: (String, String),
+    /// istio-redirect's chain entry, run against a pod to repair it.
+    entry: Value,
+    /// What was done, by pod UID and resourceVersion. A repair is done
+    /// once per UID: the pod keeps failing until its next restart, and
+    /// programming it again would change nothing. A deletion or a label
+    /// is not sent twice for one version.
+    acted: HashMap<Key, (String, String)>,
+    /// The last failure per pod, so one that keeps failing is reported
+    /// once, not every retry.
+    failures: HashMap<Key, String>,
+}
+
+/// Follows this node's pods until the task is aborted (watch errors are
+/// retried with backoff); `label` is `ISTIO_REPAIR_LABEL`'s.
+pub async fn follow(client: kube::Client, settings: Settings, entry: Value, label: (String, String)) {
+    let mode = settings.istio_repair;
+    let mut controller = Controller {
+        client: client.clone(),
+        criteria: Criteria::from_settings(&settings),
+        label,
+        settings,
+        mode,
+        entry,
+        acted: HashMap::new(),
+        failures: HashMap::new(),
+    };
+    let selector = format!("spec.nodeName={}", controller.settings.node_name);
+    let pods: Api<Pod> = Api::all(client);
+    let mut stream = watcher::watcher(pods, watcher::Config::default().fields(&selector))
+        .default_backoff()
+        .boxed();
+    let mut known: BTreeMap<Key, Pod> = BTreeMap::new();
+    let mut relisted: Option<BTreeMap<Key, Pod>> = None;
+    let mut retry = tokio::time::interval(RETRY);
+    log::info!(
+        "repairing pods of node {} whose {} failed ({mode:?})",
+        controller.settings.node_name,
+        controller.criteria.init_container
+    );
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => match event {
+                Some(event) => event,
+                None => {
+                    log::error!("the Pod watch ended: no more repairs");
+                    return;
+                }
+            },
+            _ = retry.tick() => {
+                for pod in known.values() {
+                    controller.reconcile(pod).await;
+                }
+                continue;
+            }
+        };
+        match event {
+            Ok(Event::Init) => relisted = Some(BTreeMap::new()),
+            Ok(Event::InitApply(pod)) => {
+                if let (Some(list), Some(key)) = (relisted.as_mut(), key_of(&pod)) {
+                    list.insert(key, pod);
+                }
+            }
+            Ok(Event::InitDone) => {
+                known = relisted.take().unwrap_or_default();
+                controller.forget_except(&known);
+                for pod in known.values() {
+                    controller.reconcile(pod).await;
+                }
+            }
+            Ok(Event::Apply(pod)) => {
+                if let Some(key) = key_of(&pod) {
+                    controller.reconcile(&pod).await;
+                    known.insert(key, pod);
+                }
+            }
+            Ok(Event::Delete(pod)) => {
+                if let Some(key) = key_of(&pod) {
+                    known.remove(&key);
+                    controller.forget_except(&known);
+                }
+            }
+            Err(e) => log::warn!("watching Pods: {e}; retrying"),
+        }
+    }
+}
+
+impl Controller {
+    /// Drops what is remembered about pods no longer there.
+    fn forget_except(&mut self, pods: &BTreeMap<Key, Pod>) {
+        self.acted.retain(|key, _| pods.contains_key(key));
+        self.failures.retain(|key, _| pods.contains_key(key));
+    }
+
+    async fn reconcile(&mut self, pod: &Pod) {
+        let Some(key) = key_of(pod) else {
+            return;
+        };
+        if pod.metadata.deletion_timestamp.is_some() || !self.criteria.is_broken(pod) {
+            self.failures.remove(&key);
+            return;
+        }
+        let uid = pod_uid(pod);
+        let version = pod.metadata.resource_version.clone().unwrap_or_default();
+        let done_before = self.acted.get(&key);
+        let action = async {
+            match self.mode {
+                Mode::Off => None,
+                Mode::Repair if done_before.is_some_and(|(done, _)| *done == uid) => None,
+                Mode::Repair => Some(
+                    self.repair(pod)
+                        .await
+                        .map(|()| "capture programmed in the running pod"),
+                ),
+                _ if done_before == Some(&(uid.clone(), version.clone())) => None,
+                Mode::Delete => Some(self.delete(pod, &key).await.map(|()| "deleted")),
+                Mode::Label => {
+                    let labels = pod.metadata.labels.as_ref();
+                    let labelled = labels.is_some_and(|l| l.contains_key(&self.label.0));
+                    if labelled {
+                        None
+                    } else {
+                        Some(self.add_label(&key).await.map(|()| "labeled"))
+                    }
+                }
+            }
+        };
+        // A server that never answers holds one pod's turn, not the
+        // controller.
+        let outcome = match tokio::time::timeout(ACTION_LIMIT, action).await {
+            Ok(None) => return,
+            Ok(Some(outcome)) => outcome,
+            Err(_) => Err(Error::Io(format!("no outcome within {ACTION_LIMIT:?}"))),
+        };
+        let reason = self.mode.reason();
+        let (namespace, name) = &key;
+        match outcome {
+            Ok(done) => {
+                self.failures.remove(&key);
+                self.acted.insert(key.clone(), (uid, version));
+                log::info!(
+                    "pod {namespace}/{name}: its {} failed; {done}",
+                    self.criteria.init_container
+                );
+                self.record(pod, "Normal", reason, &format!("pod detected as broken, {done}"))
+                    .await;
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.failures.get(&key) != Some(&text) {
+                    log::error!("pod {namespace}/{name} is broken and could not be handled: {text}");
+                    self.record(
+                        pod,
+                        "Warning",
+                        reason,
+                        &format!("pod detected as broken, but: {text}"),
+                    )
+                    .await;
+                    self.failures.insert(key, text);
+                }
+            }
+        }
+    }
+
+    /// Runs istio-redirect's ADD in the pod's namespace, as the runtime
+    /// would have run it through the chain had it been there.
+    async fn repair(&self, pod: &Pod) -> Result<(), Error> {
+        let ips = pod_ips(pod);
+        if ips.is_empty() {
+            return Err(Error::Io("the pod has no IP yet".into()));
+        }
+        let request = RepairRequest {
+            plugin: self.settings.cni_bin_dir.join("istio-redirect"),
+            bin_dir: self.settings.cni_bin_dir.clone(),
+            stdin: plugin_config(&self.entry, &self.settings.network_name, pod),
+            args: kubernetes_args(pod),
+            container_id: pod_uid(pod),
+            ips,
+        };
+        tokio::task::spawn_blocking(move || request.run())
+            .await
+            .map_err(|e| Error::Io(format!("repairing: {e}")))?
+    }
+
+    async fn delete(&self, pod: &Pod, (namespace, name): &Key) -> Result<(), Error> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: pod.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        pods.delete(name, &params).await?;
+        Ok(())
+    }
+
+    /// Through `pods/status`, which can change a pod's metadata too and is
+    /// the smaller grant.
+    async fn add_label(&self, (namespace, name): &Key) -> Result<(), Error> {
+        let (label, value) = &self.label;
+        let patch = json!({"metadata": {"labels": {label: value}}});
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// An Event on the pod, as `kubectl describe pod` shows it; failing to
+    /// record one is only logged.
+    async fn record(&self, pod: &Pod, kind: &str, reason: &str, message: &str) {
+        let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return;
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let event = json!({
+            "metadata": {
+                "name": format!("{name}.{:x}", now.as_nanosecond()),
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": namespace,
+                "name": name,
+                "uid": pod.metadata.uid,
+                "resourceVersion": pod.metadata.resource_version,
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": COMPONENT, "host": self.settings.node_name},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.settings.node_name,
+            "firstTimestamp": now.to_string(),
+            "lastTimestamp": now.to_string(),
+            "count": 1,
+        });
+        let created = match serde_json::from_value::<KubeEvent>(event) {
+            Ok(event) => Api::<KubeEvent>::namespaced(self.client.clone(), namespace)
+                .create(&PostParams::default(), &event)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = created {
+            log::warn!("cannot record an event on pod {namespace}/{name}: {e}");
+        }
+    }
+}
+
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// `status.podIPs`, else `status.podIP`.
+fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let listed: Vec<&str> = status.pod_ips.iter().flatten().map(|ip| ip.ip.as_str()).collect();
+    let texts = if listed.is_empty() {
+        status.pod_ip.as_deref().into_iter().collect()
+    } else {
+        listed
+    };
+    texts.iter().filter_map(|ip| ip.parse().ok()).collect()
+}
+
+/// The arguments a kubelet's runtime passes.
+fn kubernetes_args(pod: &Pod) -> String {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let uid = pod_uid(pod);
+    format!(
+        "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={uid};K8S_POD_UID={uid}"
+    )
+}
+
+/// The entry as libcni hands it to the plugin: with the network's name
+/// and version, and the pod's annotations in `runtimeConfig` when the
+/// entry declares them as a capability (otherwise the plugin reads the
+/// pod itself).
+fn plugin_config(entry: &Value, network: &str, pod: &Pod) -> Value {
+    let mut config = entry.clone();
+    config["cniVersion"] = json!("1.0.0");
+    config["name"] = json!(network);
+    if let Some(capabilities) = config.get("capabilities").and_then(Value::as_object) {
+        let wanted = capabilities.get(cni::conf::POD_ANNOTATIONS_KEY) == Some(&json!(true));
+        if wanted {
+            config["runtimeConfig"] = json!({
+                cni::conf::POD_ANNOTATIONS_KEY: pod.metadata.annotations.clone().unwrap_or_default(),
+            });
+        }
+    }
+    config
+}
+
+/// One repair, run off the async threads: it scans /proc and enters
+/// namespaces.
+struct RepairRequest {
+    plugin: PathBuf,
+    bin_dir: PathBuf,
+    stdin: Value,
+    args: String,
+    container_id: String,
+    ips: Vec<IpAddr>,
+}
+
+impl RepairRequest {
+    fn run(self) -> Result<(), Error> {
+        let netns = crate::pod_netns::find(Path::new("/proc"), &self.ips)?.ok_or_else(|| {
+            Error::Io(format!(
+                "no process on this node is in a network namespace holding {:?}",
+                self.ips
+            ))
+        })?;
+        let env: [(&str, OsString); 6] = [
+            ("CNI_COMMAND", "ADD".into()),
+            ("CNI_CONTAINERID", self.container_id.into()),
+            ("CNI_NETNS", netns.clone().into_os_string()),
+            ("CNI_IFNAME", "eth0".into()),
+            ("CNI_ARGS", self.args.into()),
+            ("CNI_PATH", self.bin_dir.into_os_string()),
+        ];
+        cni::exec::exec_plugin(&self.plugin, &env, self.stdin.to_string().as_bytes())
+            .map_err(|e| Error::Io(format!("{} in {}: {e}", self.plugin.display(), netns.display())))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn criteria() -> Criteria {
+        Criteria {
+            init_container: "istio-validation".into(),
+            exit_code: 126,
+            termination_message: String::new(),
+        }
+    }
+
+    /// An injected pod whose validation container is in `state` after
+    /// last terminating with `last_exit` (and `message`).
+    fn pod(state: Value, last_exit: Option<i32>, message: &str) -> Pod {
+        let last = last_exit.map_or(
+            json!({}),
+            |code| json!({"terminated": {"exitCode": code, "reason": "Error", "message": message}}),
+        );
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default",
+                         "annotations": {SIDECAR_STATUS: "{}"}},
+            "status": {"initContainerStatuses": [{
+                "name": "istio-validation", "ready": false, "restartCount": 3,
+                "image": "proxyv2", "imageID": "",
+                "state": state, "lastState": last,
+            }]},
+        }))
+        .expect("a pod")
+    }
+
+    fn waiting() -> Value {
+        json!({"waiting": {"reason": "CrashLoopBackOff"}})
+    }
+
+    #[test]
+    fn a_pod_crashlooping_on_the_validation_exit_code_is_broken() {
+        assert!(criteria().is_broken(&pod(waiting(), Some(126), "")));
+    }
+
+    #[test]
+    fn a_pod_whose_validation_passed_now_is_never_broken() {
+        let passed = json!({"terminated": {"exitCode": 0, "reason": "Completed"}});
+        assert!(!criteria().is_broken(&pod(passed, Some(126), "")));
+    }
+
+    #[test]
+    fn other_exit_codes_containers_and_unannotated_pods_are_left_alone() {
+        assert!(!criteria().is_broken(&pod(waiting(), Some(1), "")));
+        assert!(!criteria().is_broken(&pod(waiting(), None, "")));
+        let mut unannotated = pod(waiting(), Some(126), "");
+        unannotated.metadata.annotations = None;
+        assert!(!criteria().is_broken(&unannotated));
+        let other = Criteria {
+            init_container: "istio-init".into(),
+            ..criteria()
+        };
+        assert!(!other.is_broken(&pod(waiting(), Some(126), "")));
+        let any_code = Criteria {
+            exit_code: 0,
+            ..criteria()
+        };
+        assert!(any_code.is_broken(&pod(waiting(), Some(1), "")));
+    }
+
+    #[test]
+    fn a_termination_message_when_set_must_match_trimmed() {
+        let with_message = Criteria {
+            termination_message: "iptables validation failed".into(),
+            ..criteria()
+        };
+        assert!(with_message.is_broken(&pod(waiting(), Some(126), "iptables validation failed\n")));
+        assert!(!with_message.is_broken(&pod(waiting(), Some(126), "something else")));
+    }
+
+    #[test]
+    fn the_plugin_gets_the_annotations_only_when_its_entry_asks_for_them() {
+        let broken = pod(waiting(), Some(126), "");
+        let asking = json!({"type": "istio-redirect",
+                            "capabilities": {"io.kubernetes.cri.pod-annotations": true}});
+        let config = plugin_config(&asking, "k8s-pod-network", &broken);
+        assert_eq!(config["name"], "k8s-pod-network");
+        assert_eq!(
+            config["runtimeConfig"]["io.kubernetes.cri.pod-annotations"][SIDECAR_STATUS],
+            "{}"
+        );
+        let config = plugin_config(&json!({"type": "istio-redirect"}), "n", &broken);
+        assert!(config.get("runtimeConfig").is_none());
+    }
+
+    #[test]
+    fn labels_are_key_equals_value() {
+        assert_eq!(
+            label("cni.istio.io/uninitialized=true").expect("valid"),
+            ("cni.istio.io/uninitialized".into(), "true".into())
+        );
+        assert!(label("novalue").is_err());
+        assert!(label("=x").is_err());
+    }
+}
