@@ -8,7 +8,7 @@ PREFIX ?= /opt/cni/bin
 BINDIR ?= /usr/local/bin
 DESTDIR ?=
 
-PLUGINS := loopback bridge host-local istio-redirect
+PLUGINS := loopback bridge host-local istio-redirect portmap
 TOOLS := cnictl
 # The node agent (binary cni-node-agent) runs from a DaemonSet, never installed here.
 AGENT := node-agent

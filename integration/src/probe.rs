@@ -47,15 +47,23 @@ impl Probe {
         self.script().to_str().expect("UTF-8").to_owned()
     }
 
-    /// Listeners in `ns` recording what reaches them.
+    /// Listeners in `ns` recording what reaches them: TCP on `ports`, and
+    /// UDP on the ports given as `udp:<port>`.
     pub fn listen(&self, ns: &Netns, ports: &[u16]) -> Listener {
+        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        self.listen_on(ns, &ports)
+    }
+
+    /// Like [`Probe::listen`], ports as the script takes them (`8080`,
+    /// `udp:5353`).
+    pub fn listen_on(&self, ns: &Netns, ports: &[String]) -> Listener {
         let record = self.dir.path().join(format!("{}.log", ns.name()));
         let mut args = vec![
             self.script_str(),
             "listen".into(),
             record.to_str().expect("UTF-8").into(),
         ];
-        args.extend(ports.iter().map(u16::to_string));
+        args.extend(ports.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = spawn_in(ns.path(), Path::new(PYTHON), &args, &[], "");
         let listener = Listener { child, record };
@@ -79,15 +87,18 @@ impl Probe {
     }
 
     pub fn udp(&self, ns: &Netns, host: &str, port: u16) -> Run {
+        self.udp_from(ns, host, port, None)
+    }
+
+    /// One UDP datagram from `source_port` if given: datagrams from one
+    /// source port are one flow to conntrack.
+    pub fn udp_from(&self, ns: &Netns, host: &str, port: u16, source_port: Option<u16>) -> Run {
         let script = self.script_str();
         let port = port.to_string();
-        run_in(
-            ns.path(),
-            Path::new(PYTHON),
-            &[&script, "udp", host, &port],
-            &[],
-            "",
-        )
+        let source_port = source_port.map(|p| p.to_string());
+        let mut args = vec![script.as_str(), "udp", host, &port];
+        args.extend(source_port.as_deref());
+        run_in(ns.path(), Path::new(PYTHON), &args, &[], "")
     }
 }
 

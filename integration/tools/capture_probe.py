@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Traffic probe for the istio-redirect tests (stdlib only).
 
-listen RECORD PORT...   TCP listeners on 0.0.0.0 and :: for each PORT (and a
-                        UDP one on 15053); every connection or datagram is
-                        recorded in RECORD as "<proto> <port> <original dst>".
+listen RECORD PORT...   TCP listeners on 0.0.0.0 and :: for each PORT, UDP
+                        ones for each udp:PORT (and a UDP one on 15053);
+                        every connection is recorded in RECORD as
+                        "tcp <port> <original dst>", every datagram as
+                        "udp <port>".
 connect HOST PORT [SRC] One TCP connection (from address SRC); exit 0 if it
                         was accepted.
-udp HOST PORT           One UDP datagram.
+udp HOST PORT [SPORT]   One UDP datagram (from source port SPORT: one flow
+                        as conntrack sees it).
 """
 import socket
 import struct
@@ -69,7 +72,15 @@ def serve_udp(path, s, port):
 def main():
     mode = sys.argv[1]
     if mode == "listen":
-        path, ports = sys.argv[2], [int(p) for p in sys.argv[3:]]
+        path = sys.argv[2]
+        ports = [int(p) for p in sys.argv[3:] if not p.startswith("udp:")]
+        for port in [int(p[4:]) for p in sys.argv[3:] if p.startswith("udp:")]:
+            for family, any_address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+                u = socket.socket(family, socket.SOCK_DGRAM)
+                if family == socket.AF_INET6:
+                    u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                u.bind((any_address, port))
+                threading.Thread(target=serve_udp, args=(path, u, port), daemon=True).start()
         for port in ports:
             for family in (socket.AF_INET, socket.AF_INET6):
                 s = bind_tcp(family, port)
@@ -94,7 +105,11 @@ def main():
         s.close()
     elif mode == "udp":
         host, port = sys.argv[2], int(sys.argv[3])
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        if len(sys.argv) > 4:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[4])))
         s.sendto(b"probe", (host, port))
 
 

@@ -9,12 +9,14 @@
 
 use std::collections::BTreeSet;
 
+pub mod conntrack;
 pub mod egress;
 pub mod exec;
 pub mod istio;
 pub mod masquerade;
 pub mod nfnl;
 pub mod nft;
+pub mod portmap;
 pub mod spoofcheck;
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +76,14 @@ pub enum Family {
 impl Family {
     pub fn of(net: &ipnetwork::IpNetwork) -> Family {
         if net.is_ipv4() { Family::V4 } else { Family::V6 }
+    }
+
+    /// The nf_tables family iptables-nft keeps this family's tables in.
+    pub fn nf_table_family(self) -> nfnl::TableFamily {
+        match self {
+            Family::V4 => nfnl::TableFamily::Ip,
+            Family::V6 => nfnl::TableFamily::Ip6,
+        }
     }
 
     pub fn restore(self) -> &'static str {

@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
 
-use crate::nfnl::{self, TableFamily};
+use crate::nfnl;
 use crate::{Family, MasqueradeBackend, Result, exec};
 
 /// iptables chain names are at most 28 characters.
@@ -34,9 +34,15 @@ const MAX_CHAIN: usize = 28;
 
 /// libcni utils' `FormatChainName`.
 pub fn chain_name(network: &str, container_id: &str) -> String {
+    prefixed_chain_name("", network, container_id)
+}
+
+/// libcni utils' `MustFormatChainNameWithPrefix`: `CNI-<prefix>` and the
+/// hex of sha512(network + container ID), 28 characters in all.
+pub fn prefixed_chain_name(prefix: &str, network: &str, container_id: &str) -> String {
     let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    let mut name = format!("CNI-{hex}");
+    let mut name = format!("CNI-{prefix}{hex}");
     name.truncate(MAX_CHAIN);
     name
 }
@@ -162,7 +168,12 @@ impl NatTable {
     /// POSTROUTING rules jumping to `chain` (whatever their match: the
     /// reference once wrote `-s ip/prefix`).
     pub fn jumps_to<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.rules_of("POSTROUTING")
+        self.jumps_from("POSTROUTING", chain)
+    }
+
+    /// Rules of `from` jumping to `chain`.
+    pub fn jumps_from<'a>(&'a self, from: &'a str, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.rules_of(from)
             .filter(move |line| line.ends_with(&format!(" -j {chain}")))
     }
 
@@ -235,7 +246,7 @@ pub fn restore(family: Family, input: &str) -> Result<()> {
 /// Whether `iptables-restore` here is iptables-nft (rules in nf_tables,
 /// which [`nfnl`] can read in-process) rather than iptables-legacy.
 /// Decided once per process (the alternatives symlinks are resolved).
-fn uses_nf_tables(family: Family) -> bool {
+pub(crate) fn uses_nf_tables(family: Family) -> bool {
     static DECIDED: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
     let slot = match family {
         Family::V4 => &DECIDED[0],
@@ -253,11 +264,7 @@ fn uses_nf_tables(family: Family) -> bool {
 /// with `iptables-save` with iptables-legacy.
 pub fn nat_chain_exists(family: Family, chain: &str) -> Result<bool> {
     if uses_nf_tables(family) {
-        let table_family = match family {
-            Family::V4 => TableFamily::Ip,
-            Family::V6 => TableFamily::Ip6,
-        };
-        nfnl::chain_exists(table_family, "nat", chain)
+        nfnl::chain_exists(family.nf_table_family(), "nat", chain)
     } else {
         Ok(read_nat(family)?.chains.contains(chain))
     }
@@ -284,10 +291,7 @@ struct Gap {
 fn gap_of(family: Family, network: &str, subnet: &IpNetwork) -> Result<Option<Gap>> {
     let chain = network_chain(network, subnet);
     let (rules, jump) = if uses_nf_tables(family) {
-        let table_family = match family {
-            Family::V4 => TableFamily::Ip,
-            Family::V6 => TableFamily::Ip6,
-        };
+        let table_family = family.nf_table_family();
         let comment = network_comment(network, subnet);
         let ours = |chain: &str| nfnl::rules_mentioning(table_family, "nat", chain, &comment);
         (ours(&chain)?, ours("POSTROUTING")? > 0)

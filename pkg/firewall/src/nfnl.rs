@@ -13,18 +13,19 @@ const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_HANDLE: u16 = 3;
 const NFTA_RULE_USERDATA: u16 = 7;
 /// nftnl's user-data type for a rule comment.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
-const ENOENT: i32 = 2;
+pub(crate) const ENOENT: i32 = 2;
 
 /// The nf_tables family of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,26 +49,40 @@ fn push_attr(buf: &mut Vec<u8>, kind: u16, text: &str) {
 }
 
 fn request(message: u16, flags: u16, family: TableFamily, attrs: &[(u16, &str)]) -> Vec<u8> {
+    let mut encoded = Vec::new();
+    for (kind, text) in attrs {
+        push_attr(&mut encoded, *kind, text);
+    }
+    subsystem_request(NFNL_SUBSYS_NFTABLES, message, flags, family as u8, &encoded)
+}
+
+/// A netfilter netlink request of `subsystem`: header, nfgenmsg for
+/// `family` (an NFPROTO_* value), then the encoded attributes.
+pub(crate) fn subsystem_request(
+    subsystem: u16,
+    message: u16,
+    flags: u16,
+    family: u8,
+    attrs: &[u8],
+) -> Vec<u8> {
     let mut buf = vec![0u8; 16];
-    buf.push(family as u8);
+    buf.push(family);
     buf.push(0); // NFNETLINK_V0
     buf.extend_from_slice(&[0, 0]); // res_id
-    for (kind, text) in attrs {
-        push_attr(&mut buf, *kind, text);
-    }
+    buf.extend_from_slice(attrs);
     let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
     buf[0..4].copy_from_slice(&len.to_ne_bytes());
-    buf[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | message).to_ne_bytes());
+    buf[4..6].copy_from_slice(&((subsystem << 8) | message).to_ne_bytes());
     buf[6..8].copy_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
     buf[8..12].copy_from_slice(&1u32.to_ne_bytes());
     buf
 }
 
 fn io_error(what: &str, e: &std::io::Error) -> Error {
-    Error::Invalid(format!("nf_tables {what}: {e}"))
+    Error::Invalid(format!("netfilter {what}: {e}"))
 }
 
-fn read_u16(b: &[u8], at: usize) -> u16 {
+pub(crate) fn read_u16(b: &[u8], at: usize) -> u16 {
     u16::from_ne_bytes([b[at], b[at + 1]])
 }
 
@@ -78,7 +93,7 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
 /// Sends `request` and hands every reply message (type, payload after the
 /// nlmsghdr) to `each` until the kernel is done: an ACK, an error, or the
 /// end of a dump. A negative errno from the kernel is returned as `Err`.
-fn converse(
+pub(crate) fn converse(
     what: &str,
     request: &[u8],
     mut each: impl FnMut(u16, &[u8]),
@@ -98,14 +113,14 @@ fn converse(
         while at + 16 <= n {
             let len = read_u32(&buf, at) as usize;
             if len < 16 || at + len > n {
-                return Err(Error::Invalid(format!("nf_tables {what}: a malformed reply")));
+                return Err(Error::Invalid(format!("netfilter {what}: a malformed reply")));
             }
             let kind = read_u16(&buf, at + 4);
             let payload = &buf[at + 16..at + len];
             match kind {
                 NLMSG_ERROR => {
                     let Some(code) = payload.get(..4) else {
-                        return Err(Error::Invalid(format!("nf_tables {what}: a truncated error")));
+                        return Err(Error::Invalid(format!("netfilter {what}: a truncated error")));
                     };
                     let code = i32::from_ne_bytes([code[0], code[1], code[2], code[3]]);
                     return Ok(if code == 0 { Ok(()) } else { Err(-code) });
@@ -138,8 +153,14 @@ pub fn chain_exists(family: TableFamily, table: &str, chain: &str) -> Result<boo
 
 /// The attributes of a netlink payload after its 4-byte nfgenmsg.
 fn attributes(payload: &[u8]) -> Vec<(u16, &[u8])> {
+    attributes_from(payload, 4)
+}
+
+/// The attributes in `bytes` from `at` on (a nested attribute's value from
+/// 0), each as (type without its flags, value).
+pub(crate) fn attributes_from(bytes: &[u8], mut at: usize) -> Vec<(u16, &[u8])> {
+    let payload = bytes;
     let mut out = Vec::new();
-    let mut at = 4;
     while at + 4 <= payload.len() {
         let len = read_u16(payload, at) as usize;
         if len < 4 || at + len > payload.len() {
@@ -215,6 +236,40 @@ pub fn rule_comments(family: TableFamily, table: &str, chain: &str) -> Result<Ve
         }
     })?;
     Ok(comments)
+}
+
+/// How many rules `chain` has.
+pub fn rule_count(family: TableFamily, table: &str, chain: &str) -> Result<usize> {
+    let mut count = 0;
+    for_each_rule(family, table, chain, |_| count += 1)?;
+    Ok(count)
+}
+
+/// The handles of the rules of `chain` whose comment (nft's user data) is
+/// exactly `comment`, for deleting them by handle.
+pub fn handles_with_comment(
+    family: TableFamily,
+    table: &str,
+    chain: &str,
+    comment: &str,
+) -> Result<Vec<u64>> {
+    let mut handles = Vec::new();
+    for_each_rule(family, table, chain, |attrs| {
+        let commented = attrs
+            .iter()
+            .find(|(k, _)| *k == NFTA_RULE_USERDATA)
+            .and_then(|(_, v)| comment_of(v))
+            .is_some_and(|c| c == comment);
+        let handle = attrs
+            .iter()
+            .find(|(k, _)| *k == NFTA_RULE_HANDLE)
+            .and_then(|(_, v)| <[u8; 8]>::try_from(*v).ok())
+            .map(u64::from_be_bytes);
+        if let (true, Some(handle)) = (commented, handle) {
+            handles.push(handle);
+        }
+    })?;
+    Ok(handles)
 }
 
 /// How many rules of `chain` carry `text` anywhere in their attributes: a

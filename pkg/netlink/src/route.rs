@@ -109,6 +109,20 @@ impl Netlink {
         Ok(messages.iter().filter_map(route_from).collect())
     }
 
+    /// The interface the main table sends `ip` out of (its most specific
+    /// route with an interface), if any.
+    pub fn interface_toward(&self, ip: IpAddr) -> Result<Option<Link>> {
+        let best = self
+            .routes(ip.is_ipv4())?
+            .into_iter()
+            .filter(|r| r.table == MAIN_TABLE && r.oif.is_some() && r.dst.contains(ip))
+            .max_by_key(|r| r.dst.prefix());
+        match best.and_then(|r| r.oif) {
+            Some(index) => self.link_by_index(index),
+            None => Ok(None),
+        }
+    }
+
     /// Routes whose output interface is `link`.
     pub fn routes_of(&self, link: &Link, v4: bool) -> Result<Vec<RouteInfo>> {
         Ok(self

@@ -1,0 +1,168 @@
+//! The reference's `PortMapConf`, key for key, with its checks and
+//! messages. Errors are code 7.
+
+use cni::keys::{self, Shape, field, plain};
+use cni::{Error, NetConf, Result};
+use firewall::portmap::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+const MAPPING: Shape = Shape::Struct(&[&[
+    plain("hostPort"),
+    plain("containerPort"),
+    plain("protocol"),
+    plain("hostIP"),
+]]);
+
+pub const KEYS: Shape = Shape::Struct(&[
+    keys::NET_CONF,
+    &[
+        keys::IPAM_TYPE,
+        plain("backend"),
+        plain("snat"),
+        plain("conditionsV4"),
+        plain("conditionsV6"),
+        plain("masqAll"),
+        plain("markMasqBit"),
+        field(
+            "runtimeConfig",
+            Shape::Struct(&[&[field("portMappings", Shape::List(&MAPPING))]]),
+        ),
+        plain("externalSetMarkChain"),
+    ],
+]);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Iptables,
+    Nftables,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortmapConfig {
+    pub backend: Backend,
+    pub settings: Settings,
+    pub mappings: Vec<Mapping>,
+}
+
+fn read<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| Error::invalid_config(format!("failed to parse config: invalid {key}: {e}"))),
+    }
+}
+
+/// The reference tells an iptables condition (`-d …`, `! -s …`) from an
+/// nftables one by its first character.
+fn backend_of_conditions(conditions: &[String]) -> Option<Backend> {
+    let first = conditions.first().filter(|c| !c.is_empty())?;
+    Some(if first.starts_with('-') || first.starts_with('!') {
+        Backend::Iptables
+    } else {
+        Backend::Nftables
+    })
+}
+
+fn name(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Iptables => "iptables",
+        Backend::Nftables => "nftables",
+    }
+}
+
+/// iptables unless it cannot run here and nft can, as upstream decides.
+fn default_backend() -> Backend {
+    let tool = |name: &str| firewall::exec::find(name).is_some();
+    if !tool("iptables-restore") && tool("nft") {
+        Backend::Nftables
+    } else {
+        Backend::Iptables
+    }
+}
+
+impl PortmapConfig {
+    pub fn load(conf: &NetConf) -> Result<Self> {
+        let doc = conf.raw();
+        let mark_bit: Option<i64> = read(doc, "markMasqBit")?;
+        let external: Option<String> = read(doc, "externalSetMarkChain")?;
+        if mark_bit.is_some() && external.is_some() {
+            return Err(Error::invalid_config(
+                "Cannot specify externalSetMarkChain and markMasqBit",
+            ));
+        }
+        let mark_bit = match mark_bit {
+            None => DEFAULT_MARK_BIT,
+            Some(bit) => u8::try_from(bit)
+                .ok()
+                .filter(|b| *b <= 31)
+                .ok_or_else(|| Error::invalid_config("MasqMarkBit must be between 0 and 31"))?,
+        };
+        let conditions_v4: Vec<String> = read(doc, "conditionsV4")?.unwrap_or_default();
+        let conditions_v6: Vec<String> = read(doc, "conditionsV6")?.unwrap_or_default();
+        let backend = match read::<String>(doc, "backend")?.as_deref() {
+            None => default_backend(),
+            Some("iptables") => Backend::Iptables,
+            Some("nftables") => Backend::Nftables,
+            Some(other) => return Err(Error::invalid_config(format!("unrecognized backend {other:?}"))),
+        };
+        let mut wrong = Vec::new();
+        if external.is_some() && backend != Backend::Iptables {
+            wrong.push("externalSetMarkChain");
+        }
+        for (key, conditions) in [("conditionsV4", &conditions_v4), ("conditionsV6", &conditions_v6)] {
+            if backend_of_conditions(conditions).is_some_and(|b| b != backend) {
+                wrong.push(key);
+            }
+        }
+        if !wrong.is_empty() {
+            let other = match backend {
+                Backend::Iptables => Backend::Nftables,
+                Backend::Nftables => Backend::Iptables,
+            };
+            return Err(Error::invalid_config(format!(
+                "{} backend was requested but configuration contains {}-specific options [{}]",
+                name(backend),
+                name(other),
+                wrong.join(" ")
+            )));
+        }
+        let settings = Settings {
+            snat: read(doc, "snat")?.unwrap_or(true),
+            mark_bit,
+            external_set_mark_chain: external,
+            conditions_v4,
+            conditions_v6,
+            masq_all: read(doc, "masqAll")?.unwrap_or(false),
+        };
+        Ok(PortmapConfig {
+            backend,
+            settings,
+            mappings: mappings(conf)?,
+        })
+    }
+}
+
+/// `runtimeConfig.portMappings`, checked as the reference checks them.
+fn mappings(conf: &NetConf) -> Result<Vec<Mapping>> {
+    conf.runtime_config
+        .port_mappings()?
+        .into_iter()
+        .map(|entry| {
+            if entry.container_port == 0 {
+                return Err(Error::invalid_config("Invalid container port number: 0"));
+            }
+            if entry.host_port == 0 {
+                return Err(Error::invalid_config("Invalid host port number: 0"));
+            }
+            Ok(Mapping {
+                host_port: entry.host_port,
+                container_port: entry.container_port,
+                protocol: Protocol::parse(&entry.protocol)
+                    .map_err(|e| Error::invalid_config(e.to_string()))?,
+                host_ip: entry.host_ip,
+            })
+        })
+        .collect()
+}

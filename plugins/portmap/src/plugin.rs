@@ -1,0 +1,281 @@
+//! The verbs. Each family of the pod's addresses gets one transaction in
+//! the configured backend; DEL and GC look in both backends, so a node
+//! whose configuration changed backend loses nothing.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use cni::error::Code;
+use cni::keys::Shape;
+use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
+use firewall::conntrack::{self, Filter};
+use firewall::portmap::{self, Forward, Mapping, Pod, Protocol, Settings, iptables, nft};
+use firewall::{Family, masquerade};
+use ipnetwork::IpNetwork;
+use netlink::Netlink;
+use netns::{NetNs, NetNsLock};
+use podnet::{check_failed, combine, firewall_error, netlink_error};
+
+use crate::config::{Backend, KEYS, PortmapConfig};
+
+pub struct Portmap;
+
+/// The node namespace's lock: our ADDs, DELs and GCs of a node never
+/// interleave their reads and writes of the shared chains.
+fn lock_node() -> Result<NetNsLock> {
+    NetNs::current()
+        .map_err(|e| Error::io(e.to_string()))?
+        .lock()
+        .map_err(|e| Error::io(format!("cannot lock the node's network namespace: {e}")))
+}
+
+/// The pod's address of each family, as the reference picks them: the
+/// first of each family that is on the sandbox interface `ifname` (or on
+/// no interface in particular).
+fn pod_addresses(result: &CniResult, ifname: &str) -> Vec<IpNetwork> {
+    let mut picked: Vec<IpNetwork> = Vec::new();
+    for ip in &result.ips {
+        if picked.iter().any(|p| p.is_ipv4() == ip.address.is_ipv4()) {
+            continue;
+        }
+        let elsewhere = ip
+            .interface
+            .and_then(|i| result.interfaces.get(i))
+            .is_some_and(|iface| iface.name != ifname || iface.sandbox.is_empty());
+        if !elsewhere {
+            picked.push(ip.address);
+        }
+    }
+    picked
+}
+
+fn pod<'a>(req: &'a Request, att: &'a Attachment, address: IpNetwork) -> Pod<'a> {
+    Pod {
+        network: &req.conf.name,
+        container_id: &att.container_id,
+        address,
+    }
+}
+
+fn add_in(backend: Backend, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> firewall::Result<()> {
+    match backend {
+        Backend::Iptables => iptables::add(pod, settings, mappings),
+        Backend::Nftables => nft::add(pod, settings, mappings),
+    }
+}
+
+/// The reference's ADD-time cleanup: every UDP flow to a mapped port of the
+/// family, so that a flow that reached someone else (an earlier pod, a
+/// host-network server) now reaches this pod.
+fn flush_udp_flows(family: Family, mappings: &[Mapping]) {
+    let filters: Vec<Filter> = mappings
+        .iter()
+        .filter(|m| m.protocol == Protocol::Udp && m.applies_to(family))
+        .map(|m| Filter {
+            family,
+            protocol: Protocol::Udp.number(),
+            port: m.host_port,
+            reply_source: None,
+        })
+        .collect();
+    if let Err(e) = conntrack::delete(&filters) {
+        log::warn!("failed to delete stale UDP conntrack entries: {e}");
+    }
+}
+
+/// After a DEL or GC: every flow still translated to a removed mapping,
+/// UDP, TCP and SCTP alike, so that its next packet meets today's rules
+/// (the reference leaves them to reach a dead pod).
+fn flush_removed_flows(forwards: &[Forward]) {
+    let filters: Vec<Filter> = forwards
+        .iter()
+        .map(|f| Filter {
+            family: portmap::family_of(f.pod_ip),
+            protocol: f.protocol.number(),
+            port: f.host_port,
+            reply_source: Some(f.pod_ip),
+        })
+        .collect();
+    if let Err(e) = conntrack::delete(&filters) {
+        log::warn!("failed to delete conntrack entries of removed mappings: {e}");
+    }
+}
+
+/// Traffic from the node's own 127.0.0.1 to a hostPort leaves through the
+/// interface toward the pod; without `route_localnet` there, the kernel
+/// drops it as martian.
+fn enable_route_localnet(pod_ip: IpAddr) -> Result<()> {
+    let nl = Netlink::connect().map_err(netlink_error)?;
+    if let Some(link) = nl.interface_toward(pod_ip).map_err(netlink_error)? {
+        netlink::sysctl::write(&format!("net/ipv4/conf/{}/route_localnet", link.name), "1")
+            .map_err(|e| Error::io(format!("unable to enable route_localnet: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Removes a pod's mappings in both backends and both families; goes on
+/// past failures.
+fn remove_everywhere(
+    cfg: &PortmapConfig,
+    network: &str,
+    container_id: &str,
+    addresses: &[IpNetwork],
+) -> (Vec<Forward>, Vec<Error>) {
+    let mut forwards = Vec::new();
+    let mut failures = Vec::new();
+    let known = |family: Family| {
+        addresses
+            .iter()
+            .find(|a| Family::of(a) == family)
+            .filter(|_| !cfg.mappings.is_empty())
+            .map(|a| (cfg.mappings.as_slice(), a.ip()))
+    };
+    for family in [Family::V4, Family::V6] {
+        if iptables_usable(family) {
+            match iptables::remove(family, &cfg.settings, network, container_id, known(family)) {
+                Ok(found) => forwards.extend(found),
+                Err(e) => failures.push(firewall_error(e)),
+            }
+        }
+        if firewall::exec::find("nft").is_some() {
+            match nft::remove(family, container_id, known(family)) {
+                Ok(found) => forwards.extend(found),
+                Err(e) => failures.push(firewall_error(e)),
+            }
+        }
+    }
+    (forwards, failures)
+}
+
+fn iptables_usable(family: Family) -> bool {
+    firewall::exec::find(family.restore()).is_some() && firewall::exec::find(family.save()).is_some()
+}
+
+impl Plugin for Portmap {
+    const NAME: &'static str = "portmap";
+    const KEYS: Shape = KEYS;
+
+    fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
+        let cfg = PortmapConfig::load(&req.conf)?;
+        let Some(result) = req.conf.prev_result()? else {
+            return Err(Error::invalid_config("must be called as chained plugin"));
+        };
+        if cfg.mappings.is_empty() {
+            return Ok(result);
+        }
+        let _lock = lock_node()?;
+        for address in pod_addresses(&result, &att.ifname) {
+            let pod = pod(req, att, address);
+            add_in(cfg.backend, &pod, &cfg.settings, &cfg.mappings)
+                .map_err(|e| firewall_error(e).context("unable to set up port mappings"))?;
+            flush_udp_flows(pod.family(), &cfg.mappings);
+            if cfg.settings.snat && address.is_ipv4() {
+                enable_route_localnet(address.ip())?;
+            }
+        }
+        Ok(result)
+    }
+
+    fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
+        let cfg = PortmapConfig::load(&req.conf)?;
+        let Some(result) = req.conf.prev_result()? else {
+            return Err(Error::invalid_config("Required prevResult missing"));
+        };
+        if cfg.mappings.is_empty() {
+            return Ok(());
+        }
+        let mut gaps = Vec::new();
+        for address in pod_addresses(&result, &att.ifname) {
+            let pod = pod(req, att, address);
+            let found = match cfg.backend {
+                Backend::Iptables => masquerade::read_nat(pod.family())
+                    .map(|table| iptables::missing(&table, &pod, &cfg.settings, &cfg.mappings)),
+                Backend::Nftables => nft::missing(&pod, &cfg.settings, &cfg.mappings),
+            };
+            gaps.extend(found.map_err(firewall_error)?);
+        }
+        if gaps.is_empty() {
+            Ok(())
+        } else {
+            Err(check_failed(format!(
+                "port mapping rules missing: {}",
+                gaps.join("; ")
+            )))
+        }
+    }
+
+    /// Removes everything of the container whatever the request lacks: the
+    /// mappings and the pod's addresses only let it skip reading the
+    /// tables.
+    fn del(&self, req: &Request, att: &Attachment) -> Result<()> {
+        let cfg = PortmapConfig::load(&req.conf)?;
+        let addresses = req
+            .conf
+            .prev_result()
+            .ok()
+            .flatten()
+            .map(|result| pod_addresses(&result, &att.ifname))
+            .unwrap_or_default();
+        let _lock = lock_node()?;
+        let (forwards, failures) = remove_everywhere(&cfg, &req.conf.name, &att.container_id, &addresses);
+        flush_removed_flows(&forwards);
+        combine(failures)
+    }
+
+    fn gc(&self, req: &Request) -> Result<()> {
+        // Refused as ADD would refuse it; nothing of it is needed.
+        PortmapConfig::load(&req.conf)?;
+        let keep: BTreeSet<String> = req
+            .conf
+            .gc_valid_attachments()?
+            .into_iter()
+            .map(|a| a.container_id)
+            .collect();
+        let network = &req.conf.name;
+        let _lock = lock_node()?;
+        let mut failures = Vec::new();
+        let mut forwards = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            if iptables_usable(family) {
+                match iptables::collect_garbage(family, network, &keep) {
+                    Ok(found) => forwards.extend(found),
+                    Err(e) => failures.push(firewall_error(e)),
+                }
+            }
+            if firewall::exec::find("nft").is_none() {
+                continue;
+            }
+            // The nftables table is shared by every network: a rule's
+            // comment is its container ID alone, as upstream writes it.
+            match nft::containers(family) {
+                Ok(ids) => {
+                    for id in ids.iter().filter(|id| !keep.contains(*id)) {
+                        match nft::remove(family, id, None) {
+                            Ok(found) => forwards.extend(found),
+                            Err(e) => failures.push(firewall_error(e)),
+                        }
+                    }
+                }
+                Err(e) => failures.push(firewall_error(e)),
+            }
+        }
+        flush_removed_flows(&forwards);
+        combine(failures)
+    }
+
+    fn status(&self, req: &Request) -> Result<()> {
+        let cfg = PortmapConfig::load(&req.conf)?;
+        let usable = match cfg.backend {
+            Backend::Iptables => iptables_usable(Family::V4),
+            Backend::Nftables => nft::usable().is_ok(),
+        };
+        if usable {
+            Ok(())
+        } else {
+            Err(Error::new(
+                Code::NotAvailable,
+                "neither iptables-restore and iptables-save nor nft are usable on this node",
+            ))
+        }
+    }
+}
