@@ -8,10 +8,10 @@ PREFIX ?= /opt/cni/bin
 BINDIR ?= /usr/local/bin
 DESTDIR ?=
 
-PLUGINS := loopback bridge host-local istio-redirect portmap
+PLUGINS := loopback bridge host-local istio-redirect portmap firewall
 TOOLS := cnictl
-# The node agent (binary cni-node-agent) runs from a DaemonSet, never installed here.
-AGENT := node-agent
+# The node agent runs from a DaemonSet, never installed here.
+AGENT := cni-node-agent
 
 # Static binaries run on any node image (kind, minikube, containerd hosts).
 # relocation-model=static gives a plain static executable rather than a
@@ -47,7 +47,7 @@ toolchain:
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy rustfmt
 
 build: deps
-	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix -p ,$(PLUGINS) $(TOOLS) $(AGENT))
+	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix --bin ,$(PLUGINS) $(TOOLS) $(AGENT))
 
 # host-local, bridge and istio-redirect with named pause points for the
 # crash tests (cni::fault); debug builds in their own target directory,
@@ -94,8 +94,17 @@ cnitool: deps
 CONF ?=
 CONF_DIR ?= /etc/cni/net.d
 MANIFEST ?= /var/lib/cni-suite/installed
+# The node's own plugins of the same names (the reference's portmap and
+# firewall, often), kept here by install and put back by uninstall.
+KEPT_DIR ?= /var/lib/cni-suite/kept
 install: build
-	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR) $(dir $(DESTDIR)$(MANIFEST))
+	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(BINDIR) $(dir $(DESTDIR)$(MANIFEST)) $(DESTDIR)$(KEPT_DIR)
+	@for p in $(PLUGINS); do \
+		if [ -e $(DESTDIR)$(PREFIX)/$$p ] && [ ! -e $(DESTDIR)$(KEPT_DIR)/$$p ] && \
+			! grep -qx "$(PREFIX)/$$p" $(DESTDIR)$(MANIFEST) 2>/dev/null; then \
+			cp -p $(DESTDIR)$(PREFIX)/$$p $(DESTDIR)$(KEPT_DIR)/$$p && echo "kept the node's $$p in $(KEPT_DIR)"; \
+		fi; \
+	done
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(PLUGINS)) $(DESTDIR)$(PREFIX)/
 	install -m 0755 $(addprefix $(RELEASE_DIR)/,$(TOOLS)) $(DESTDIR)$(BINDIR)/
 	@printf '%s\n' $(addprefix $(PREFIX)/,$(PLUGINS)) $(addprefix $(BINDIR)/,$(TOOLS)) > $(DESTDIR)$(MANIFEST)
@@ -115,6 +124,11 @@ install-service: install
 uninstall:
 	@[ -f $(DESTDIR)$(MANIFEST) ] || { echo "nothing installed (no $(DESTDIR)$(MANIFEST))"; exit 0; }; \
 	while read -r file; do rm -f "$(DESTDIR)$$file" && echo "removed $$file"; done < $(DESTDIR)$(MANIFEST); \
+	for kept in $(DESTDIR)$(KEPT_DIR)/*; do \
+		[ -e "$$kept" ] || continue; \
+		mv "$$kept" $(DESTDIR)$(PREFIX)/ && echo "put back the node's $$(basename "$$kept")"; \
+	done; \
+	rmdir $(DESTDIR)$(KEPT_DIR) 2>/dev/null; \
 	rm -f $(DESTDIR)$(MANIFEST); rmdir $(dir $(DESTDIR)$(MANIFEST)) 2>/dev/null || true
 
 lint: deps

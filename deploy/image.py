@@ -19,7 +19,8 @@ import sysconfig
 
 import oci
 
-SUITE = ["cni-node-agent", "bridge", "host-local", "loopback", "istio-redirect", "cnictl"]
+SUITE = ["cni-node-agent", "bridge", "host-local", "loopback", "istio-redirect", "portmap",
+         "firewall", "cnictl"]
 COMMANDS = ["iptables-save", "iptables-restore", "ip6tables-save", "ip6tables-restore"]
 
 

@@ -16,7 +16,14 @@ use std::time::{Duration, Instant};
 use integration::{Netns, Node, bin};
 use serde_json::{Value, json};
 
-const BINARIES: [&str; 4] = ["loopback", "bridge", "host-local", "istio-redirect"];
+const BINARIES: [&str; 6] = [
+    "loopback",
+    "bridge",
+    "host-local",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
 
 /// Codes from the spec: incompatible version, invalid environment,
 /// undecodable stdin, invalid configuration.
@@ -44,6 +51,15 @@ fn valid_conf(binary: &str, data_dir: &Path) -> Value {
         "bridge" => json!({"cniVersion": "1.0.0", "name": "corpus", "type": "bridge",
                            "bridge": "cnibad0", "isGateway": true, "ipMasq": true, "ipam": ipam}),
         "host-local" => json!({"cniVersion": "1.0.0", "name": "corpus", "type": "host-local", "ipam": ipam}),
+        "portmap" => json!({"cniVersion": "1.0.0", "name": "corpus", "type": "portmap",
+                            "stateDir": data_dir.join("portmap"),
+                            "capabilities": {"portMappings": true},
+                            "runtimeConfig": {"portMappings": [
+                                {"hostPort": 18090, "containerPort": 80, "protocol": "tcp"}]},
+                            "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.61.0.2/24"}]}}),
+        "firewall" => json!({"cniVersion": "1.0.0", "name": "corpus", "type": "firewall",
+                             "stateDir": data_dir.join("firewall"),
+                             "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.61.0.2/24"}]}}),
         _ => json!({"cniVersion": "1.0.0", "name": "corpus", "type": "istio-redirect",
                     "kubeconfig": data_dir.join("no-kubeconfig"),
                     "capabilities": {"io.kubernetes.cri.pod-annotations": true},
@@ -191,8 +207,9 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
             ("CNI_ARGS", Some("K=V;Z")),
         ];
         for (key, value) in env_cases {
-            // The reference loopback never reads CNI_ARGS (tests/loopback.rs).
-            if binary == "loopback" && key == "CNI_ARGS" {
+            // The reference loopback, portmap and firewall never read
+            // CNI_ARGS (tests/loopback.rs).
+            if matches!(binary, "loopback" | "portmap" | "firewall") && key == "CNI_ARGS" {
                 continue;
             }
             add(
@@ -203,9 +220,10 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
                 ENV,
             );
         }
-        if binary != "host-local" {
-            // host-local never enters the namespace, so only the others
-            // must notice that it does not exist.
+        if !matches!(binary, "host-local" | "portmap" | "firewall") {
+            // host-local, portmap and firewall work in the node's namespace
+            // (as the reference's do), so only the others must notice that
+            // the pod's does not exist.
             add(
                 binary,
                 "CNI_NETNS missing on disk".into(),
@@ -311,6 +329,51 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
         bytes(&promisc_hairpin),
         CONFIG,
     );
+    // portmap's and firewall's own keys, and hostile mappings.
+    let portmap = valid_conf("portmap", data_dir);
+    let mapping = "/runtimeConfig/portMappings/0";
+    for (pointer, value) in [
+        (format!("{mapping}/hostPort"), json!(0)),
+        (format!("{mapping}/hostPort"), json!(70000)),
+        (format!("{mapping}/containerPort"), json!(-1)),
+        (format!("{mapping}/protocol"), json!("icmp")),
+        (format!("{mapping}/protocol"), json!("tcp -j ACCEPT")),
+        (format!("{mapping}/hostIP"), json!("10.0.0.1;reboot")),
+        ("/markMasqBit".into(), json!(32)),
+        ("/backend".into(), json!("pf")),
+        ("/conditionsV4".into(), json!("-j ACCEPT")),
+        ("/externalSetMarkChain".into(), json!("A B")),
+        (
+            "/prevResult".into(),
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "x"}]}),
+        ),
+    ] {
+        let conf = with(portmap.clone(), &pointer, value.clone());
+        add(
+            "portmap",
+            format!("{pointer} = {value}"),
+            vec![],
+            bytes(&conf),
+            CONFIG,
+        );
+    }
+    let firewall = valid_conf("firewall", data_dir);
+    for (pointer, value) in [
+        ("/backend", json!("pf")),
+        ("/backend", json!("firewalld")),
+        ("/ingressPolicy", json!("isolated")),
+        ("/iptablesAdminChainName", json!("A B")),
+        ("/iptablesAdminChainName", json!("x".repeat(40))),
+    ] {
+        let conf = with(firewall.clone(), pointer, value.clone());
+        add(
+            "firewall",
+            format!("{pointer} = {value}"),
+            vec![],
+            bytes(&conf),
+            CONFIG,
+        );
+    }
     // Hostile annotations and settings for istio-redirect.
     let mesh = valid_conf("istio-redirect", data_dir);
     let annotations = "/runtimeConfig/io.kubernetes.cri.pod-annotations";

@@ -69,7 +69,8 @@ impl Site {
         }
     }
 
-    fn conflist(&self, bridge: &str, subnet: u8, portmap: Value) -> Value {
+    fn conflist(&self, bridge: &str, subnet: u8, mut portmap: Value) -> Value {
+        portmap["stateDir"] = json!(self.node.path("portmap").to_str().expect("UTF-8"));
         json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [
             {"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": true, "hairpinMode": true,
              "ipam": {"type": "host-local", "socket": "",
@@ -619,4 +620,69 @@ fn configuration_is_checked_as_the_reference_checks_it() {
     let none = portmap_input("1.0.0", json!({}), None, true);
     exec(&node, &bin("portmap"), "ADD", "abc", "/var/run/netns/x", &none).success();
     assert!(!saved(&node).contains("CNI-HOSTPORT"), "{}", saved(&node));
+}
+
+/// Two pods on one host port: the second is refused while the first runs;
+/// once the first is gone without a DEL (its runtime crashed), the second
+/// gets the port and the first's rules go.
+#[test]
+fn a_host_port_held_by_a_running_pod_is_refused() {
+    let site = Site::new();
+    let list = site.conflist(
+        "cnipm3",
+        65,
+        json!({"type": "portmap", "capabilities": {"portMappings": true}}),
+    );
+    site.node.write_conf("10-pm.conflist", &list);
+    let port = json!([{"hostPort": 18080, "containerPort": 8080, "protocol": "tcp"}]);
+    let (first, second) = (site.node.pod("first"), site.node.pod("second"));
+    site.add(&first, &port);
+    second.ip(&["link", "set", "lo", "up"]).success();
+    let refused = site.run(&["add", NETWORK, second.path_str()], &port).failure();
+    let first_id = integration::cnitool_container_id(first.path_str());
+    assert!(
+        refused
+            .stderr
+            .contains("host port 18080/tcp is published for container")
+            && refused.stderr.contains(&first_id)
+            && refused.stderr.contains("(CNI error code 105)"),
+        "{refused:?}"
+    );
+    // What a runtime does after a failed ADD.
+    site.del(&second, &port);
+    // Another protocol is no clash; one host address under the first's
+    // wildcard is (its rule would catch that address too), as Kubernetes'
+    // scheduler counts hostPort clashes.
+    let other = json!([{"hostPort": 18080, "containerPort": 8080, "protocol": "udp"}]);
+    site.add(&second, &other);
+    site.del(&second, &other);
+    let one_address =
+        json!([{"hostPort": 18080, "containerPort": 8080, "protocol": "tcp", "hostIP": "198.51.100.9"}]);
+    let refused = site
+        .run(&["add", NETWORK, second.path_str()], &one_address)
+        .failure();
+    assert!(refused.stderr.contains("(CNI error code 105)"), "{refused:?}");
+    site.del(&second, &one_address);
+
+    // The first pod's namespace goes without a DEL.
+    let first_path = first.path_str().to_owned();
+    first.delete();
+    let result = site.add(&second, &port);
+    assert!(site.leftovers(&first_id).is_empty(), "{}", site.rules());
+    let listener = site.probe.listen(&second, &[8080]);
+    site.probe
+        .connect(&site.client, None, NODE_V4, 18080, None)
+        .success();
+    wait_count(
+        &listener,
+        &format!("tcp 8080 {}:8080", pod_address(&result, true)),
+        1,
+    );
+    let second_id = integration::cnitool_container_id(second.path_str());
+    site.del(&second, &port);
+    assert!(site.leftovers(&second_id).is_empty(), "{}", site.rules());
+    let records = std::fs::read_dir(site.node.path("portmap").join(NETWORK))
+        .expect("records")
+        .count();
+    assert_eq!(records, 0, "a record stayed (the first was {first_path})");
 }

@@ -106,7 +106,19 @@ fn our_bridge_then_reference_portmap_bandwidth_tuning() {
             {"type": "portmap", "capabilities": {"portMappings": true}},
         ]});
         node.write_conf("10-mixed.conflist", &list);
-        let cni_path = format!("{}:{REFERENCE}", integration::bin_dir().display());
+        // Our bridge and host-local; the reference's portmap, bandwidth and
+        // tuning (the suite ships a portmap of its own, so pick by name).
+        let cni_path = plugin_dir(
+            &node,
+            "bins",
+            &[
+                ("bridge", bin("bridge")),
+                ("host-local", bin("host-local")),
+                ("bandwidth", reference("bandwidth")),
+                ("tuning", reference("tuning")),
+                ("portmap", reference("portmap")),
+            ],
+        );
         let mappings = r#"{"portMappings":[{"hostPort":18081,"containerPort":8080,"protocol":"tcp"}]}"#;
         let chain = Chain {
             node: &node,

@@ -4,7 +4,15 @@ use integration::{bin_dir, run};
 
 #[test]
 fn every_binary_is_statically_linked() {
-    for name in ["loopback", "bridge", "host-local", "istio-redirect", "cnictl"] {
+    for name in [
+        "loopback",
+        "bridge",
+        "host-local",
+        "istio-redirect",
+        "portmap",
+        "firewall",
+        "cnictl",
+    ] {
         let path = bin_dir().join(name);
         let ldd = run("ldd", &[path.to_str().expect("UTF-8 path")]);
         let said = format!("{}{}", ldd.stdout, ldd.stderr);

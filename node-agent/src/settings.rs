@@ -58,7 +58,7 @@ pub struct Settings {
         long,
         env = "CNI_INSTALL_PLUGINS",
         value_delimiter = ',',
-        default_value = "bridge,host-local,loopback,istio-redirect"
+        default_value = "bridge,host-local,loopback,istio-redirect,portmap,firewall"
     )]
     pub install_plugins: Vec<String>,
 

@@ -22,7 +22,7 @@ pub enum Floor {
 
 /// The targets for the drop-in setup: metric, ratio
 /// ours/reference, and the floor that may stand in for the ratio.
-pub const TARGETS: [(&str, f64, Floor); 21] = [
+pub const TARGETS: [(&str, f64, Floor); 25] = [
     ("seq ADD p50", 0.15, Floor::None),
     ("seq ADD p95", 0.5, Floor::None),
     ("seq ADD cpu p50", 0.15, Floor::None),
@@ -63,6 +63,18 @@ pub const TARGETS: [(&str, f64, Floor); 21] = [
     // and the subnet's masquerade.
     ("first ADD", 1.0, Floor::None),
     ("service: seq ADD p50", 0.15, Floor::None),
+    ("portmap ADD p50", 0.25, Floor::None),
+    (
+        "portmap DEL p50",
+        0.25,
+        Floor::Above("portmap DEL floor p50", 2.0),
+    ),
+    ("firewall ADD p50", 0.25, Floor::None),
+    (
+        "firewall DEL p50",
+        0.25,
+        Floor::Above("firewall DEL floor p50", 2.0),
+    ),
 ];
 
 /// istio-redirect's rows: its ADD against one bare apply of the same rules.
@@ -70,7 +82,7 @@ pub const ISTIO_METRIC: &str = "istio-redirect ADD";
 pub const ISTIO_NATIVE_METRIC: &str = "istio-redirect native_nftables ADD";
 
 /// Phases in the chart, top to bottom.
-const CHART_PHASES: [&str; 13] = [
+const CHART_PHASES: [&str; 19] = [
     "cri RunPodSandbox",
     "cri RunPodSandbox hostNetwork",
     "seq ADD",
@@ -80,6 +92,12 @@ const CHART_PHASES: [&str; 13] = [
     "loopback ADD",
     ISTIO_METRIC,
     ISTIO_NATIVE_METRIC,
+    "portmap ADD",
+    "portmap DEL",
+    "portmap DEL floor",
+    "firewall ADD",
+    "firewall DEL",
+    "firewall DEL floor",
     "full chain ADD",
     "full chain DEL",
     "full IPAM ADD",

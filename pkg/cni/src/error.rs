@@ -45,6 +45,9 @@ pub mod plugin_codes {
     pub const ADDRESS_UNAVAILABLE: u32 = 103;
     /// iptables or nft refused a ruleset.
     pub const FIREWALL: u32 = 104;
+    /// A host port (protocol, host IP) is published for a pod that still
+    /// runs.
+    pub const HOST_PORT_TAKEN: u32 = 105;
 }
 
 /// A CNI error as the protocol carries it. `code` is a plain number because

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 pub mod conntrack;
 pub mod egress;
 pub mod exec;
+pub mod forward;
 pub mod istio;
 pub mod masquerade;
 pub mod nfnl;
@@ -28,6 +29,20 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// iptables chain names are at most 28 characters.
+pub const MAX_CHAIN_NAME: usize = 28;
+
+/// Whether a chain name from a configuration is one iptables accepts and
+/// a restore script carries as one word, so it can change nothing else.
+pub fn is_chain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_CHAIN_NAME
+        && !name.starts_with(['-', '!'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '"' && c != '\'')
+}
 
 /// One way of programming the bridge's masquerade (iptables or nftables),
 /// chosen once by the caller from its configuration, as netavark chooses

@@ -29,9 +29,6 @@ use sha2::{Digest, Sha512};
 use crate::nfnl;
 use crate::{Family, MasqueradeBackend, Result, exec};
 
-/// iptables chain names are at most 28 characters.
-const MAX_CHAIN: usize = 28;
-
 /// libcni utils' `FormatChainName`.
 pub fn chain_name(network: &str, container_id: &str) -> String {
     prefixed_chain_name("", network, container_id)
@@ -43,7 +40,7 @@ pub fn prefixed_chain_name(prefix: &str, network: &str, container_id: &str) -> S
     let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let mut name = format!("CNI-{prefix}{hex}");
-    name.truncate(MAX_CHAIN);
+    name.truncate(crate::MAX_CHAIN_NAME);
     name
 }
 
@@ -58,7 +55,7 @@ pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
     let digest = Sha512::digest(format!("{network}:{}", network_of(subnet)).as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let mut name = format!("CNI-NET-{hex}");
-    name.truncate(MAX_CHAIN);
+    name.truncate(crate::MAX_CHAIN_NAME);
     name
 }
 

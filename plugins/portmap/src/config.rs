@@ -1,11 +1,15 @@
 //! The reference's `PortMapConf`, key for key, with its checks and
 //! messages. Errors are code 7.
 
+use std::path::PathBuf;
+
 use cni::keys::{self, Shape, field, plain};
 use cni::{Error, NetConf, Result};
 use firewall::portmap::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::records::DEFAULT_STATE_DIR;
 
 const MAPPING: Shape = Shape::Struct(&[&[
     plain("hostPort"),
@@ -29,6 +33,8 @@ pub const KEYS: Shape = Shape::Struct(&[
             Shape::Struct(&[&[field("portMappings", Shape::List(&MAPPING))]]),
         ),
         plain("externalSetMarkChain"),
+        // Ours: where ADD records what it published (see records).
+        plain("stateDir"),
     ],
 ]);
 
@@ -43,6 +49,7 @@ pub struct PortmapConfig {
     pub backend: Backend,
     pub settings: Settings,
     pub mappings: Vec<Mapping>,
+    pub state_dir: PathBuf,
 }
 
 fn read<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
@@ -87,6 +94,12 @@ impl PortmapConfig {
         let doc = conf.raw();
         let mark_bit: Option<i64> = read(doc, "markMasqBit")?;
         let external: Option<String> = read(doc, "externalSetMarkChain")?;
+        if let Some(chain) = external.as_deref().filter(|c| !firewall::is_chain_name(c)) {
+            return Err(Error::invalid_config(format!(
+                "invalid externalSetMarkChain {chain:?}: at most {} printable characters, no quotes",
+                firewall::MAX_CHAIN_NAME
+            )));
+        }
         if mark_bit.is_some() && external.is_some() {
             return Err(Error::invalid_config(
                 "Cannot specify externalSetMarkChain and markMasqBit",
@@ -140,6 +153,9 @@ impl PortmapConfig {
             backend,
             settings,
             mappings: mappings(conf)?,
+            state_dir: read::<String>(doc, "stateDir")?
+                .filter(|dir| !dir.is_empty())
+                .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
         })
     }
 }

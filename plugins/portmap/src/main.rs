@@ -5,6 +5,7 @@
 
 mod config;
 mod plugin;
+mod records;
 
 use std::process::ExitCode;
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use cni::error::Code;
+use cni::error::{Code, plugin_codes};
 use cni::keys::Shape;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::conntrack::{self, Filter};
@@ -17,6 +17,7 @@ use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, combine, firewall_error, netlink_error};
 
 use crate::config::{Backend, KEYS, PortmapConfig};
+use crate::records::{self, Namespace, Record};
 
 pub struct Portmap;
 
@@ -116,7 +117,8 @@ fn enable_route_localnet(pod_ip: IpAddr) -> Result<()> {
 /// Removes a pod's mappings in both backends and both families; goes on
 /// past failures.
 fn remove_everywhere(
-    cfg: &PortmapConfig,
+    settings: &Settings,
+    mappings: &[Mapping],
     network: &str,
     container_id: &str,
     addresses: &[IpNetwork],
@@ -127,12 +129,12 @@ fn remove_everywhere(
         addresses
             .iter()
             .find(|a| Family::of(a) == family)
-            .filter(|_| !cfg.mappings.is_empty())
-            .map(|a| (cfg.mappings.as_slice(), a.ip()))
+            .filter(|_| !mappings.is_empty())
+            .map(|a| (mappings, a.ip()))
     };
     for family in [Family::V4, Family::V6] {
         if iptables_usable(family) {
-            match iptables::remove(family, &cfg.settings, network, container_id, known(family)) {
+            match iptables::remove(family, settings, network, container_id, known(family)) {
                 Ok(found) => forwards.extend(found),
                 Err(e) => failures.push(firewall_error(e)),
             }
@@ -145,6 +147,55 @@ fn remove_everywhere(
         }
     }
     (forwards, failures)
+}
+
+/// Two pods on one host port: refused while the holder's network
+/// namespace still exists (its record's path opens the same namespace);
+/// a holder that is gone without a DEL has its mappings removed, so the
+/// new pod gets the traffic. (The reference adds both; the holder's jump
+/// comes first, so the old, possibly dead, pod keeps the port.) Holders
+/// without a record (the reference's) are not seen.
+fn settle_conflicts(cfg: &PortmapConfig, network: &str, container_id: &str, node: &Namespace) -> Result<()> {
+    for holder in Record::all(&cfg.state_dir, node) {
+        if holder.network == network && holder.container_id == container_id {
+            continue;
+        }
+        let Some(clash) = holder
+            .mappings
+            .iter()
+            .find(|held| cfg.mappings.iter().any(|m| held.overlaps(m)))
+        else {
+            continue;
+        };
+        let port = format!("{}/{}", clash.host_port, clash.protocol);
+        if holder.pod.alive() {
+            return Err(Error::plugin(
+                plugin_codes::HOST_PORT_TAKEN,
+                format!(
+                    "host port {port} is published for container {} of network {:?}, whose network namespace {} still exists",
+                    holder.container_id,
+                    holder.network,
+                    holder.pod.path.display()
+                ),
+            ));
+        }
+        log::warn!(
+            "host port {port} was published for container {} of network {:?}, whose network namespace is gone: removing its mappings",
+            holder.container_id,
+            holder.network
+        );
+        let (forwards, failures) =
+            remove_everywhere(&cfg.settings, &[], &holder.network, &holder.container_id, &[]);
+        flush_removed_flows(&forwards);
+        combine(failures)?;
+        records::remove(&cfg.state_dir, &holder.network, &holder.container_id).map_err(|e| {
+            Error::io(format!(
+                "cannot remove the record of {}: {e}",
+                holder.container_id
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 fn iptables_usable(family: Family) -> bool {
@@ -164,6 +215,9 @@ impl Plugin for Portmap {
             return Ok(result);
         }
         let _lock = lock_node()?;
+        let node =
+            Namespace::current().map_err(|e| Error::io(format!("cannot read the node's namespace: {e}")))?;
+        settle_conflicts(&cfg, &req.conf.name, &att.container_id, &node)?;
         for address in pod_addresses(&result, &att.ifname) {
             let pod = pod(req, att, address);
             add_in(cfg.backend, &pod, &cfg.settings, &cfg.mappings)
@@ -172,6 +226,19 @@ impl Plugin for Portmap {
             if cfg.settings.snat && address.is_ipv4() {
                 enable_route_localnet(address.ip())?;
             }
+        }
+        // Without its record, a later pod on the same port is let in as
+        // the reference lets it: worth a warning, not a failed pod.
+        let recorded = att
+            .netns
+            .as_deref()
+            .ok_or_else(|| std::io::Error::other("no network namespace"))
+            .and_then(Namespace::of)
+            .and_then(|pod| {
+                Record::new(&req.conf.name, &att.container_id, node, pod, &cfg.mappings).save(&cfg.state_dir)
+            });
+        if let Err(e) = recorded {
+            log::warn!("cannot record the mappings of {}: {e}", att.container_id);
         }
         Ok(result)
     }
@@ -217,14 +284,25 @@ impl Plugin for Portmap {
             .map(|result| pod_addresses(&result, &att.ifname))
             .unwrap_or_default();
         let _lock = lock_node()?;
-        let (forwards, failures) = remove_everywhere(&cfg, &req.conf.name, &att.container_id, &addresses);
+        let (forwards, mut failures) = remove_everywhere(
+            &cfg.settings,
+            &cfg.mappings,
+            &req.conf.name,
+            &att.container_id,
+            &addresses,
+        );
         flush_removed_flows(&forwards);
+        if let Err(e) = records::remove(&cfg.state_dir, &req.conf.name, &att.container_id) {
+            failures.push(Error::io(format!(
+                "cannot remove the record of {}: {e}",
+                att.container_id
+            )));
+        }
         combine(failures)
     }
 
     fn gc(&self, req: &Request) -> Result<()> {
-        // Refused as ADD would refuse it; nothing of it is needed.
-        PortmapConfig::load(&req.conf)?;
+        let cfg = PortmapConfig::load(&req.conf)?;
         let keep: BTreeSet<String> = req
             .conf
             .gc_valid_attachments()?
@@ -260,6 +338,19 @@ impl Plugin for Portmap {
             }
         }
         flush_removed_flows(&forwards);
+        if let Ok(node) = Namespace::current() {
+            let stale = Record::all(&cfg.state_dir, &node)
+                .into_iter()
+                .filter(|r| r.network == *network && !keep.contains(&r.container_id));
+            for record in stale {
+                if let Err(e) = records::remove(&cfg.state_dir, network, &record.container_id) {
+                    failures.push(Error::io(format!(
+                        "cannot remove the record of {}: {e}",
+                        record.container_id
+                    )));
+                }
+            }
+        }
         combine(failures)
     }
 

@@ -1,0 +1,185 @@
+//! The reference's `FirewallNetConf` keys, and ours (`stateDir`). A key
+//! with a wrong type or value is a code 7 error that names it.
+
+use std::path::PathBuf;
+
+use cni::keys::{self, Shape, plain};
+use cni::{Error, NetConf, Result};
+use firewall::forward::IngressPolicy;
+use firewall::forward::iptables::DEFAULT_ADMIN_CHAIN;
+use firewall::{MAX_CHAIN_NAME, is_chain_name};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Where each attachment's addresses are recorded: the iptables layout's
+/// pod rules carry no comment, so a DEL without prevResult and GC find a
+/// pod's rules from here. Under /run, so it goes with the rules at reboot.
+pub const DEFAULT_STATE_DIR: &str = "/run/cni/firewall";
+
+/// `FirewallNetConf` (with `types.NetConf` embedded), and our key.
+pub const KEYS: Shape = Shape::Struct(&[
+    keys::NET_CONF,
+    &[
+        keys::IPAM_TYPE,
+        plain("backend"),
+        plain("iptablesAdminChainName"),
+        plain("firewalldZone"),
+        plain("ingressPolicy"),
+        plain("stateDir"),
+    ],
+]);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The reference's layout (the default: there is no firewalld to
+    /// prefer here).
+    Iptables,
+    /// Our `inet cni_firewall` table.
+    Nftables,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirewallConfig {
+    pub backend: Backend,
+    pub admin_chain: String,
+    pub ingress_policy: IngressPolicy,
+    pub state_dir: PathBuf,
+}
+
+fn field<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| Error::invalid_config(format!("invalid {key}: {e}"))),
+    }
+}
+
+fn backend(text: Option<String>) -> Result<Backend> {
+    match text.as_deref() {
+        None | Some("" | "iptables") => Ok(Backend::Iptables),
+        Some("nftables") => Ok(Backend::Nftables),
+        Some("firewalld") => Err(Error::invalid_config(
+            "backend \"firewalld\" is not supported: this plugin has no D-Bus client and no firewalld \
+             to talk to; use \"iptables\" (the reference's layout) or \"nftables\"",
+        )),
+        Some(other) => Err(Error::invalid_config(format!(
+            "invalid backend {other:?}: expected \"iptables\" or \"nftables\""
+        ))),
+    }
+}
+
+/// An admin chain iptables accepts and restore input can carry.
+fn admin_chain(name: Option<String>) -> Result<String> {
+    let name = name
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| DEFAULT_ADMIN_CHAIN.to_owned());
+    if is_chain_name(&name) {
+        Ok(name)
+    } else {
+        Err(Error::invalid_config(format!(
+            "invalid iptablesAdminChainName {name:?}: at most {MAX_CHAIN_NAME} printable characters, no quotes"
+        )))
+    }
+}
+
+impl FirewallConfig {
+    pub fn load(conf: &NetConf) -> Result<Self> {
+        let doc = conf.raw();
+        // Accepted for configurations written for firewalld; nothing here
+        // talks to it.
+        field::<String>(doc, "firewalldZone")?;
+        let ingress_policy =
+            IngressPolicy::parse(&field::<String>(doc, "ingressPolicy")?.unwrap_or_default())
+                .map_err(Error::invalid_config)?;
+        Ok(FirewallConfig {
+            backend: backend(field(doc, "backend")?)?,
+            admin_chain: admin_chain(field(doc, "iptablesAdminChainName")?)?,
+            ingress_policy,
+            state_dir: field::<String>(doc, "stateDir")?
+                .filter(|d| !d.is_empty())
+                .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
+        })
+    }
+
+    /// What DEL needs, whatever else is wrong with the configuration: a
+    /// DEL that fails on a key ADD refused would never let the runtime
+    /// forget the container.
+    pub fn state_dir_of(conf: &NetConf) -> PathBuf {
+        conf.raw()
+            .get("stateDir")
+            .and_then(Value::as_str)
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn load(extra: Value) -> Result<FirewallConfig> {
+        let mut doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "firewall"});
+        if let (Some(d), Value::Object(e)) = (doc.as_object_mut(), extra) {
+            d.extend(e);
+        }
+        cni::keys::fold(&mut doc, &KEYS);
+        FirewallConfig::load(&NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf"))
+    }
+
+    #[test]
+    fn defaults_are_the_references() {
+        let c = load(json!({})).expect("valid");
+        assert_eq!(c.backend, Backend::Iptables);
+        assert_eq!(c.admin_chain, "CNI-ADMIN");
+        assert_eq!(c.ingress_policy, IngressPolicy::Open);
+        assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        let c = load(json!({"backend": "", "iptablesAdminChainName": "", "ingressPolicy": "open"}))
+            .expect("valid");
+        assert_eq!(
+            (c.backend, c.admin_chain.as_str()),
+            (Backend::Iptables, "CNI-ADMIN")
+        );
+    }
+
+    #[test]
+    fn keys_match_as_gos_decoder_matches_them() {
+        let c = load(
+            json!({"Backend": "nftables", "IPTABLESADMINCHAINNAME": "MY-ADMIN",
+            "ingresspolicy": "same-bridge", "FirewalldZone": "trusted", "statedir": "/tmp/x"}),
+        )
+        .expect("valid");
+        assert_eq!(c.backend, Backend::Nftables);
+        assert_eq!(c.admin_chain, "MY-ADMIN");
+        assert_eq!(c.ingress_policy, IngressPolicy::SameBridge);
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn wrong_values_are_configuration_errors_that_say_why() {
+        let err = load(json!({"backend": "firewalld"})).expect_err("no firewalld");
+        assert!(err.has_code(cni::Code::InvalidConfig));
+        assert!(err.msg.contains("D-Bus"), "{}", err.msg);
+        let err = load(json!({"ingressPolicy": "isolated"})).expect_err("not in 1.1.1");
+        assert_eq!(err.msg, "unknown ingress policy: \"isolated\"");
+        for (bad, key) in [
+            (json!({"backend": 5}), "backend"),
+            (json!({"backend": "ebtables"}), "backend"),
+            (
+                json!({"iptablesAdminChainName": "A-CHAIN-NAME-LONGER-THAN-28-CHARS"}),
+                "iptablesAdminChainName",
+            ),
+            (
+                json!({"iptablesAdminChainName": "has space"}),
+                "iptablesAdminChainName",
+            ),
+            (json!({"firewalldZone": ["x"]}), "firewalldZone"),
+        ] {
+            let err = load(bad).expect_err(key);
+            assert!(err.has_code(cni::Code::InvalidConfig));
+            assert!(err.msg.starts_with(&format!("invalid {key}")), "{}", err.msg);
+        }
+    }
+}
