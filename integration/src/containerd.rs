@@ -310,7 +310,18 @@ impl Kubelet {
         name: &str,
         annotations: &[(&str, &str)],
     ) -> Result<String, Box<tonic::Status>> {
-        self.run_sandbox(namespace, name, annotations, false)
+        self.run_sandbox(namespace, name, annotations, &[], false)
+    }
+
+    /// A pod whose containers declare `hostPort`s, as kubelet sends them:
+    /// the sandbox config's `port_mappings`.
+    pub fn run_pod_with_ports(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        ports: &[k8s_cri::v1::PortMapping],
+    ) -> Result<String, Box<tonic::Status>> {
+        self.run_sandbox(namespace, name, &[], ports, false)
     }
 
     /// A sandbox in the node's network namespace (`hostNetwork: true`): no
@@ -320,7 +331,7 @@ impl Kubelet {
         namespace: &str,
         name: &str,
     ) -> Result<String, Box<tonic::Status>> {
-        self.run_sandbox(namespace, name, &[], true)
+        self.run_sandbox(namespace, name, &[], &[], true)
     }
 
     fn run_sandbox(
@@ -328,6 +339,7 @@ impl Kubelet {
         namespace: &str,
         name: &str,
         annotations: &[(&str, &str)],
+        port_mappings: &[k8s_cri::v1::PortMapping],
         host_network: bool,
     ) -> Result<String, Box<tonic::Status>> {
         let network = if host_network {
@@ -359,6 +371,7 @@ impl Kubelet {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             labels: HashMap::from([("app".to_owned(), name.to_owned())]),
+            port_mappings: port_mappings.to_vec(),
             ..PodSandboxConfig::default()
         };
         let request = RunPodSandboxRequest {

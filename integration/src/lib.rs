@@ -443,6 +443,17 @@ impl Netns {
         Netns { name, path }
     }
 
+    /// A name for the network namespace of process `pid` (`ip netns
+    /// attach`), such as a CRI sandbox's; dropping it removes only the name.
+    pub fn attach(role: &str, pid: u32) -> Self {
+        require_root();
+        let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{PREFIX}-{}-{seq}-{role}", std::process::id());
+        run("ip", &["netns", "attach", &name, &pid.to_string()]).success();
+        let path = Path::new(NETNS_DIR).join(&name);
+        Netns { name, path }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -29,6 +29,15 @@ const SERVER: &str = "10.250.0.1";
 /// Upstream plugins a kind node ships, installed here from Debian's
 /// reference build before the agents come.
 const UPSTREAM: [&str; 3] = ["host-local", "loopback", "portmap"];
+/// What the agent installs by default.
+const SUITE: [&str; 6] = [
+    "bridge",
+    "host-local",
+    "loopback",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 
 /// Narrates the lab for `make demo-cluster`.
@@ -366,21 +375,23 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     // Installed over the upstream plugins, which are kept aside.
     for lab_node in &lab.nodes {
         let bin = host_bin(&lab_node.node);
-        for plugin in ["bridge", "host-local", "loopback", "istio-redirect"] {
+        for plugin in SUITE {
             assert!(
                 same_content(&bin.join(plugin), &bin_dir().join(plugin)),
                 "{}: {plugin} is the suite's",
                 lab_node.name
             );
         }
-        assert!(same_content(
-            &bin.join("portmap"),
-            &Path::new(REFERENCE_DIR).join("portmap")
-        ));
-        assert!(same_content(
-            &bin.join(".cni-suite/replaced/host-local"),
-            &Path::new(REFERENCE_DIR).join("host-local")
-        ));
+        for plugin in UPSTREAM {
+            assert!(
+                same_content(
+                    &bin.join(".cni-suite/replaced").join(plugin),
+                    &Path::new(REFERENCE_DIR).join(plugin)
+                ),
+                "{}: the upstream {plugin} is kept aside",
+                lab_node.name
+            );
+        }
         let conf: Value =
             serde_json::from_str(&std::fs::read_to_string(host_conflist(&lab_node.node)).expect("conflist"))
                 .expect("JSON");
@@ -392,7 +403,7 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
             .collect();
         assert_eq!(plugins, ["bridge", "portmap"], "{conf}");
         say(&format!(
-            "{}: conflist for {} and {}, plugins installed (upstream host-local and loopback kept aside)",
+            "{}: conflist for {} and {}, plugins installed (upstream host-local, loopback and portmap kept aside)",
             lab_node.name,
             conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
             conf["plugins"][0]["ipam"]["ranges"][1][0]["subnet"]
@@ -713,7 +724,7 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     });
 
     let n2 = &lab.nodes[1];
-    for plugin in ["bridge", "host-local", "loopback", "istio-redirect"] {
+    for plugin in SUITE {
         assert!(
             same_content(&host_bin(&n2.node).join(plugin), &bin_dir().join(plugin)),
             "{plugin}"

@@ -108,7 +108,11 @@ impl Site {
     /// What a pod's mappings may leave: its chain, the jumps to it, rules
     /// naming it.
     fn leftovers(&self, container_id: &str) -> Vec<String> {
-        let chain = dnat_chain(container_id);
+        self.leftovers_in(NETWORK, container_id)
+    }
+
+    fn leftovers_in(&self, network: &str, container_id: &str) -> Vec<String> {
+        let chain = dnat_chain(network, container_id);
         self.rules()
             .lines()
             .filter(|l| l.contains(&chain) || l.contains(&format!("\"{container_id}\"")))
@@ -121,14 +125,14 @@ impl Site {
 /// The reference's name for a pod's chain, computed with coreutils so the
 /// test does not share the code under test: `CNI-DN-` and the start of
 /// sha512(network + container ID).
-fn dnat_chain(container_id: &str) -> String {
+fn dnat_chain(network: &str, container_id: &str) -> String {
     let hash = integration::run(
         "sh",
         &[
             "-c",
             "printf %s \"$1\" | sha512sum | cut -c1-21",
             "sh",
-            &format!("{NETWORK}{container_id}"),
+            &format!("{network}{container_id}"),
         ],
     )
     .success()
@@ -433,10 +437,28 @@ fn every_del_and_gc_path_leaves_nothing() {
             exec(&site.node, &bin("portmap"), "DEL", &id, netns, del).success();
         }
 
-        // GC: the valid attachment keeps its rules; the others go.
+        // GC: the valid attachment keeps its rules; the others go, except
+        // another network's (nftables' rules name no network: its record
+        // does).
         add("kept");
         add("stale");
+        let state_dir = site.node.path("portmap");
+        let other_pod = site.node.pod("other");
+        let mut other: Value = serde_json::from_str(&full).expect("JSON");
+        other["name"] = json!("pm-other");
+        other["stateDir"] = json!(state_dir);
+        let other = other.to_string();
+        exec(
+            &site.node,
+            &bin("portmap"),
+            "ADD",
+            "other-net",
+            other_pod.path_str(),
+            &other,
+        )
+        .success();
         let gc = json!({"cniVersion": "1.1.0", "name": NETWORK, "type": "portmap", "backend": backend,
+                        "stateDir": state_dir,
                         "cni.dev/valid-attachments": [{"containerID": "kept", "ifname": "eth0"}]});
         run_in(
             site.node.netns.path(),
@@ -451,9 +473,16 @@ fn every_del_and_gc_path_leaves_nothing() {
             !site.leftovers("kept").is_empty(),
             "{backend}: GC removed a valid attachment"
         );
+        assert!(
+            !site.leftovers_in("pm-other", "other-net").is_empty(),
+            "{backend}: GC removed another network's attachment"
+        );
         exec(&site.node, &bin("portmap"), "DEL", "kept", "", &full).success();
-        let left = site.leftovers("kept");
-        assert!(left.is_empty(), "{backend}: {left:#?}");
+        exec(&site.node, &bin("portmap"), "DEL", "other-net", "", &other).success();
+        for (network, id) in [(NETWORK, "kept"), ("pm-other", "other-net")] {
+            let left = site.leftovers_in(network, id);
+            assert!(left.is_empty(), "{backend}: {left:#?}");
+        }
     }
 }
 

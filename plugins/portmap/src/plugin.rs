@@ -311,6 +311,18 @@ impl Plugin for Portmap {
             .collect();
         let network = &req.conf.name;
         let _lock = lock_node()?;
+        let records = Namespace::current()
+            .map(|node| Record::all(&cfg.state_dir, &node))
+            .unwrap_or_default();
+        // The nftables table is shared by every network and a rule's
+        // comment is its container ID alone, as upstream writes it: a
+        // container recorded in another network is that network's to
+        // collect.
+        let elsewhere: BTreeSet<&str> = records
+            .iter()
+            .filter(|r| r.network != *network)
+            .map(|r| r.container_id.as_str())
+            .collect();
         let mut failures = Vec::new();
         let mut forwards = Vec::new();
         for family in [Family::V4, Family::V6] {
@@ -323,11 +335,12 @@ impl Plugin for Portmap {
             if firewall::exec::find("nft").is_none() {
                 continue;
             }
-            // The nftables table is shared by every network: a rule's
-            // comment is its container ID alone, as upstream writes it.
             match nft::containers(family) {
                 Ok(ids) => {
-                    for id in ids.iter().filter(|id| !keep.contains(*id)) {
+                    let stale = ids
+                        .iter()
+                        .filter(|id| !keep.contains(*id) && !elsewhere.contains(id.as_str()));
+                    for id in stale {
                         match nft::remove(family, id, None) {
                             Ok(found) => forwards.extend(found),
                             Err(e) => failures.push(firewall_error(e)),
@@ -338,17 +351,15 @@ impl Plugin for Portmap {
             }
         }
         flush_removed_flows(&forwards);
-        if let Ok(node) = Namespace::current() {
-            let stale = Record::all(&cfg.state_dir, &node)
-                .into_iter()
-                .filter(|r| r.network == *network && !keep.contains(&r.container_id));
-            for record in stale {
-                if let Err(e) = records::remove(&cfg.state_dir, network, &record.container_id) {
-                    failures.push(Error::io(format!(
-                        "cannot remove the record of {}: {e}",
-                        record.container_id
-                    )));
-                }
+        let stale = records
+            .iter()
+            .filter(|r| r.network == *network && !keep.contains(&r.container_id));
+        for record in stale {
+            if let Err(e) = records::remove(&cfg.state_dir, network, &record.container_id) {
+                failures.push(Error::io(format!(
+                    "cannot remove the record of {}: {e}",
+                    record.container_id
+                )));
             }
         }
         combine(failures)
