@@ -315,6 +315,12 @@ pub fn readme_table(figures: &Figures, doc: &Value) -> String {
         "full chain ADD",
         "full chain DEL",
         "full chain DEL floor",
+        "portmap ADD",
+        "portmap DEL",
+        "portmap DEL floor",
+        "firewall ADD",
+        "firewall DEL",
+        "firewall DEL floor",
     ] {
         for q in ["p50", "p95", "p99", "max"] {
             tails.push(format!("{phase} {q}"));
