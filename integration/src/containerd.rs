@@ -98,8 +98,11 @@ impl Containerd {
         if let Some(cri) = cri {
             // restrict_oom_score_adj: this VM has no CAP_SYS_RESOURCE, and
             // runc fails to lower a sandbox's oom_score_adj without it.
+            // netns_mounts_under_state_dir: the sandboxes' namespaces are
+            // pinned under this daemon's state, so a test that dies with a
+            // sandbox up leaves nothing in the machine's /run/netns.
             config.push_str(&format!(
-                "[plugins.\"io.containerd.grpc.v1.cri\"]\n  restrict_oom_score_adj = true\n  sandbox_image = \"{}\"\n\
+                "[plugins.\"io.containerd.grpc.v1.cri\"]\n  restrict_oom_score_adj = true\n  netns_mounts_under_state_dir = true\n  sandbox_image = \"{}\"\n\
                  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"{}\"\n  conf_dir = \"{}\"\n\
                  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"overlayfs\"\n  default_runtime_name = \"runc\"\n\
                  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
