@@ -448,6 +448,12 @@ fn every_del_path_and_gc_leave_only_the_base_chains() {
     lab.del(NETWORK, &pods[2]);
     exec(&lab.node, &ours(), "DEL", &ids[2], "", &conf(json!({}))).success();
     exec(&lab.node, &ours(), "DEL", "never-added", "", &conf(json!({}))).success();
+    // 6. A file where the state directory should be holds no record:
+    //    DEL does not fail on it.
+    let in_the_way = lab.node.path("fw-state-file");
+    std::fs::write(&in_the_way, "").expect("a file in the way");
+    let over_file = plugin_conf(json!({"stateDir": in_the_way.to_str().expect("UTF-8")}), None);
+    exec(&lab.node, &ours(), "DEL", &ids[0], "", &over_file).success();
     assert_eq!(lab.filter(), base_with_drop());
     let records = std::fs::read_dir(state.join(NETWORK))
         .map(|d| d.count())

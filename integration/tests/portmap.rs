@@ -404,6 +404,8 @@ fn every_del_and_gc_path_leaves_nothing() {
                 "{backend}: ADD {id} wrote nothing"
             );
         };
+        let in_the_way = site.node.path("state-file");
+        std::fs::write(&in_the_way, "").expect("a file in the way");
         let paths = [
             ("full", full.clone(), "/var/run/netns/x"),
             (
@@ -420,6 +422,17 @@ fn every_del_and_gc_path_leaves_nothing() {
                 "nothing, empty netns",
                 portmap_input("1.0.0", backend_key.clone(), None, false),
                 "",
+            ),
+            // A file where the state directory should be holds no record.
+            (
+                "a file as stateDir",
+                portmap_input(
+                    "1.0.0",
+                    json!({"backend": backend, "stateDir": in_the_way}),
+                    Some(mappings()),
+                    true,
+                ),
+                "/var/run/netns/x",
             ),
             // Another backend configured now: the rules are found anyway.
             (

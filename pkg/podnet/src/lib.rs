@@ -6,6 +6,7 @@
 
 mod errors;
 mod namespace;
+pub mod state_file;
 
 pub use errors::{check_failed, combine, firewall_error, netlink_error, state_error};
 pub use namespace::{netns_path, open_netns, open_netns_unless_gone, open_pod_netns};

@@ -6,10 +6,11 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use podnet::state_file;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,15 +35,9 @@ impl Store {
         self.dir.join(network).join(format!("{container_id}-{ifname}"))
     }
 
-    /// Writes the record whole: a reader never sees half of one.
     pub fn save(&self, network: &str, record: &Record) -> io::Result<()> {
-        let path = self.path(network, &record.container_id, &record.ifname);
-        let dir = self.dir.join(network);
-        fs::create_dir_all(&dir)?;
-        let mut tmp = tempfile_in(&dir)?;
-        tmp.1
-            .write_all(&serde_json::to_vec(record).map_err(io::Error::other)?)?;
-        fs::rename(&tmp.0, &path)
+        let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
+        state_file::write_whole(&self.path(network, &record.container_id, &record.ifname), &bytes)
     }
 
     pub fn load(&self, network: &str, container_id: &str, ifname: &str) -> Option<Record> {
@@ -51,10 +46,7 @@ impl Store {
     }
 
     pub fn remove(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<()> {
-        match fs::remove_file(self.path(network, container_id, ifname)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        state_file::remove_if_present(&self.path(network, container_id, ifname))
     }
 
     /// Every record of `network` (unreadable ones skipped).
@@ -88,13 +80,6 @@ impl Store {
             .flat_map(|r| r.ips)
             .collect()
     }
-}
-
-/// A new hidden file in `dir` (skipped by [`Store::list`]) and its path.
-fn tempfile_in(dir: &Path) -> io::Result<(PathBuf, fs::File)> {
-    let path = dir.join(format!(".tmp-{}", std::process::id()));
-    let file = fs::File::create(&path)?;
-    Ok((path, file))
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@
 //! runs while that path still opens that namespace.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use firewall::portmap::{Mapping, Protocol};
+use podnet::state_file;
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_STATE_DIR: &str = "/run/cni/portmap";
@@ -110,14 +110,9 @@ impl Record {
         }
     }
 
-    /// Written whole under a temporary name, then renamed into place.
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
-        let path = path_of(dir, &self.network, &self.container_id);
-        let parent = path.parent().unwrap_or(dir);
-        fs::create_dir_all(parent)?;
-        let mut file = tempfile::NamedTempFile::new_in(parent)?;
-        file.write_all(&serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
-        file.persist(&path).map(drop).map_err(|e| e.error)
+        let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        state_file::write_whole(&path_of(dir, &self.network, &self.container_id), &bytes)
     }
 
     /// The records of this node, every network.
@@ -139,10 +134,7 @@ impl Record {
 
 /// Removes a container's record; a missing one is fine.
 pub fn remove(dir: &Path, network: &str, container_id: &str) -> std::io::Result<()> {
-    match fs::remove_file(path_of(dir, network, container_id)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    state_file::remove_if_present(&path_of(dir, network, container_id))
 }
 
 #[cfg(test)]
