@@ -13,6 +13,16 @@ use serde_json::{Value, json};
 use crate::api_server::ApiServer;
 use crate::{Node, bin, spawn_in};
 
+/// The plugins the agent installs by default.
+pub const SUITE: [&str; 6] = [
+    "bridge",
+    "host-local",
+    "loopback",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
+
 /// A Node object as the API server serves it.
 pub fn node_object(name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) -> Value {
     let mut addresses: Vec<Value> = internal_ips
@@ -82,6 +92,8 @@ impl Agent {
         let conf_dir = node.conf_dir();
         let lease_dir = host_leases(node);
         let bin_dir = host_bin(node);
+        // The default is the host's /run/cni-suite: never a test's.
+        let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
         let mut env = vec![
             ("NODE_NAME", name),
             ("KUBERNETES_SERVICE_HOST", server_host),
@@ -91,6 +103,7 @@ impl Agent {
             ("CNI_LEASE_DIR", lease_dir.to_str().expect("UTF-8")),
             ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
             ("HEALTH_LISTEN", listen.as_str()),
+            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
         ];
         env.extend_from_slice(extra);
         let agent = bin("cni-node-agent");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use integration::api_server::ApiServer;
 use integration::containerd::Containerd;
 use integration::node_agent::{
-    Agent, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
+    Agent, SUITE, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
 use integration::{Netns, Node, bin_dir, require_root, run_in, wait_for};
 use serde_json::Value;
@@ -29,15 +29,6 @@ const SERVER: &str = "10.250.0.1";
 /// Upstream plugins a kind node ships, installed here from Debian's
 /// reference build before the agents come.
 const UPSTREAM: [&str; 3] = ["host-local", "loopback", "portmap"];
-/// What the agent installs by default.
-const SUITE: [&str; 6] = [
-    "bridge",
-    "host-local",
-    "loopback",
-    "istio-redirect",
-    "portmap",
-    "firewall",
-];
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 
 /// Narrates the lab for `make demo-cluster`.
@@ -150,6 +141,27 @@ impl LabNode {
                 .collect();
             state.insert(save.to_owned(), rules.join("\n"));
         }
+        // iptables-save prints the built-in chains whether they exist or
+        // not; nf_tables shows the nat tables and base chains iptables-nft
+        // made for a first rule, which outlive the rule.
+        let tables = self.node.run("nft", &["list", "tables"]).success().stdout;
+        for table in tables.lines().filter_map(|line| line.strip_prefix("table ")) {
+            let Some(family) = table.strip_suffix(" nat") else {
+                continue;
+            };
+            let listed = self
+                .node
+                .run("nft", &["list", "table", family, "nat"])
+                .success()
+                .stdout;
+            let chains: Vec<&str> = listed
+                .lines()
+                .filter_map(|line| line.trim().strip_prefix("chain "))
+                .map(|chain| chain.trim_end_matches(" {"))
+                .collect();
+            state.insert(format!("chains of table {table}"), chains.join(" "));
+        }
+        state.insert("nft tables".into(), tables);
         let links = self.node.netns.ip(&["-o", "link", "show"]).success().stdout;
         let names: Vec<&str> = links.lines().filter_map(|l| l.split(": ").nth(1)).collect();
         state.insert("links".into(), names.join(" "));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use integration::api_server::ApiServer;
 use integration::node_agent::{
-    Agent, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
+    Agent, SUITE, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
 use integration::{Node, require_root, wait_for};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
@@ -221,9 +221,9 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
         node.path("leases").to_str().expect("UTF-8")
     );
     assert_eq!(
-        conf["plugins"].as_array().map(Vec::len),
-        Some(1),
-        "no portmap on this node"
+        plugin_types(&conflist(&node)),
+        ["bridge", "portmap"],
+        "the portmap the agent installed is chained"
     );
     wait_for("readiness", Duration::from_secs(5), || {
         agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
@@ -350,20 +350,20 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
         agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.4.0/24 via 10.250.0.14"])
     });
 
-    // A route of a pod range with a wrong gateway, whoever made it, is put
-    // right at the next change.
+    // An operator takes a pod range over with a route of their own: it is
+    // left as it is at the next change (the agent's own route with a wrong
+    // gateway, as n3's when it moved, is replaced).
     node.netns
         .ip(&["route", "replace", "10.244.4.0/24", "via", "10.250.0.99"])
         .success();
     server.apply_node(node_object("n5", &["10.244.5.0/24"], &["10.250.0.15"]));
-    wait_for("the wrong gateway replaced", Duration::from_secs(2), || {
-        agent_routes(&node)
-            == expected(&[
-                "10.244.3.0/24 via 10.250.0.23",
-                "10.244.4.0/24 via 10.250.0.14",
-                "10.244.5.0/24 via 10.250.0.15",
-            ])
+    wait_for("n5's route beside the operator's", Duration::from_secs(2), || {
+        agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.5.0/24 via 10.250.0.15"])
     });
+    assert_eq!(
+        routes_to(&node, "10.244.4.0/24"),
+        ["10.244.4.0/24 via 10.250.0.99 dev uplink0"]
+    );
 
     // A Node whose InternalIP is not on-link: its route fails, every other
     // change still happens, and the agent is not ready until it is gone.
@@ -381,12 +381,7 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
         agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
     });
     wait_for("n7's route gone", Duration::from_secs(2), || {
-        agent_routes(&node)
-            == expected(&[
-                "10.244.3.0/24 via 10.250.0.23",
-                "10.244.4.0/24 via 10.250.0.14",
-                "10.244.5.0/24 via 10.250.0.15",
-            ])
+        agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.5.0/24 via 10.250.0.15"])
     });
 
     // A restarted agent changes nothing; one stopped with uninstall
@@ -403,6 +398,104 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
     assert!(agent_routes(&node).is_empty(), "{log}");
     let left = node.netns.ip(&["route", "show"]).success().stdout;
     assert!(left.contains("10.99.0.0/24 via 10.250.0.99"), "{left}");
+    assert!(left.contains("10.244.4.0/24 via 10.250.0.99"), "{left}");
+}
+
+/// The node's IPv4 routes to `dst`, as `ip route show` prints them.
+fn routes_to(node: &Node, dst: &str) -> Vec<String> {
+    let shown = node
+        .netns
+        .ip(&["-4", "route", "show", "exact", dst])
+        .success()
+        .stdout;
+    shown.lines().map(|line| line.trim_end().to_owned()).collect()
+}
+
+/// The lines of an agent's log whose message has `text`.
+fn logged(log: &str, text: &str) -> usize {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["msg"].as_str().is_some_and(|msg| msg.contains(text)))
+        .count()
+}
+
+#[test]
+fn a_pod_cidr_on_the_nodes_own_subnet_never_takes_or_removes_its_connected_route() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    const LAN: &str = "10.250.0.0/24";
+    let connected = ["10.250.0.0/24 dev uplink0 proto kernel scope link src 10.250.0.11"];
+    // An operator's route to a pod CIDR, there before its Node.
+    let operators = ["10.244.4.0/24 via 10.250.0.99 dev uplink0"];
+    node.netns
+        .ip(&["route", "add", "10.244.4.0/24", "via", "10.250.0.99"])
+        .success();
+    // As an agent of an earlier release left it: the connected route
+    // taken over, via n2. The agent gives it back rather than delete it.
+    node.netns
+        .ip(&["route", "replace", LAN, "via", "10.250.0.12", "proto", "201"])
+        .success();
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    // A cluster range overlapping the node network: n2's pod CIDR is the
+    // node's LAN, the API server's way.
+    let n2 = node_object("n2", &[LAN], &["10.250.0.12"]);
+    // A Node that gives this node's address as its own.
+    let n3 = node_object("n3", &["10.244.3.0/24"], &["10.250.0.11"]);
+    let n4 = node_object("n4", &["10.244.4.0/24"], &["10.250.0.14"]);
+    let n5 = node_object("n5", &["10.244.5.0/24"], &["10.250.0.15"]);
+    for n in [&n2, &n3, &n4, &n5] {
+        server.apply_node(n.clone());
+    }
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    let n5_route = "10.244.5.0/24 via 10.250.0.15";
+    let routed = |route: &str| agent_routes(&node).iter().any(|r| r == route);
+    wait_for("n5's route", Duration::from_secs(20), || routed(n5_route));
+    let table = || node.netns.ip(&["route", "show"]).success().stdout;
+    assert_eq!(agent_routes(&node), [n5_route], "{}", table());
+    assert_eq!(routes_to(&node, LAN), connected, "{}", table());
+    assert_eq!(routes_to(&node, "10.244.4.0/24"), operators);
+    wait_for("readiness", Duration::from_secs(5), || {
+        agent.probe(&node, "/readyz").is_some_and(|(code, _)| code == 200)
+    });
+
+    // Heartbeats, and changes the agent reconciles for: each skip is told
+    // once while it lasts.
+    let n6_route = "10.244.6.0/24 via 10.250.0.16";
+    for _ in 0..5 {
+        for n in [&n2, &n3, &n4] {
+            server.apply_node(n.clone());
+        }
+    }
+    server.apply_node(node_object("n6", &["10.244.6.0/24"], &["10.250.0.16"]));
+    wait_for("n6's route", Duration::from_secs(5), || routed(n6_route));
+
+    // n2 goes (n6 with it, to know when): the connected route stays.
+    server.delete_node("n2");
+    server.delete_node("n6");
+    wait_for("n6's route gone", Duration::from_secs(5), || {
+        agent_routes(&node) == [n5_route]
+    });
+    assert_eq!(routes_to(&node, LAN), connected, "{}", table());
+    // It comes back: told again.
+    server.apply_node(n2.clone());
+    server.apply_node(node_object("n6", &["10.244.6.0/24"], &["10.250.0.16"]));
+    wait_for("n6's route again", Duration::from_secs(5), || routed(n6_route));
+    assert_eq!(routes_to(&node, LAN), connected, "{}", table());
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(logged(&log, "no route to pod CIDR 10.250.0.0/24"), 2, "{log}");
+    assert_eq!(logged(&log, "no route to pod CIDR 10.244.3.0/24"), 1, "{log}");
+    assert_eq!(logged(&log, "no route to pod CIDR 10.244.4.0/24"), 1, "{log}");
+    assert!(agent_routes(&node).is_empty(), "{log}");
+    assert_eq!(routes_to(&node, LAN), connected, "{}", table());
+    assert_eq!(
+        routes_to(&node, "10.244.4.0/24"),
+        operators,
+        "uninstall leaves it"
+    );
 }
 
 #[test]
@@ -494,6 +587,228 @@ fn uninstall_with_pods_left_keeps_what_their_dels_need() {
     );
 }
 
+/// `nft list ruleset` in the node: every nf_tables table, iptables-nft's
+/// included.
+fn nft_ruleset(node: &Node) -> String {
+    node.run("nft", &["list", "ruleset"]).success().stdout
+}
+
+/// portmap's shared chains and the jumps to them, in either iptables
+/// flavour of the node.
+fn hostport_lines(node: &Node) -> Vec<String> {
+    let mut found = Vec::new();
+    for save in [
+        "iptables-nft-save",
+        "ip6tables-nft-save",
+        "iptables-legacy-save",
+        "ip6tables-legacy-save",
+    ] {
+        let saved = node.run(save, &["-t", "nat"]).success().stdout;
+        found.extend(
+            saved
+                .lines()
+                .filter(|line| line.contains("CNI-HOSTPORT-"))
+                .map(|line| format!("{save}: {line}")),
+        );
+    }
+    found
+}
+
+/// The agent with uninstall and portmap chained; a dual-stack pod with a
+/// hostPort added through its conflist and deleted; the agent stopped.
+/// What the agent logged.
+fn a_hostport_pod_came_and_went_then_the_agent_uninstalled(node: &Node) -> String {
+    uplink(node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object(
+        "n1",
+        &["10.244.1.0/24", "fd00:10:244:1::/64"],
+        &["10.250.0.11"],
+    ));
+    let mut agent = agent_of_n1(
+        node,
+        &server,
+        TOKEN,
+        &[
+            ("UNINSTALL_ON_STOP", "true"),
+            (
+                "CNI_CHAINED_PLUGINS",
+                r#"[{"type":"portmap","capabilities":{"portMappings":true}}]"#,
+            ),
+        ],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(node));
+    let bin = host_bin(node);
+    let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    let pod = node.pod("pod");
+    let mappings = r#"{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}"#;
+    node.cnictl_env(
+        &["add", "--cap-args", mappings, "cni-suite", pod.path_str()],
+        &cni_path,
+    )
+    .success();
+    let chains = node.nat_chains();
+    assert!(
+        chains.iter().any(|c| c == "CNI-HOSTPORT-DNAT") && chains.iter().any(|c| c.starts_with("CNI-DN-")),
+        "the pod's hostPort is published: {chains:?}"
+    );
+    node.cnictl_env(&["del", "cni-suite", pod.path_str()], &cni_path)
+        .success();
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    log
+}
+
+#[test]
+fn uninstall_removes_the_nat_chains_and_tables_the_suite_created_and_keeps_the_nodes() {
+    require_root();
+    // A node without nat tables: none is left, nor an empty base chain,
+    // nor portmap's shared chains.
+    let bare = lab_node();
+    assert_eq!(nft_ruleset(&bare), "");
+    let log = a_hostport_pod_came_and_went_then_the_agent_uninstalled(&bare);
+    assert_eq!(nft_ruleset(&bare), "", "{log}");
+    let left = hostport_lines(&bare);
+    assert!(left.is_empty(), "{left:?}\n{log}");
+
+    // An operator's masquerade in iptables-nft's nat table: the table and
+    // its POSTROUTING stay as they were, the rest goes.
+    let operated = lab_node();
+    let masquerade = "-t nat -A POSTROUTING -s 192.0.2.0/24 -j MASQUERADE";
+    let args: Vec<&str> = masquerade.split(' ').collect();
+    operated.run("iptables-nft", &args).success();
+    let before = nft_ruleset(&operated);
+    let log = a_hostport_pod_came_and_went_then_the_agent_uninstalled(&operated);
+    assert_eq!(nft_ruleset(&operated), before, "{log}");
+    let left = hostport_lines(&operated);
+    assert!(left.is_empty(), "{left:?}\n{log}");
+}
+
+/// Every entry of `dir`, recursively, never through a link: its kind, inode,
+/// link count and mode, and a link's target or a digest of a file's content.
+fn bin_dir_snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("ls").flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let metadata = std::fs::symlink_metadata(&path).expect("lstat");
+        let what = if metadata.is_symlink() {
+            format!(
+                "link -> {}",
+                std::fs::read_link(&path).expect("readlink").display()
+            )
+        } else if metadata.is_dir() {
+            out.extend(
+                bin_dir_snapshot(&path)
+                    .into_iter()
+                    .map(|(inner, what)| (format!("{name}/{inner}"), what)),
+            );
+            "directory".to_owned()
+        } else {
+            let mut digest = DefaultHasher::new();
+            std::fs::read(&path).expect("read").hash(&mut digest);
+            format!("file {:016x}", digest.finish())
+        };
+        let inode = format!(
+            "inode {} links {} mode {:o}",
+            metadata.ino(),
+            metadata.nlink(),
+            metadata.mode()
+        );
+        out.insert(name, format!("{what}, {inode}"));
+    }
+    out
+}
+
+/// Whether `place` is a regular file holding the suite's `name`.
+fn holds_the_suites(place: &Path, name: &str) -> bool {
+    std::fs::symlink_metadata(place).is_ok_and(|m| m.is_file())
+        && std::fs::read(place).ok() == std::fs::read(integration::bin(name)).ok()
+}
+
+#[test]
+fn uninstall_puts_a_k3s_style_bin_dir_of_relative_links_back_exactly() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    require_root();
+    let node = lab_node();
+    let bin = host_bin(&node);
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    // k3s's layout: the plugins are relative links to one multicall
+    // binary; and a link left dangling.
+    let multicall = bin.join("cni");
+    std::fs::write(&multicall, "#!/bin/sh\nexit 1\n").expect("write");
+    std::fs::set_permissions(&multicall, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for plugin in ["loopback", "portmap", "host-local"] {
+        symlink("cni", bin.join(plugin)).expect("link");
+    }
+    symlink("gone", bin.join("firewall")).expect("dangling link");
+    let before = bin_dir_snapshot(&bin);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    for plugin in SUITE {
+        assert!(
+            holds_the_suites(&bin.join(plugin), plugin),
+            "{plugin} is installed"
+        );
+    }
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        bin_dir_snapshot(&bin),
+        before,
+        "the bin directory as before the install: {log}"
+    );
+}
+
+#[test]
+fn uninstall_keeps_a_binary_an_operators_configuration_still_names() {
+    require_root();
+    let node = lab_node();
+    let bin = host_bin(&node);
+    let operators = node.conf_dir().join("99-operator.conflist");
+    std::fs::write(
+        &operators,
+        json!({"cniVersion": "1.0.0", "name": "operator", "plugins": [
+            {"type": "ptp", "ipam": {"type": "static"}}, {"type": "firewall"}
+        ]})
+        .to_string(),
+    )
+    .expect("an operator's conflist");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    let mut first = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness", Duration::from_secs(20), || first.ready(&node));
+    assert!(holds_the_suites(&bin.join("firewall"), "firewall"));
+
+    let (status, log) = first.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        holds_the_suites(&bin.join("firewall"), "firewall"),
+        "the operator's conflist still names firewall: {log}"
+    );
+    assert!(
+        log.contains("firewall stays: a configuration in"),
+        "the agent says why: {log}"
+    );
+    assert!(!bin.join("bridge").exists(), "what nothing names goes: {log}");
+
+    // Once nothing names it, the next uninstall removes it.
+    std::fs::remove_file(&operators).expect("rm");
+    let mut second = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
+    wait_for("readiness", Duration::from_secs(20), || second.ready(&node));
+    let (status, log) = second.stop();
+    assert!(status.success(), "{log}");
+    let left: Vec<_> = std::fs::read_dir(&bin)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "nothing of the suite left: {left:?} {log}");
+}
+
 /// kindnet's conflist, as kindnetd writes it.
 fn kindnet_conflist() -> Value {
     json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
@@ -567,7 +882,10 @@ fn a_pod_added_through_the_chain_the_agent_wrote_has_istios_capture() {
         &[("ISTIO_CHAINED", "true"), ("ISTIO_PLUGIN_CONFIG", entry)],
     );
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
-    assert_eq!(plugin_types(&conflist(&node)), ["bridge", "istio-redirect"]);
+    assert_eq!(
+        plugin_types(&conflist(&node)),
+        ["bridge", "portmap", "istio-redirect"]
+    );
     let bin = host_bin(&node);
     let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
     let pod = node.pod("pod");
@@ -613,6 +931,365 @@ fn with_istio_chaining_on_the_agent_is_ready_only_once_the_entry_is_in() {
         agent.ready(&node)
     });
     assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
+}
+
+/// A bare `.conf` as an operator writes it, with spacing no JSON writer
+/// reproduces: the bridge `br-wrap` over 10.22.0.0/24, leases under `leases`.
+fn bare_conf(leases: &Path) -> String {
+    format!(
+        "{{ \"cniVersion\": \"0.4.0\",  \"name\": \"mynet\", \"type\": \"bridge\", \"bridge\": \"br-wrap\",\n  \
+         \"isGateway\": true, \"ipam\": {{\"type\": \"host-local\", \"subnet\": \"10.22.0.0/24\",\n  \
+         \"dataDir\": \"{}\"}} }}\n",
+        leases.display()
+    )
+}
+
+/// The network a runtime sets pods up with: the name in the first valid
+/// file of the conf directory, as containerd and CRI-O pick it.
+fn runtime_network(node: &Node) -> String {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(node.conf_dir())
+        .expect("conf dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "conf" || e == "conflist"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .find_map(|path| {
+            let conf: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+            conf["name"].as_str().map(str::to_owned)
+        })
+        .expect("a configuration")
+}
+
+/// The IPv4 address cnictl's result gives the pod.
+fn pod_address(run: integration::Run) -> String {
+    let result = run.success().json();
+    result["ips"][0]["address"]
+        .as_str()
+        .expect("an address")
+        .to_owned()
+}
+
+#[test]
+fn an_istio_wrap_keeps_the_confs_network_so_new_pods_get_free_addresses_and_uninstall_puts_it_back() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let leases = node.path("mynet-leases");
+    let bare = bare_conf(&leases);
+    let conf_path = node.conf_dir().join("10-mynet.conf");
+    std::fs::write(&conf_path, &bare).expect("the node's own .conf");
+    let network = runtime_network(&node);
+    // A pod the runtime set up through the .conf before Istio came.
+    let first = node.pod("first");
+    let first_address = pod_address(node.cnictl_env(&["--json", "add", &network, first.path_str()], &[]));
+
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let settings = [
+        ("ISTIO_CHAINED", "true"),
+        ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+        // Sorts after the .conf: that stays the file the runtime uses.
+        ("CNI_CONF_NAME", "90-cni-suite.conflist"),
+    ];
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &settings);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let list_path = node.conf_dir().join("10-mynet.conflist");
+    assert_eq!(plugin_types(&list_path), ["bridge", "istio-redirect"]);
+    assert!(!conf_path.exists(), "the .conf is replaced by its list");
+
+    // The next pod, set up through the wrapped list as a runtime does,
+    // gets an address no running pod holds.
+    let second = node.pod("second");
+    let bin = host_bin(&node);
+    let second_address = pod_address(node.cnictl_env(
+        &["--json", "add", &runtime_network(&node), second.path_str()],
+        &[("CNI_PATH", bin.to_str().expect("UTF-8"))],
+    ));
+    assert_ne!(
+        second_address, first_address,
+        "two pods on one bridge with one address"
+    );
+    assert_eq!(
+        runtime_network(&node),
+        network,
+        "the wrap keeps the network's name"
+    );
+
+    // Killed, then replaced by an agent that uninstalls: the .conf comes
+    // back byte for byte from what the first agent recorded.
+    agent.kill();
+    let mut settings = settings.to_vec();
+    settings.push(("UNINSTALL_ON_STOP", "true"));
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &settings);
+    wait_for("readiness again", Duration::from_secs(20), || agent.ready(&node));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(&conf_path).ok().as_deref(),
+        Some(bare.as_str()),
+        "the .conf put back byte for byte: {log}"
+    );
+    assert!(!list_path.exists(), "{log}");
+}
+
+#[test]
+fn istio_cni_conf_file_naming_a_conf_is_followed_to_its_list_until_uninstall() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let conf_path = node.conf_dir().join("10-mynet.conf");
+    let bare = bare_conf(&node.path("mynet-leases"));
+    std::fs::write(&conf_path, &bare).expect("the node's own .conf");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[
+            ("ISTIO_CHAINED", "true"),
+            ("ISTIO_CNI_CONF_FILE", "10-mynet.conf"),
+            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+            ("UNINSTALL_ON_STOP", "true"),
+        ],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let list_path = node.conf_dir().join("10-mynet.conflist");
+    assert_eq!(plugin_types(&list_path), ["bridge", "istio-redirect"]);
+    // Checked every 500 ms: still ready after several checks, and the
+    // kubeconfig still follows the token.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(agent.ready(&node), "{:?}", agent.probe(&node, "/readyz"));
+    std::fs::write(node.path("serviceaccount/token"), "rotated-token").expect("rotate");
+    wait_for(
+        "the kubeconfig to follow the token",
+        Duration::from_secs(2),
+        || std::fs::read_to_string(&kubeconfig).is_ok_and(|text| text.contains("rotated-token")),
+    );
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(&conf_path).ok().as_deref(),
+        Some(bare.as_str()),
+        "{log}"
+    );
+    assert!(!list_path.exists(), "{log}");
+    assert!(
+        !host_bin(&node).join("istio-redirect").exists(),
+        "nothing names istio-redirect any more: {log}"
+    );
+}
+
+#[test]
+fn the_agent_chains_the_file_the_runtime_uses_and_unchains_every_file_it_chained() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let kindnet = node.conf_dir().join("10-kindnet.conflist");
+    std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("kindnet's file");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let kubeconfig = ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8"));
+
+    // The agent's own conflist sorts first: that is the file the runtime
+    // uses, and kindnet's is never touched.
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[
+            ("ISTIO_CHAINED", "true"),
+            kubeconfig,
+            ("UNINSTALL_ON_STOP", "true"),
+        ],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    assert_eq!(
+        plugin_types(&kindnet),
+        ["ptp", "portmap"],
+        "kindnet's file untouched"
+    );
+    assert_eq!(
+        plugin_types(&conflist(&node)).last().map(String::as_str),
+        Some("istio-redirect")
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(plugin_types(&kindnet), ["ptp", "portmap"], "{log}");
+    assert!(!host_bin(&node).join("istio-redirect").exists(), "{log}");
+
+    // Sorting after kindnet's, the agent chains kindnet's file; then an
+    // operator's file takes the lead and is chained too. Killed and
+    // replaced, the next agent still unchains both.
+    let settings = [
+        ("ISTIO_CHAINED", "true"),
+        kubeconfig,
+        ("CNI_CONF_NAME", "90-cni-suite.conflist"),
+    ];
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &settings);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
+    let operator = node.conf_dir().join("05-operator.conflist");
+    let operators = json!({"cniVersion": "1.0.0", "name": "operator", "plugins": [{"type": "ptp",
+        "ipam": {"type": "host-local", "subnet": "10.23.0.0/24"}}]});
+    std::fs::write(&operator, operators.to_string()).expect("an operator's file");
+    wait_for("the operator's file chained", Duration::from_secs(2), || {
+        plugin_types(&operator) == ["ptp", "istio-redirect"]
+    });
+    agent.kill();
+    let mut settings = settings.to_vec();
+    settings.push(("UNINSTALL_ON_STOP", "true"));
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &settings);
+    wait_for("readiness again", Duration::from_secs(20), || agent.ready(&node));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let read = |path: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(path).expect("kept")).expect("JSON")
+    };
+    assert_eq!(read(&kindnet), kindnet_conflist(), "{log}");
+    assert_eq!(read(&operator), operators, "{log}");
+    assert!(!host_bin(&node).join("istio-redirect").exists(), "{log}");
+}
+
+/// Whether `agent` is ready within `limit`; an agent that is not is
+/// killed, so that a hung one cannot hang the test's end.
+fn ready_or_killed(agent: &mut Agent, node: &Node, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if agent.ready(node) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    agent.kill();
+    false
+}
+
+#[test]
+fn fifos_where_the_agent_reads_never_hang_it() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let fifo = |path: &Path| {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        integration::run("mkfifo", &[path.to_str().expect("UTF-8")]).success();
+    };
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    fifo(&kubeconfig);
+    fifo(&node.conf_dir().join("00-fifo.conf"));
+    fifo(&conflist(&node));
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[("ISTIO_CHAINED", "true"), ("UNINSTALL_ON_STOP", "true")],
+    );
+    assert!(
+        ready_or_killed(&mut agent, &node, Duration::from_secs(20)),
+        "the agent hung on a FIFO"
+    );
+    assert!(std::fs::metadata(&kubeconfig).expect("written").is_file());
+    // Someone puts a FIFO where the agent's conflist was: uninstall still
+    // ends.
+    std::fs::remove_file(conflist(&node)).expect("rm");
+    fifo(&conflist(&node));
+    let pid = agent.pid().expect("running");
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    });
+    let (status, log) = agent.stop();
+    assert!(status.success(), "uninstall hung or failed: {status:?} {log}");
+    drop(watchdog);
+}
+
+#[test]
+fn an_entry_an_earlier_release_chained_without_a_record_is_unchained_too() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    // What a release before the record left: kindnet's file chained with
+    // the agent's entry, the agent's own conflist sorting first.
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let entry = json!({"type": "istio-redirect",
+                       "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+                       "exclude_namespaces": ["kube-system", "istio-system"],
+                       "kubeconfig": kubeconfig});
+    let mut chained = kindnet_conflist();
+    chained["plugins"].as_array_mut().expect("plugins").push(entry);
+    let kindnet = node.conf_dir().join("10-kindnet.conflist");
+    std::fs::write(&kindnet, chained.to_string()).expect("kindnet's file");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let mut agent = agent_of_n1(
+        &node,
+        &server,
+        TOKEN,
+        &[("ISTIO_CHAINED", "true"), ("UNINSTALL_ON_STOP", "true")],
+    );
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let left: Value = serde_json::from_str(&std::fs::read_to_string(&kindnet).expect("kept")).expect("JSON");
+    assert_eq!(left, kindnet_conflist(), "{log}");
+    assert!(!host_bin(&node).join("istio-redirect").exists(), "{log}");
+}
+
+#[test]
+fn the_first_conflist_chains_the_portmap_the_agent_installs_and_a_restart_changes_nothing() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    assert!(
+        !host_bin(&node).join("portmap").exists(),
+        "a node without portmap"
+    );
+    let agent = agent_of_n1(&node, &server, TOKEN, &[]);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    assert_eq!(
+        plugin_types(&conflist(&node)),
+        ["bridge", "portmap"],
+        "hostPorts work from the first pod"
+    );
+    let written = std::fs::read_to_string(conflist(&node)).expect("conflist");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(conflist(&node)).expect("stat"));
+    drop(agent);
+
+    let mut agent = agent_of_n1(&node, &server, TOKEN, &[]);
+    wait_for("readiness after a restart", Duration::from_secs(20), || {
+        agent.ready(&node)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(conflist(&node)).expect("conflist"),
+        written
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(conflist(&node)).expect("stat")),
+        inode,
+        "the conflist is not rewritten"
+    );
+    for change in ["\"msg\":\"installed", "\"msg\":\"wrote"] {
+        assert!(
+            !log.contains(change),
+            "the restarted agent changed something ({change}): {log}"
+        );
+    }
 }
 
 #[test]
@@ -757,18 +1434,11 @@ fn nat_rules(pod: &integration::Netns) -> String {
         .stdout
 }
 
+/// `type reason` of the events on `pod`, in order.
 fn event_reasons(server: &ApiServer, pod: &str) -> Vec<String> {
-    server
-        .events()
+    events_of(server, pod)
         .iter()
-        .filter(|e| e["involvedObject"]["name"] == pod)
-        .map(|e| {
-            format!(
-                "{} {}",
-                e["type"].as_str().unwrap_or("?"),
-                e["reason"].as_str().unwrap_or("?")
-            )
-        })
+        .map(|event| event.split(':').next().unwrap_or_default().to_owned())
         .collect()
 }
 
@@ -949,4 +1619,162 @@ fn broken_pods_are_deleted_with_preconditions_or_labelled_through_status_as_conf
         let (status, log) = agent.stop();
         assert!(status.success(), "{log}");
     }
+}
+
+/// A running pod's namespace wired to the node through `link`, with
+/// `pod_ip` (`host_ip` on the node's side, both /24): a pod the race left
+/// without capture. Addresses must be the calling test's alone, since the
+/// agent searches every process of the machine.
+fn running_pod(node: &Node, role: &str, link: &str, host_ip: &str, pod_ip: &str) -> integration::Netns {
+    let pod = node.pod(role);
+    node.netns.veth_to(link, &pod);
+    node.netns
+        .ip(&["addr", "add", &format!("{host_ip}/24"), "dev", link])
+        .success();
+    node.netns.ip(&["link", "set", link, "up"]).success();
+    pod.ip(&["addr", "add", &format!("{pod_ip}/24"), "dev", "eth0"])
+        .success();
+    pod.ip(&["link", "set", "eth0", "up"]).success();
+    pod.ip(&["link", "set", "lo", "up"]).success();
+    pod
+}
+
+/// The agent of n1 with Istio chained and repairing, under the
+/// capabilities deploy/cni-suite-istio.yaml gives it.
+fn repairing_agent(node: &Node, server: &ApiServer, extra: &[(&str, &str)]) -> Agent {
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let mut settings = vec![
+        ("ISTIO_CHAINED", "true"),
+        ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+    ];
+    settings.extend_from_slice(extra);
+    Agent::start_under(
+        node,
+        "n1",
+        server,
+        "127.0.0.1",
+        TOKEN,
+        &settings,
+        &[
+            "setpriv",
+            &format!("--bounding-set=-all,{CONTAINER_CAPABILITIES},+sys_admin,+sys_ptrace"),
+            "--",
+        ],
+    )
+}
+
+/// `type reason: message` of the events on `pod`, in order.
+fn events_of(server: &ApiServer, pod: &str) -> Vec<String> {
+    server
+        .events()
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == pod)
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e["type"].as_str().unwrap_or("?"),
+                e["reason"].as_str().unwrap_or("?"),
+                e["message"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_pod_the_plugin_passes_through_is_reported_as_skipped_and_retried() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let pod = running_pod(&node, "skipped", "skipped0", "10.199.9.1", "10.199.9.5");
+    let pause = Pause::start(&pod);
+    // Injected, crash-looping, and in a namespace the default entry
+    // excludes: istio-redirect passes it through whoever runs it.
+    let mut excluded = injected_pod("skipped", "uid-skipped", "n1", "10.199.9.5", crash_looping(), 126);
+    excluded["metadata"]["namespace"] = json!("istio-system");
+    server.add_pod("istio-system", "skipped", excluded.clone());
+    let mut agent = repairing_agent(&node, &server, &[]);
+
+    wait_for("the pass-through reported", Duration::from_secs(20), || {
+        !events_of(&server, "skipped").is_empty()
+    });
+    let events = events_of(&server, "skipped");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].starts_with("Warning RepairBrokenPod: ")
+            && events[0].contains("not programmed")
+            && events[0].contains("namespace istio-system is excluded"),
+        "a skip, with the plugin's reason: {events:?}"
+    );
+    assert!(!nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+
+    // The kubelet restarts the validation container: the pod is tried
+    // again, and the same outcome is not reported twice.
+    excluded["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
+    server.add_pod("istio-system", "skipped", excluded);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(events_of(&server, "skipped"), events, "reported once");
+
+    // Left as it is, the pod is still tried every 10 s: once its pause
+    // process is gone, the next attempt fails otherwise, and says so.
+    drop(pause);
+    wait_for("the retry's new outcome", Duration::from_secs(15), || {
+        events_of(&server, "skipped").len() == 2
+    });
+    let retried = events_of(&server, "skipped");
+    assert!(
+        retried[1].starts_with("Warning RepairBrokenPod: ") && retried[1].contains("10.199.9.5"),
+        "{retried:?}"
+    );
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("capture programmed"), "{log}");
+    assert_eq!(log.matches("the capture was not programmed").count(), 1, "{log}");
+    assert!(!nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+    assert!(
+        server.writes().iter().all(|w| w.method == "POST"),
+        "only events written"
+    );
+}
+
+#[test]
+fn a_pod_repaired_into_istios_own_nftables_tables_is_reported_as_captured() {
+    require_root();
+    let node = lab_node();
+    uplink(&node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    let pod = running_pod(&node, "native", "native0", "10.199.10.1", "10.199.10.5");
+    let _pause = Pause::start(&pod);
+    server.add_pod(
+        "default",
+        "native",
+        injected_pod("native", "uid-native", "n1", "10.199.10.5", crash_looping(), 126),
+    );
+    let entry = json!({
+        "type": "istio-redirect",
+        "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+        "native_nftables": true,
+    })
+    .to_string();
+    let mut agent = repairing_agent(&node, &server, &[("ISTIO_PLUGIN_CONFIG", &entry)]);
+
+    wait_for("the repair reported", Duration::from_secs(20), || {
+        !events_of(&server, "native").is_empty()
+    });
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(
+        event_reasons(&server, "native"),
+        ["Normal RepairBrokenPod"],
+        "{:?}\n{log}",
+        events_of(&server, "native")
+    );
+    let tables = integration::run_in(pod.path(), Path::new("nft"), &["list", "tables"], &[], "")
+        .success()
+        .stdout;
+    assert!(tables.contains("table inet istio-proxy-nat"), "{tables}");
+    assert!(!nat_rules(&pod).contains("ISTIO"), "no iptables rules: {tables}");
 }

@@ -1,9 +1,12 @@
-//! Whole-file replacement for what the agent writes on the host (plugin
-//! binaries, conflists, the plugin's kubeconfig): a reader, the runtime
-//! among them, sees the old file or the new one, never half of one.
+//! Files on the host, which others share: whole-file replacement for
+//! what the agent writes (plugin binaries, conflists, the plugin's
+//! kubeconfig, its record), so a reader, the runtime among them, sees the
+//! old file or the new one, never half of one; reads that take only a
+//! small regular file, never blocking on whatever else is in the way; and
+//! the lock two agents on one node take around their changes.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -51,9 +54,90 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
     Ok(())
 }
 
+/// Far above any configuration or record the agent reads; a larger file
+/// is not one.
+pub const MAX_SIZE: u64 = 1 << 20;
+
+/// The text of the file at `path`, when it is a regular file (a link is
+/// followed, as libcni follows it) of at most [`MAX_SIZE`] bytes. Opened
+/// without blocking: a FIFO put there must not hang the agent, which holds
+/// its change lock while it reads.
+pub fn read_text(path: &Path) -> io::Result<String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    if metadata.len() > MAX_SIZE {
+        return Err(io::Error::other(format!("larger than {MAX_SIZE} bytes")));
+    }
+    let mut text = String::new();
+    file.take(MAX_SIZE + 1).read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// Holds an exclusive `flock` on `dir` itself (created if missing) until
+/// the returned file is dropped: two agents on one node (a rollout's old
+/// and new pod) never interleave their changes. Not reentrant: a second
+/// lock of the same directory from this process waits for the first.
+pub fn lock_dir(dir: &Path) -> Result<File, Error> {
+    let failed = |what: &str, e: io::Error| Error::Io(format!("cannot {what} {}: {e}", dir.display()));
+    fs::create_dir_all(dir).map_err(|e| failed("create", e))?;
+    let file = File::open(dir).map_err(|e| failed("open", e))?;
+    file.lock().map_err(|e| failed("lock", e))?;
+    Ok(file)
+}
+
+/// Removes what an agent killed while writing left in `dir`: the files
+/// beside a place, which only [`replace_file`] names so.
+pub fn sweep(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.ends_with(TEMPORARY) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The permission bits of the file at `path`, if there is one: a file
+/// another agent wrote keeps its mode when the agent replaces it.
+pub fn mode_of(path: &Path) -> Option<u32> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+}
+
 /// Makes a rename in `dir` durable; a failure only weakens that.
 pub fn sync_dir(dir: &Path) {
     if let Ok(dir) = File::open(dir) {
         let _ = dir.sync_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("a.conf");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        assert!(read_text(&fifo).is_err(), "a FIFO is refused without blocking");
+        let big = dir.path().join("b.conf");
+        std::fs::write(&big, vec![b' '; usize::try_from(MAX_SIZE).expect("size") + 1]).expect("write");
+        assert!(read_text(&big).is_err());
+        let real = dir.path().join("c.conf");
+        std::fs::write(&real, "{}").expect("write");
+        let link = dir.path().join("d.conf");
+        std::os::unix::fs::symlink(&real, &link).expect("link");
+        assert_eq!(read_text(&link).expect("followed"), "{}");
+        assert!(read_text(dir.path()).is_err(), "a directory is no file");
     }
 }

@@ -32,8 +32,9 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
         .parse()
         .map_err(|e| Error::Setting(format!("the API server's address {server}: {e}")))?;
     let ca_path = account_dir.join("ca.crt");
-    let ca = std::fs::read(&ca_path).map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
-    let roots = CertificateDer::pem_slice_iter(&ca)
+    let ca = crate::atomic::read_text(&ca_path)
+        .map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
+    let roots = CertificateDer::pem_slice_iter(ca.as_bytes())
         .map(|cert| cert.map(|der| der.to_vec()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
@@ -57,7 +58,7 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
     config.read_timeout = Some(std::time::Duration::from_secs(295));
     config.root_cert = Some(roots);
     config.auth_info.token_file = Some(token.display().to_string());
-    if let Ok(namespace) = std::fs::read_to_string(account_dir.join("namespace")) {
+    if let Ok(namespace) = crate::atomic::read_text(&account_dir.join("namespace")) {
         config.default_namespace = namespace.trim().to_owned();
     }
     Ok(config)

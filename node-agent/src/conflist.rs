@@ -2,7 +2,6 @@
 //! over the node's pod CIDRs, then the chained plugins, written where the
 //! runtime reads it.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
@@ -56,26 +55,60 @@ pub fn render(settings: &crate::settings::Settings, network: &NodeNetwork, chain
     })
 }
 
-/// The plugins chained after the bridge: as set, else `portmap` when the
-/// node has it.
-pub fn chained_plugins(settings: &crate::settings::Settings) -> Result<Vec<Value>, Error> {
-    match &settings.chained_plugins {
-        Some(text) => {
-            let value: Value = serde_json::from_str(text)
-                .map_err(|e| Error::Setting(format!("CNI_CHAINED_PLUGINS is not JSON: {e}")))?;
-            match value {
-                Value::Array(plugins) if plugins.iter().all(|p| p["type"].is_string()) => Ok(plugins),
-                _ => Err(Error::Setting(
-                    "CNI_CHAINED_PLUGINS must be an array of plugin configurations, each with a \"type\""
-                        .into(),
-                )),
+/// The plugins chained after the bridge: `CNI_CHAINED_PLUGINS` when set,
+/// else `portmap` when the bin directory has one; then Istio's entry when
+/// the agent chains it. Decided at every write from what is installed, not
+/// once at the start: the first conflist of a fresh node then names the
+/// portmap the agent has just installed, and a restart changes nothing.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    configured: Option<Vec<Value>>,
+    istio: Option<Value>,
+}
+
+impl Chain {
+    /// Checks `CNI_CHAINED_PLUGINS` (a wrong one fails the start before
+    /// anything is changed).
+    pub fn new(settings: &crate::settings::Settings, istio: Option<Value>) -> Result<Chain, Error> {
+        let configured = match &settings.chained_plugins {
+            None => None,
+            Some(text) => {
+                let value: Value = serde_json::from_str(text)
+                    .map_err(|e| Error::Setting(format!("CNI_CHAINED_PLUGINS is not JSON: {e}")))?;
+                match value {
+                    Value::Array(plugins) if plugins.iter().all(|p| p["type"].is_string()) => Some(plugins),
+                    _ => {
+                        return Err(Error::Setting(
+                            "CNI_CHAINED_PLUGINS must be an array of plugin configurations, each with a \"type\""
+                                .into(),
+                        ));
+                    }
+                }
             }
-        }
-        None if settings.cni_bin_dir.join("portmap").is_file() => Ok(vec![
-            json!({"type": "portmap", "capabilities": {"portMappings": true}}),
-        ]),
-        None => Ok(Vec::new()),
+        };
+        Ok(Chain { configured, istio })
     }
+
+    /// The plugins after the bridge, given what `bin_dir` holds now.
+    pub fn plugins(&self, bin_dir: &Path) -> Vec<Value> {
+        let mut plugins = match &self.configured {
+            Some(plugins) => plugins.clone(),
+            None if bin_dir.join("portmap").is_file() => vec![json!({
+                "type": "portmap",
+                "capabilities": {"portMappings": true},
+            })],
+            None => Vec::new(),
+        };
+        plugins.extend(self.istio.clone());
+        plugins
+    }
+}
+
+/// A configuration as the agent writes it: pretty JSON, one final newline.
+pub fn render_text(content: &Value) -> Result<String, Error> {
+    serde_json::to_string_pretty(content)
+        .map(|text| format!("{text}\n"))
+        .map_err(|e| Error::Io(e.to_string()))
 }
 
 /// Writes `content` to `path` unless it already holds exactly that: a
@@ -83,19 +116,15 @@ pub fn chained_plugins(settings: &crate::settings::Settings) -> Result<Vec<Value
 /// renamed over it, so the runtime never reads half a configuration.
 /// Returns whether it wrote.
 pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
-    let text = format!(
-        "{}\n",
-        serde_json::to_string_pretty(content).map_err(|e| Error::Io(e.to_string()))?
-    );
-    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+    let text = render_text(content)?;
+    if crate::atomic::read_text(path).is_ok_and(|old| old == text) {
         return Ok(false);
     }
     let dir = path
         .parent()
         .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-    // A file another agent wrote keeps its mode.
-    let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
+    let mode = crate::atomic::mode_of(path).unwrap_or(0o644);
     crate::atomic::replace_file(path, text.as_bytes(), mode)?;
     Ok(true)
 }
@@ -103,7 +132,7 @@ pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
 /// Removes `path` if it holds what this agent writes (the network named
 /// `network_name` with the suite's bridge first): never an operator's file.
 pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(text) = crate::atomic::read_text(path) else {
         return Ok(false);
     };
     let ours = serde_json::from_str::<Value>(&text)
@@ -213,15 +242,35 @@ mod tests {
 
     #[test]
     fn chained_plugins_must_each_name_a_type() {
-        assert!(chained_plugins(&settings(&[])).expect("none").is_empty());
+        let bin = tempfile::tempdir().expect("tempdir");
+        let unset = Chain::new(&settings(&[]), None).expect("unset");
+        assert!(unset.plugins(bin.path()).is_empty());
         let set = settings(&["--chained-plugins", r#"[{"type":"portmap","snat":true}]"#]);
-        assert_eq!(chained_plugins(&set).expect("set")[0]["snat"], true);
+        assert_eq!(
+            Chain::new(&set, None).expect("set").plugins(bin.path())[0]["snat"],
+            true
+        );
         for bad in ["{}", "[{}]", "not json", r#"[{"type":1}]"#] {
             assert!(
-                chained_plugins(&settings(&["--chained-plugins", bad])).is_err(),
+                Chain::new(&settings(&["--chained-plugins", bad]), None).is_err(),
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn portmap_is_chained_once_it_is_installed_and_istio_last() {
+        let bin = tempfile::tempdir().expect("tempdir");
+        let istio = json!({"type": "istio-redirect"});
+        let chain = Chain::new(&settings(&[]), Some(istio.clone())).expect("chain");
+        assert_eq!(chain.plugins(bin.path()), std::slice::from_ref(&istio));
+        std::fs::write(bin.path().join("portmap"), "installed").expect("install");
+        let types: Vec<Value> = chain
+            .plugins(bin.path())
+            .iter()
+            .map(|p| p["type"].clone())
+            .collect();
+        assert_eq!(types, ["portmap", "istio-redirect"]);
     }
 
     #[test]

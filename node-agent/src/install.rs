@@ -6,11 +6,19 @@
 //! one, never half of one; and only when its content differs. What the
 //! agent writes is recorded by content hash in `.cni-suite/installed.json`
 //! in the bin directory (a dot-directory the runtime never executes from):
-//! a file at a plugin's place whose hash is not recorded is someone else's
-//! (kind and minikube nodes ship upstream `host-local`, `loopback`,
-//! `portmap`), so before replacing it the agent keeps it aside under
-//! `.cni-suite/replaced/`, and uninstall renames it back. A file the agent
-//! did not write is never removed.
+//! a regular file at a plugin's place whose hash is not recorded is
+//! someone else's (kind and minikube nodes ship upstream `host-local`,
+//! `loopback`, `portmap`), and so is any symbolic link (the agent writes
+//! regular files only; k3s's plugins are relative links to one multicall
+//! binary), dangling or not. Before replacing it the agent keeps it aside
+//! under `.cni-suite/replaced/` as a second name of the same inode, the
+//! link itself for a link, and uninstall renames it back: names, link
+//! targets, content and modes end as they were. Nothing is ever looked at
+//! through a link, and only regular files are read, opened so that a FIFO
+//! cannot block the agent. A place holding anything else (a directory, a
+//! FIFO, a device) is refused: it is no plugin, and moving it could break
+//! whoever put it there. A file the agent did not write is never removed,
+//! nor one a configuration in the conf directory still names.
 //!
 //! The record is written before the rename, and keeps every hash the agent
 //! may have put at a place until the rename is done: killed between the
@@ -18,18 +26,21 @@
 //! its own, and never keeps one of its own aside as the original.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{AT_FDCWD, AtFlags};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::atomic::{TEMPORARY, replace_file, sync_dir};
+use crate::atomic::{TEMPORARY, read_text, replace_file, sync_dir};
 
-/// The agent's own directory inside the bin directory.
-const STATE_DIR: &str = ".cni-suite";
+/// The agent's own directory inside the bin directory (others' records
+/// live there too: uninstall removes only its own entries).
+pub const STATE_DIR: &str = ".cni-suite";
 const RECORD: &str = "installed.json";
 const REPLACED: &str = "replaced";
 
@@ -62,20 +73,129 @@ pub struct Uninstalled {
     /// Files at a plugin's place that someone changed after the agent wrote
     /// them: left alone.
     pub left: Vec<String>,
+    /// Binaries with no original that a configuration still names: left,
+    /// and still recorded, so a later uninstall tries again.
+    pub still_named: Vec<String>,
     /// Places that could not be undone (each with why); the others were.
     pub failed: Vec<String>,
+}
+
+/// What is at a path, looked at without following a link.
+#[derive(Debug, PartialEq, Eq)]
+enum Found {
+    Absent,
+    /// A regular file, by the SHA-256 of its content.
+    File(String),
+    /// A symbolic link, dangling or not: never the agent's.
+    Link,
+    /// Anything else, by its kind.
+    Other(&'static str),
+}
+
+/// How uninstall left one plugin's place.
+enum Undone {
+    Restored,
+    Removed,
+    StillNamed,
+    /// Someone else's file is there now.
+    Left,
+    /// Nothing is there, and nothing was kept aside.
+    Gone,
 }
 
 fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
     Error::Io(format!("cannot {what} {}: {e}", path.display()))
 }
 
-/// The SHA-256 of a file's content, hex; None when it does not exist.
-fn hash_of(path: &Path) -> Result<Option<String>, Error> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(hex(&Sha256::digest(&bytes)))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_error("read", path, e)),
+fn kind_of(file_type: fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        "directory"
+    } else if file_type.is_fifo() {
+        "FIFO"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+/// Whether anything, a dangling link included, has the name `path`.
+fn is_there(path: &Path) -> Result<bool, Error> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error("look at", path, e)),
+    }
+}
+
+/// What is at `path`; a regular file is hashed. Nothing is opened but a
+/// regular file, and that without following a link or blocking (it is
+/// checked again once open: what replaced it since is never read).
+fn look(path: &Path) -> Result<Found, Error> {
+    let file_type = match fs::symlink_metadata(path) {
+        Ok(metadata) => metadata.file_type(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Absent),
+        Err(e) => return Err(io_error("look at", path, e)),
+    };
+    if file_type.is_symlink() {
+        return Ok(Found::Link);
+    }
+    if !file_type.is_file() {
+        return Ok(Found::Other(kind_of(file_type)));
+    }
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path);
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Absent),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(Found::Link),
+        Err(e) => return Err(io_error("read", path, e)),
+    };
+    let file_type = file
+        .metadata()
+        .map_err(|e| io_error("read", path, e))?
+        .file_type();
+    if !file_type.is_file() {
+        return Ok(Found::Other(kind_of(file_type)));
+    }
+    let mut hasher = Sha256::new();
+    io::copy(&mut file, &mut hasher).map_err(|e| io_error("read", path, e))?;
+    Ok(Found::File(hex(&hasher.finalize())))
+}
+
+/// A second name for whatever `from` is: for a link, of the link itself,
+/// target unchanged. `std::fs::hard_link` leaves following a link to the
+/// platform; `linkat` with no flags never follows one.
+fn link_itself(from: &Path, to: &Path) -> io::Result<()> {
+    nix::unistd::linkat(AT_FDCWD, from, AT_FDCWD, to, AtFlags::empty()).map_err(io::Error::from)
+}
+
+/// Removes the empty directory `dir`; one something else still has files
+/// in stays.
+fn remove_if_empty(dir: &Path) -> Result<(), Error> {
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(io_error("remove", dir, e)),
+    }
+}
+
+fn remove_if_there(path: &Path) -> Result<(), Error> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error("remove", path, e)),
     }
 }
 
@@ -92,23 +212,12 @@ impl BinDir {
     /// removed, unlike the agent's own directory in it): two agents on one
     /// node (a rollout's old and new pod) never interleave their changes.
     fn lock(&self) -> Result<File, Error> {
-        fs::create_dir_all(&self.dir).map_err(|e| io_error("create", &self.dir, e))?;
-        let dir = File::open(&self.dir).map_err(|e| io_error("open", &self.dir, e))?;
-        dir.lock().map_err(|e| io_error("lock", &self.dir, e))?;
-        Ok(dir)
+        crate::atomic::lock_dir(&self.dir)
     }
 
     /// Removes what an agent killed while writing left beside a place.
     fn sweep(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(TEMPORARY) {
-                let _ = fs::remove_file(entry.path());
-            }
-        }
+        crate::atomic::sweep(&self.dir);
     }
 
     fn state(&self) -> PathBuf {
@@ -125,8 +234,8 @@ impl BinDir {
 
     fn read_record(&self) -> Result<Record, Error> {
         let path = self.record_path();
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+        match read_text(&path) {
+            Ok(text) => serde_json::from_str(&text)
                 .map_err(|e| Error::Io(format!("{} is not the agent's record: {e}", path.display()))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Record::default()),
             Err(e) => Err(io_error("read", &path, e)),
@@ -144,7 +253,8 @@ impl BinDir {
     }
 
     /// Copies each of `names` from `source` unless the bin directory already
-    /// holds the same content there.
+    /// holds the same content there. A place holding neither a regular file
+    /// nor a link fails the installation, naming it.
     pub fn install(&self, source: &Path, names: &[String]) -> Result<Installed, Error> {
         let _alone = self.lock()?;
         self.sweep();
@@ -158,15 +268,20 @@ impl BinDir {
             let bytes = fs::read(&from).map_err(|e| io_error("read", &from, e))?;
             let wanted = hex(&Sha256::digest(&bytes));
             let place = self.dir.join(name);
-            let present = hash_of(&place)?;
-            if present.as_deref() == Some(wanted.as_str()) {
-                continue;
-            }
             let ours = record.installed.get(name).cloned().unwrap_or_default();
-            if let Some(present) = &present
-                && !ours.contains(present)
-                && self.keep_aside(name, &place)?
-            {
+            let someone_elses = match look(&place)? {
+                Found::File(present) if present == wanted => continue,
+                Found::File(present) => !ours.contains(&present),
+                Found::Link => true,
+                Found::Absent => false,
+                Found::Other(kind) => {
+                    return Err(Error::Io(format!(
+                        "{} is a {kind}, not a plugin's file: someone else's, so {name} is not installed over it",
+                        place.display()
+                    )));
+                }
+            };
+            if someone_elses && self.keep_aside(name, &place)? {
                 done.kept_aside.push(name.clone());
             }
             record
@@ -183,11 +298,11 @@ impl BinDir {
         Ok(done)
     }
 
-    /// Keeps the file at `place` (not the agent's) as the original to
-    /// restore: a second name for it, so its place is never empty. The
-    /// first original kept stays: a file another installer put there later
-    /// and the agent replaced again is not what the node had before the
-    /// agent came. Returns whether it kept this one.
+    /// Keeps what is at `place` (not the agent's: a file, or a link as the
+    /// link) as the original to restore: a second name for it, so its place
+    /// is never empty. The first original kept stays: a file another
+    /// installer put there later and the agent replaced again is not what
+    /// the node had before the agent came. Returns whether it kept this one.
     fn keep_aside(&self, name: &str, place: &Path) -> Result<bool, Error> {
         let aside = self.replaced(name);
         let dir = aside.parent().unwrap_or(Path::new("."));
@@ -195,7 +310,7 @@ impl BinDir {
             .recursive(true)
             .create(dir)
             .map_err(|e| io_error("create", dir, e))?;
-        match fs::hard_link(place, &aside) {
+        match link_itself(place, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(io_error("keep aside", place, e)),
@@ -205,71 +320,115 @@ impl BinDir {
     }
 
     /// Puts back every original kept aside and removes the rest of what the
-    /// agent wrote, where the file at the place is still the agent's; then
-    /// its own directory, once nothing in it is still needed.
-    pub fn uninstall(&self) -> Result<Uninstalled, Error> {
+    /// agent wrote, where the file at the place is still the agent's and no
+    /// configuration names it any more (`still_named`: every plugin type the
+    /// conf directory's files name); then its own entries in its directory,
+    /// and the directory once nothing else is in it.
+    pub fn uninstall(&self, still_named: &BTreeSet<String>) -> Result<Uninstalled, Error> {
         let _alone = self.lock()?;
         self.sweep();
         let record = self.read_record()?;
         let mut done = Uninstalled::default();
         let mut kept = Record::default();
         for (name, ours) in &record.installed {
-            let place = self.dir.join(name);
-            let aside = self.replaced(name);
-            let undone = hash_of(&place).and_then(|present| {
-                let still_ours = present.as_ref().is_some_and(|hash| ours.contains(hash));
-                if !still_ours {
-                    if present.is_some() {
-                        done.left.push(name.clone());
-                    }
-                    return Ok(false);
-                }
-                if aside.exists() {
-                    fs::rename(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
+            let stays = match self.undo(name, ours, still_named) {
+                Ok(Undone::Restored) => {
                     done.restored.push(name.clone());
-                } else {
-                    fs::remove_file(&place).map_err(|e| io_error("remove", &place, e))?;
+                    false
+                }
+                Ok(Undone::Removed) => {
                     done.removed.push(name.clone());
+                    false
                 }
-                Ok(true)
-            });
-            match undone {
-                Ok(true) => {}
-                // Whoever changed the file may want the original; a place
-                // that could not be undone is tried again next time.
-                Ok(false) if !aside.exists() => {}
-                Ok(false) => {
-                    kept.installed.insert(name.clone(), ours.clone());
+                Ok(Undone::Gone) => false,
+                Ok(Undone::StillNamed) => {
+                    done.still_named.push(name.clone());
+                    true
                 }
+                // Whoever changed the file may want the original, which
+                // stays recorded with it.
+                Ok(Undone::Left) => {
+                    done.left.push(name.clone());
+                    is_there(&self.replaced(name)).unwrap_or(true)
+                }
+                // Tried again next time.
                 Err(e) => {
                     done.failed.push(e.to_string());
-                    kept.installed.insert(name.clone(), ours.clone());
+                    true
                 }
+            };
+            if stays {
+                kept.installed.insert(name.clone(), ours.clone());
             }
         }
         sync_dir(&self.dir);
         if kept.installed.is_empty() {
-            let state = self.state();
-            match fs::remove_dir_all(&state) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_error("remove", &state, e)),
-            }
+            self.remove_own_state()?;
         } else {
             self.write_record(&kept)?;
         }
         Ok(done)
+    }
+
+    /// Undoes the agent's install of `name`, where the file at its place is
+    /// still one it wrote. An original kept aside is put back even when the
+    /// agent's file is gone (its name is taken only if still free).
+    fn undo(
+        &self,
+        name: &str,
+        ours: &BTreeSet<String>,
+        still_named: &BTreeSet<String>,
+    ) -> Result<Undone, Error> {
+        let place = self.dir.join(name);
+        let aside = self.replaced(name);
+        let original = is_there(&aside)?;
+        match look(&place)? {
+            Found::File(present) if ours.contains(&present) => {
+                if original {
+                    fs::rename(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
+                    Ok(Undone::Restored)
+                } else if still_named.contains(name) {
+                    Ok(Undone::StillNamed)
+                } else {
+                    fs::remove_file(&place).map_err(|e| io_error("remove", &place, e))?;
+                    Ok(Undone::Removed)
+                }
+            }
+            Found::Absent if original => {
+                link_itself(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
+                fs::remove_file(&aside).map_err(|e| io_error("remove", &aside, e))?;
+                Ok(Undone::Restored)
+            }
+            Found::Absent => Ok(Undone::Gone),
+            Found::File(_) | Found::Link | Found::Other(_) => Ok(Undone::Left),
+        }
+    }
+
+    /// Removes the agent's record, what a killed agent left beside it and
+    /// the emptied `replaced/`; the state directory only once empty, since
+    /// other records of the agent's live there too.
+    fn remove_own_state(&self) -> Result<(), Error> {
+        let state = self.state();
+        remove_if_there(&self.record_path())?;
+        remove_if_there(&state.join(format!(".{RECORD}{TEMPORARY}")))?;
+        remove_if_empty(&state.join(REPLACED))?;
+        remove_if_empty(&state)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
     fn put(path: &Path, content: &str) {
         fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
         fs::write(path, content).expect("write");
+    }
+
+    fn put_with_mode(path: &Path, content: &str, mode: u32) {
+        put(path, content);
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
     }
 
     fn read(path: &Path) -> String {
@@ -280,16 +439,44 @@ mod tests {
         list.iter().map(ToString::to_string).collect()
     }
 
+    fn nothing_named() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     /// Every entry of `dir`, dot-files included, recursively.
     fn listing(dir: &Path) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
+        snapshot(dir).into_keys().collect()
+    }
+
+    /// Every entry of `dir`, recursively, never through a link: its kind,
+    /// inode, link count and mode, and a link's target or a file's content.
+    fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
         for entry in fs::read_dir(dir).expect("ls").flatten() {
             let path = entry.path();
             let relative = path.strip_prefix(dir).expect("under").display().to_string();
-            if path.is_dir() {
-                out.extend(listing(&path).into_iter().map(|p| format!("{relative}/{p}")));
-            }
-            out.insert(relative);
+            let metadata = fs::symlink_metadata(&path).expect("lstat");
+            let what = if metadata.is_symlink() {
+                format!("link -> {}", fs::read_link(&path).expect("readlink").display())
+            } else if metadata.is_dir() {
+                out.extend(
+                    snapshot(&path)
+                        .into_iter()
+                        .map(|(p, what)| (format!("{relative}/{p}"), what)),
+                );
+                "directory".to_owned()
+            } else if metadata.is_file() {
+                format!("file {:?}", read(&path))
+            } else {
+                "special".to_owned()
+            };
+            let inode = format!(
+                "inode {} links {} mode {:o}",
+                metadata.ino(),
+                metadata.nlink(),
+                metadata.mode()
+            );
+            out.insert(relative, format!("{what}, {inode}"));
         }
         out
     }
@@ -302,7 +489,7 @@ mod tests {
         put(&image.join("bridge"), "ours v1 bridge");
         put(&host.join("host-local"), "upstream host-local");
         put(&host.join("ptp"), "upstream ptp");
-        let before = listing(&host);
+        let before = snapshot(&host);
         let bin = BinDir::new(host.clone());
         let plugins = names(&["host-local", "bridge"]);
 
@@ -327,11 +514,170 @@ mod tests {
         assert_eq!(upgrade.written, names(&["host-local"]));
         assert!(upgrade.kept_aside.is_empty());
 
-        let undone = bin.uninstall().expect("uninstall");
+        let undone = bin.uninstall(&nothing_named()).expect("uninstall");
         assert_eq!(undone.restored, names(&["host-local"]));
         assert_eq!(undone.removed, names(&["bridge"]));
         assert_eq!(read(&host.join("host-local")), "upstream host-local");
-        assert_eq!(listing(&host), before);
+        assert_eq!(snapshot(&host), before);
+    }
+
+    #[test]
+    fn relative_links_to_a_multicall_binary_and_a_dangling_one_are_put_back_as_links() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        let plugins = names(&["bridge", "firewall", "host-local", "loopback", "portmap"]);
+        for name in &plugins {
+            put(&image.join(name), &format!("ours {name}"));
+        }
+        // k3s's layout: every plugin a relative link to one binary.
+        put_with_mode(&host.join("cni"), "a multicall binary", 0o755);
+        for name in ["host-local", "loopback", "portmap"] {
+            symlink("cni", host.join(name)).expect("link");
+        }
+        symlink("gone", host.join("firewall")).expect("dangling link");
+        let before = snapshot(&host);
+        let bin = BinDir::new(host.clone());
+
+        let done = bin.install(&image, &plugins).expect("install");
+        assert_eq!(done.written, plugins);
+        assert_eq!(
+            done.kept_aside,
+            names(&["firewall", "host-local", "loopback", "portmap"])
+        );
+        for name in &plugins {
+            let place = host.join(name);
+            assert!(fs::symlink_metadata(&place).expect("lstat").is_file());
+            assert_eq!(read(&place), format!("ours {name}"));
+        }
+        assert_eq!(read(&host.join("cni")), "a multicall binary");
+        assert_eq!(
+            fs::read_link(host.join(".cni-suite/replaced/loopback")).expect("kept as a link"),
+            Path::new("cni")
+        );
+        assert_eq!(
+            fs::read_link(host.join(".cni-suite/replaced/firewall")).expect("kept as a link"),
+            Path::new("gone")
+        );
+
+        let undone = bin.uninstall(&nothing_named()).expect("uninstall");
+        assert_eq!(
+            undone.restored,
+            names(&["firewall", "host-local", "loopback", "portmap"])
+        );
+        assert_eq!(undone.removed, names(&["bridge"]));
+        assert_eq!(snapshot(&host), before);
+    }
+
+    #[test]
+    fn hard_linked_originals_come_back_with_their_inode_mode_and_other_names() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("loopback"), "ours loopback");
+        put(&image.join("portmap"), "ours portmap");
+        put_with_mode(&host.join("loopback"), "upstream loopback", 0o700);
+        put_with_mode(&host.join("portmap"), "upstream portmap", 0o755);
+        fs::hard_link(host.join("portmap"), host.join("portmap-v1")).expect("second name");
+        let before = snapshot(&host);
+        let bin = BinDir::new(host.clone());
+        let plugins = names(&["loopback", "portmap"]);
+
+        bin.install(&image, &plugins).expect("install");
+        assert_eq!(read(&host.join("portmap-v1")), "upstream portmap");
+        bin.uninstall(&nothing_named()).expect("uninstall");
+        assert_eq!(snapshot(&host), before);
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_at_a_place_is_refused_and_left_as_it_is() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("bridge"), "ours bridge");
+        put(&image.join("loopback"), "ours loopback");
+        fs::create_dir_all(&host).expect("mkdir");
+        nix::unistd::mkfifo(&host.join("bridge"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        fs::create_dir(host.join("loopback")).expect("a directory");
+        let before = snapshot(&host);
+        let bin = BinDir::new(host.clone());
+
+        let refused = bin
+            .install(&image, &names(&["bridge"]))
+            .expect_err("a FIFO is no plugin")
+            .to_string();
+        assert!(
+            refused.contains(&host.join("bridge").display().to_string()) && refused.contains("FIFO"),
+            "{refused}"
+        );
+        let refused = bin
+            .install(&image, &names(&["loopback"]))
+            .expect_err("a directory is no plugin")
+            .to_string();
+        assert!(refused.contains("directory"), "{refused}");
+        bin.uninstall(&nothing_named()).expect("uninstall");
+        assert_eq!(snapshot(&host), before);
+    }
+
+    #[test]
+    fn a_binary_a_configuration_still_names_stays_until_none_does() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("firewall"), "ours firewall");
+        put(&image.join("loopback"), "ours loopback");
+        put(&host.join("loopback"), "upstream loopback");
+        let bin = BinDir::new(host.clone());
+        bin.install(&image, &names(&["firewall", "loopback"]))
+            .expect("install");
+
+        let named: BTreeSet<String> = names(&["firewall", "loopback", "ptp"]).into_iter().collect();
+        let first = bin.uninstall(&named).expect("uninstall");
+        assert_eq!(first.still_named, names(&["firewall"]));
+        assert_eq!(
+            first.restored,
+            names(&["loopback"]),
+            "the original serves the name"
+        );
+        assert!(first.removed.is_empty());
+        assert_eq!(read(&host.join("firewall")), "ours firewall");
+        assert_eq!(read(&host.join("loopback")), "upstream loopback");
+
+        let second = bin.uninstall(&nothing_named()).expect("again");
+        assert_eq!(second.removed, names(&["firewall"]));
+        assert_eq!(listing(&host), BTreeSet::from(["loopback".to_owned()]));
+    }
+
+    #[test]
+    fn uninstall_removes_only_its_own_entries_from_the_state_directory() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("loopback"), "ours loopback");
+        put(&host.join("loopback"), "upstream loopback");
+        put(&host.join(".cni-suite/node.json"), "another record");
+        let bin = BinDir::new(host.clone());
+        bin.install(&image, &names(&["loopback"])).expect("install");
+        put(
+            &host.join(".cni-suite/.installed.json.cni-suite.tmp"),
+            "left by an agent killed while writing",
+        );
+        bin.uninstall(&nothing_named()).expect("uninstall");
+        assert_eq!(
+            listing(&host),
+            BTreeSet::from(["loopback", ".cni-suite", ".cni-suite/node.json"].map(str::to_owned))
+        );
+    }
+
+    #[test]
+    fn an_original_comes_back_where_the_agents_file_was_deleted() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let (image, host) = (root.path().join("image"), root.path().join("bin"));
+        put(&image.join("portmap"), "ours portmap");
+        put(&host.join("cni"), "a multicall binary");
+        symlink("cni", host.join("portmap")).expect("link");
+        let before = snapshot(&host);
+        let bin = BinDir::new(host.clone());
+        bin.install(&image, &names(&["portmap"])).expect("install");
+        fs::remove_file(host.join("portmap")).expect("rm");
+        let undone = bin.uninstall(&nothing_named()).expect("uninstall");
+        assert_eq!(undone.restored, names(&["portmap"]));
+        assert_eq!(snapshot(&host), before);
     }
 
     #[test]
@@ -344,7 +690,7 @@ mod tests {
         bin.install(&image, &names(&["loopback"])).expect("install");
         put(&host.join("loopback"), "an operator's loopback");
 
-        let undone = bin.uninstall().expect("uninstall");
+        let undone = bin.uninstall(&nothing_named()).expect("uninstall");
         assert_eq!(undone.left, names(&["loopback"]));
         assert_eq!(read(&host.join("loopback")), "an operator's loopback");
         assert_eq!(
@@ -372,7 +718,7 @@ mod tests {
         let again = bin.install(&image, &names(&["loopback"])).expect("again");
         assert_eq!(again.written, names(&["loopback"]));
         assert!(again.kept_aside.is_empty());
-        bin.uninstall().expect("uninstall");
+        bin.uninstall(&nothing_named()).expect("uninstall");
         assert_eq!(read(&host.join("loopback")), "upstream loopback");
         assert!(!host.join(".cni-suite").exists());
     }
@@ -383,17 +729,21 @@ mod tests {
         let (image, host) = (root.path().join("image"), root.path().join("bin"));
         put(&image.join("bridge"), "ours bridge");
         put(&image.join("loopback"), "ours loopback");
+        put(&host.join("bridge"), "upstream bridge");
         put(&host.join("loopback"), "upstream loopback");
         let bin = BinDir::new(host.clone());
         bin.install(&image, &names(&["bridge", "loopback"]))
             .expect("install");
-        // A directory now stands at bridge's place.
-        fs::remove_file(host.join("bridge")).expect("rm");
-        fs::create_dir(host.join("bridge")).expect("mkdir");
-        let undone = bin.uninstall().expect("uninstall");
+        // bridge's original cannot be renamed back: a directory with files
+        // now stands where it was kept.
+        let aside = host.join(".cni-suite/replaced/bridge");
+        fs::remove_file(&aside).expect("rm");
+        put(&aside.join("something"), "someone's");
+        let undone = bin.uninstall(&nothing_named()).expect("uninstall");
         assert_eq!(undone.failed.len(), 1, "{undone:?}");
         assert_eq!(undone.restored, names(&["loopback"]));
         assert_eq!(read(&host.join("loopback")), "upstream loopback");
+        assert_eq!(read(&host.join("bridge")), "ours bridge");
         assert!(
             host.join(".cni-suite/installed.json").exists(),
             "bridge is still recorded"
@@ -418,7 +768,7 @@ mod tests {
 
         let upgrade = bin.install(&image, &names(&["host-local"])).expect("v2");
         assert!(upgrade.kept_aside.is_empty());
-        bin.uninstall().expect("uninstall");
+        bin.uninstall(&nothing_named()).expect("uninstall");
         assert_eq!(read(&host.join("host-local")), "upstream");
     }
 }

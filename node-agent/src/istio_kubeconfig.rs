@@ -11,16 +11,17 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use crate::Error;
+use crate::atomic::read_text;
 
 /// The kubeconfig for the service account in `account_dir` (JSON, which
 /// every kubeconfig reader takes as YAML).
 pub fn render(server: &str, account_dir: &Path) -> Result<Value, Error> {
     let read = |name: &str| {
         let path = account_dir.join(name);
-        std::fs::read(&path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        read_text(&path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
     };
     let ca = base64::engine::general_purpose::STANDARD.encode(read("ca.crt")?);
-    let token = String::from_utf8_lossy(&read("token")?).trim().to_owned();
+    let token = read("token")?.trim().to_owned();
     Ok(json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -37,7 +38,7 @@ pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
     let text = serde_json::to_string_pretty(content).map_err(|e| Error::Io(e.to_string()))?;
     let failed = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
     let private = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600);
-    if private && std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+    if private && read_text(path).is_ok_and(|old| old == text) {
         return Ok(false);
     }
     let dir = path.parent().unwrap_or(Path::new("."));

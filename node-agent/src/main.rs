@@ -13,16 +13,19 @@ use k8s_openapi::api::core::v1::Node;
 mod atomic;
 mod changes;
 mod cluster;
+mod conf_dir;
 mod conflist;
 mod health;
 mod install;
 mod iptables_mode;
 mod istio_chain;
+mod istio_install;
 mod istio_kubeconfig;
 mod lease;
 mod logging;
 mod nodes;
 mod pod_netns;
+mod record;
 mod repair;
 mod routes;
 mod settings;
@@ -78,22 +81,34 @@ async fn run(settings: Settings) -> Result<(), Error> {
     // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
     let api: kube::Api<Node> = kube::Api::all(client.clone());
-    let mut chained = conflist::chained_plugins(&settings)?;
     let repair_label = repair::label(&settings.istio_repair_label)?;
     let istio_entry = if settings.istio_chained {
         let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
         if entry.get("kubeconfig").is_none() {
             entry["kubeconfig"] = serde_json::json!(settings.istio_kubeconfig);
         }
-        // The agent's own file carries it too, so where that file is the
-        // primary one the two never rewrite each other.
-        chained.push(entry.clone());
         Some(entry)
     } else {
         health.set_chained(true);
         None
     };
+    // The agent's own file carries Istio's entry too, so where that file
+    // is the primary one the two never rewrite each other.
+    let chain = conflist::Chain::new(&settings, istio_entry.clone())?;
+    let record = record::Record::new(&settings.cni_bin_dir);
     let bin_dir = install::BinDir::new(settings.cni_bin_dir.clone());
+    // Before the first change: what the nat tables held before the suite
+    // came on this boot stays at uninstall (a restarted agent keeps the
+    // first agent's record).
+    // What an agent killed while writing left beside a configuration.
+    atomic::sweep(&settings.cni_conf_dir);
+    let remembering = record.clone();
+    match tokio::task::spawn_blocking(move || remembering.remember_firewall()).await {
+        Ok(Ok(true)) => log::info!("recorded the node's nat tables before the suite's changes"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => log::warn!("{e}: uninstall will leave the suite's unused nat chains"),
+        Err(e) => log::warn!("recording the node's nat tables: {e}"),
+    }
     // Before the conflist exists, so the runtime never calls a plugin that
     // is not there yet; a start that cannot install fails.
     install_plugins(&settings, &bin_dir, &health).await?;
@@ -117,15 +132,21 @@ async fn run(settings: Settings) -> Result<(), Error> {
                 repair_label,
             ))
         });
-    let chaining =
-        istio_entry.map(|entry| tokio::spawn(keep_chained(settings.clone(), entry, health.clone())));
+    let chaining = istio_entry.clone().map(|entry| {
+        tokio::spawn(istio_install::keep_chained(
+            settings.clone(),
+            entry,
+            record.clone(),
+            health.clone(),
+        ))
+    });
     log::info!(
         "node {}: writing {} from its Node object",
         settings.node_name,
         settings.conflist_path().display()
     );
     let outcome = tokio::select! {
-        outcome = nodes::follow(api, settings.clone(), chained, health) => outcome,
+        outcome = nodes::follow(api, settings.clone(), chain, health) => outcome,
         _ = terminate.recv() => {
             log::info!("SIGTERM: stopping");
             Ok(())
@@ -149,8 +170,8 @@ async fn run(settings: Settings) -> Result<(), Error> {
     if let Err(e) = tokio::task::spawn_blocking(changes::stop).await {
         log::error!("uninstalling: {e}");
     }
-    if settings.istio_chained {
-        unchain(&settings);
+    if let Some(entry) = &istio_entry {
+        istio_install::unchain(&settings, entry, &record);
     }
     // The conflist goes first, so no new pod is set up while the rest
     // goes (a pod set up meanwhile would start a lease service of its own).
@@ -223,82 +244,6 @@ async fn keep_installed(
     }
 }
 
-/// How often the primary configuration is checked for Istio's entry: an
-/// agent that rewrites the file has it back within this.
-const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Keeps istio-redirect last in the node's primary configuration (waiting
-/// for one when the directory has none yet) and its kubeconfig current.
-/// A problem is logged when it first shows, not every check.
-async fn keep_chained(settings: Settings, entry: serde_json::Value, health: health::Health) {
-    let mut every = tokio::time::interval(CHAIN_CHECK);
-    let mut last_problem: Option<String> = None;
-    loop {
-        every.tick().await;
-        let (settings, entry) = (settings.clone(), entry.clone());
-        let checked = tokio::task::spawn_blocking(move || changes::change(|| chain_once(&settings, &entry)))
-            .await
-            .unwrap_or_else(|e| Err(Error::Io(format!("chaining: {e}"))));
-        match checked {
-            Ok(done) => {
-                for change in done {
-                    log::info!("{change}");
-                }
-                health.set_chained(true);
-                last_problem = None;
-            }
-            Err(problem) => {
-                health.set_chained(false);
-                let text = problem.to_string();
-                if last_problem.as_ref() != Some(&text) {
-                    log::warn!("{text}");
-                    last_problem = Some(text);
-                }
-            }
-        }
-    }
-}
-
-/// One check of the kubeconfig and of the entry; what it changed.
-fn chain_once(settings: &Settings, entry: &serde_json::Value) -> Result<Vec<String>, Error> {
-    let primary = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
-        .ok_or_else(|| {
-            Error::Io(format!(
-                "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
-                settings.cni_conf_dir.display()
-            ))
-        })?;
-    let mut done = Vec::new();
-    let kubeconfig = istio_kubeconfig::render(&cluster::server_url()?, &settings.service_account_dir)?;
-    if istio_kubeconfig::write_if_changed(&settings.istio_kubeconfig, &kubeconfig)? {
-        done.push(format!("wrote {}", settings.istio_kubeconfig.display()));
-    }
-    if !istio_chain::in_place(&primary, entry) {
-        let written = istio_chain::insert(&primary, entry)?;
-        done.push(format!("chained istio-redirect into {}", written.display()));
-    }
-    Ok(done)
-}
-
-/// Takes Istio's entry out of the primary configuration, leaving the rest,
-/// and removes the plugin's kubeconfig.
-fn unchain(settings: &Settings) {
-    match std::fs::remove_file(&settings.istio_kubeconfig) {
-        Ok(()) => log::info!("removed {}", settings.istio_kubeconfig.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => log::error!("cannot remove {}: {e}", settings.istio_kubeconfig.display()),
-    }
-    let Some(primary) = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
-    else {
-        return;
-    };
-    match istio_chain::remove(&primary) {
-        Ok(true) => log::info!("removed istio-redirect from {}", primary.display()),
-        Ok(false) => {}
-        Err(e) => log::error!("{e}"),
-    }
-}
-
 /// Removes the agent's conflist; whether there was one of its own.
 fn remove_conflist(settings: &Settings) -> bool {
     let path = settings.conflist_path();
@@ -331,6 +276,29 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: 
         Ok(_) => {}
         Err(e) => log::error!("masquerade: {e}"),
     }
+    // After the masquerade, whose jumps kept nat base chains in use.
+    let record = record::Record::new(&settings.cni_bin_dir);
+    let firewall_failed = match record.remove_unused_firewall() {
+        Ok(Some(removal)) => {
+            for what in &removal.removed {
+                log::info!("removed {what}");
+            }
+            for failure in &removal.failed {
+                log::error!("{failure}");
+            }
+            !removal.failed.is_empty()
+        }
+        Ok(None) => {
+            log::warn!(
+                "no record of the node's nat tables before the suite on this boot: the suite's unused chains and tables stay"
+            );
+            false
+        }
+        Err(e) => {
+            log::error!("{e}");
+            true
+        }
+    };
     match lease::stop_remaining(&settings.lease_dir) {
         Ok(true) => log::info!(
             "stopped the lease service left on {}",
@@ -351,6 +319,12 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: 
             return;
         }
     }
+    // No pod is left to publish a host port: the record of the nat tables
+    // is done with, unless what it found unused could not all go (the
+    // next uninstall of this boot tries again).
+    if !firewall_failed && let Err(e) = record.forget_firewall() {
+        log::error!("{e}");
+    }
     // A bridge of that name the agent's conflist did not name may be
     // another network's.
     if conflist_was_ours {
@@ -360,7 +334,9 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: 
             Err(e) => log::error!("{e}"),
         }
     }
-    match bin_dir.uninstall() {
+    // Our own conflist is gone by now: only others' configurations count.
+    let still_named = conf_dir::named_plugins(&settings.cni_conf_dir);
+    match bin_dir.uninstall(&still_named) {
         Ok(done) => {
             for name in &done.restored {
                 log::info!("restored the node's own {name}");
@@ -370,6 +346,12 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: 
             }
             for name in &done.left {
                 log::warn!("{name} was changed by someone else since it was installed: left as it is");
+            }
+            for name in &done.still_named {
+                log::warn!(
+                    "{name} stays: a configuration in {} still names it",
+                    settings.cni_conf_dir.display()
+                );
             }
             for failure in &done.failed {
                 log::error!("{failure}");

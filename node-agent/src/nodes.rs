@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use serde_json::Value;
 
 use crate::Error;
 use crate::conflist::{self, NodeNetwork};
@@ -74,7 +73,7 @@ impl NodeInfo {
 pub async fn follow(
     api: Api<Node>,
     settings: Settings,
-    chained: Vec<Value>,
+    chained: conflist::Chain,
     health: Health,
 ) -> Result<(), Error> {
     let mut stream = watcher::watcher(api, watcher::Config::default())
@@ -83,6 +82,7 @@ pub async fn follow(
     let mut nodes: BTreeMap<String, NodeInfo> = BTreeMap::new();
     let mut relisted: Option<BTreeMap<String, NodeInfo>> = None;
     let mut synced = Synced::default();
+    let mut skips = routes::Skips::default();
     let mut listed_once = false;
     let mut resync = tokio::time::interval(RESYNC);
     loop {
@@ -98,7 +98,7 @@ pub async fn follow(
                 // list the agent had.
                 synced = Synced::default();
                 if listed_once {
-                    sync(&settings, &nodes, &chained, &mut synced, &health).await;
+                    sync(&settings, &nodes, &chained, &mut synced, &mut skips, &health).await;
                 }
                 continue;
             }
@@ -138,7 +138,7 @@ pub async fn follow(
         if relisted.is_some() {
             continue;
         }
-        sync(&settings, &nodes, &chained, &mut synced, &health).await;
+        sync(&settings, &nodes, &chained, &mut synced, &mut skips, &health).await;
     }
     Err(Error::Watch("the Node watch ended".into()))
 }
@@ -151,7 +151,7 @@ pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(30);
 /// (most Node updates are status heartbeats) costs nothing.
 #[derive(Debug, Default)]
 struct Synced {
-    routed: Option<BTreeMap<IpNetwork, IpAddr>>,
+    routed: Option<BTreeMap<IpNetwork, routes::Via>>,
     /// This node's pod CIDRs and the cluster's, as masqueraded.
     masqueraded: Option<(Vec<IpNetwork>, Vec<IpNetwork>)>,
 }
@@ -160,8 +160,9 @@ struct Synced {
 async fn sync(
     settings: &Settings,
     nodes: &BTreeMap<String, NodeInfo>,
-    chained: &[Value],
+    chained: &conflist::Chain,
     synced: &mut Synced,
+    skips: &mut routes::Skips,
     health: &Health,
 ) {
     if let Err(e) = write_own(settings, nodes, chained, health).await {
@@ -169,8 +170,8 @@ async fn sync(
         health.set_configured(false);
     }
     let wanted = routes::wanted(&settings.node_name, nodes);
-    if synced.routed.as_ref() != Some(&wanted) {
-        let target = wanted.clone();
+    if synced.routed.as_ref() != Some(&wanted.routes) {
+        let target = wanted.routes.clone();
         match blocking(move || changes::change(|| routes::reconcile(&target))).await {
             Ok(changes) => {
                 for (dst, gateway) in &changes.set {
@@ -179,8 +180,20 @@ async fn sync(
                 for dst in &changes.removed {
                     log::info!("removed the route to {dst}");
                 }
-                synced.routed = Some(wanted);
-                health.set_routed(true);
+                for subnet in &changes.restored {
+                    log::warn!(
+                        "put back the connected route to {subnet}, which an earlier agent had replaced"
+                    );
+                }
+                skips.found = changes.skipped;
+                if changes.failed.is_empty() {
+                    synced.routed = Some(wanted.routes);
+                    health.set_routed(true);
+                } else {
+                    log::error!("{}", routes::failure(&changes.failed));
+                    synced.routed = None;
+                    health.set_routed(false);
+                }
             }
             Err(e) => {
                 log::error!("{e}");
@@ -189,6 +202,7 @@ async fn sync(
             }
         }
     }
+    skips.warn_new(wanted.skipped);
     let masquerade = (
         nodes
             .get(&settings.node_name)
@@ -248,7 +262,7 @@ async fn blocking<T: Send + 'static>(
 async fn write_own(
     settings: &Settings,
     nodes: &BTreeMap<String, NodeInfo>,
-    chained: &[Value],
+    chained: &conflist::Chain,
     health: &Health,
 ) -> Result<(), Error> {
     let Some(own) = nodes.get(&settings.node_name) else {
@@ -270,7 +284,7 @@ async fn write_own(
         pod_cidrs: own.pod_cidrs.clone(),
         mtu,
     };
-    let content = conflist::render(settings, &network, chained);
+    let content = conflist::render(settings, &network, &chained.plugins(&settings.cni_bin_dir));
     let path = settings.conflist_path();
     if conflist::write_if_changed(&path, &content)? {
         log::info!(

@@ -6,7 +6,10 @@
 //! namespace (by running the chained plugin there, as the runtime would
 //! have), or deletes it so it is created again through the chain, or
 //! labels it `cni.istio.io/uninitialized=true` for someone else to act on.
-//! Each outcome is recorded as an Event on the pod.
+//! Each outcome is recorded as an Event on the pod. A repair counts only
+//! when the pod holds capture rules afterwards: a plugin that passes the
+//! pod through (an excluded namespace, say) leaves it crash-looping, and
+//! that is reported and retried as a failure is.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -20,6 +23,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use netns::NetNs;
 use serde_json::{Value, json};
 
 use crate::Error;
@@ -244,11 +248,7 @@ impl Controller {
             match self.mode {
                 Mode::Off => None,
                 Mode::Repair if done_before.is_some_and(|(done, _)| *done == uid) => None,
-                Mode::Repair => Some(
-                    self.repair(pod)
-                        .await
-                        .map(|()| "capture programmed in the running pod"),
-                ),
+                Mode::Repair => Some(self.repair(pod).await.and_then(Capture::programmed)),
                 _ if done_before == Some(&(uid.clone(), version.clone())) => None,
                 Mode::Delete => Some(self.delete(pod, &key).await.map(|()| "deleted")),
                 Mode::Label => {
@@ -301,7 +301,7 @@ impl Controller {
 
     /// Runs istio-redirect's ADD in the pod's namespace, as the runtime
     /// would have run it through the chain had it been there.
-    async fn repair(&self, pod: &Pod) -> Result<(), Error> {
+    async fn repair(&self, pod: &Pod) -> Result<Capture, Error> {
         let ips = pod_ips(pod);
         if ips.is_empty() {
             return Err(Error::Io("the pod has no IP yet".into()));
@@ -309,7 +309,7 @@ impl Controller {
         let request = RepairRequest {
             plugin: self.settings.cni_bin_dir.join("istio-redirect"),
             bin_dir: self.settings.cni_bin_dir.clone(),
-            stdin: plugin_config(&self.entry, &self.settings.network_name, pod),
+            stdin: with_decisions_logged(plugin_config(&self.entry, &self.settings.network_name, pod)),
             args: kubernetes_args(pod),
             container_id: pod_uid(pod),
             ips,
@@ -434,6 +434,75 @@ fn plugin_config(entry: &Value, network: &str, pod: &Pod) -> Value {
     config
 }
 
+/// The plugin's entry at a log level where it says why it passes a pod
+/// through, which is all the agent reads of its info records. A level it
+/// would refuse is left for it to refuse, as the runtime's ADD would.
+fn with_decisions_logged(mut config: Value) -> Value {
+    let quiet = match config.get("plugin_log_level") {
+        None => true,
+        Some(level) => level.as_str().is_some_and(|level| {
+            matches!(
+                level.to_ascii_lowercase().as_str(),
+                "off" | "none" | "panic" | "error" | "warn" | "warning"
+            )
+        }),
+    };
+    if quiet {
+        config["plugin_log_level"] = json!("info");
+    }
+    config
+}
+
+/// What istio-redirect's record of a pass-through says after this, as
+/// it logs it: "not capturing: <reason>".
+const PASS_THROUGH: &str = "not capturing: ";
+
+/// The reason istio-redirect logged for passing the pod through, if any.
+fn pass_through_reason(log: &str) -> Option<&str> {
+    log.lines()
+        .filter_map(|line| line.split_once(PASS_THROUGH))
+        .map(|(_, reason)| reason.trim())
+        .next_back()
+}
+
+/// Passes the plugin's records on as the agent's own: its warnings and
+/// errors as warnings, the rest (info records asked for only to read the
+/// reason of a pass-through) at debug.
+fn log_plugin_records(plugin: &str, log: &str) {
+    for line in log.lines().filter(|line| !line.trim().is_empty()) {
+        // "<time> <LEVEL> <plugin>[<pid>]: <message>"
+        let level = line.split_whitespace().nth(1).unwrap_or_default();
+        if matches!(level, "WARN" | "ERROR") {
+            log::warn!("{plugin}: {line}");
+        } else {
+            log::debug!("{plugin}: {line}");
+        }
+    }
+}
+
+/// What running the plugin left in the pod.
+#[derive(Debug, PartialEq, Eq)]
+enum Capture {
+    Programmed,
+    /// No capture rules after a successful ADD: the plugin passed the pod
+    /// through, for the reason it logged if it logged one.
+    PassedThrough(Option<String>),
+}
+
+impl Capture {
+    /// A pass-through repairs nothing: the pod keeps crash-looping, so it
+    /// is reported and retried as a failure is.
+    fn programmed(self) -> Result<&'static str, Error> {
+        match self {
+            Capture::Programmed => Ok("capture programmed in the running pod"),
+            Capture::PassedThrough(reason) => Err(Error::Io(format!(
+                "the capture was not programmed: istio-redirect passed the pod through ({})",
+                reason.as_deref().unwrap_or("it logged no reason")
+            ))),
+        }
+    }
+}
+
 /// One repair, run off the async threads: it scans /proc and enters
 /// namespaces.
 struct RepairRequest {
@@ -446,24 +515,46 @@ struct RepairRequest {
 }
 
 impl RepairRequest {
-    fn run(self) -> Result<(), Error> {
+    /// The plugin's ADD, then the pod's rules read: the plugin succeeds
+    /// whether it captures or passes through.
+    fn run(self) -> Result<Capture, Error> {
         let netns = crate::pod_netns::find(Path::new("/proc"), &self.ips)?.ok_or_else(|| {
             Error::Io(format!(
                 "no process on this node is in a network namespace holding {:?}",
                 self.ips
             ))
         })?;
+        let log = self.add(&netns)?;
+        let in_pod = |e: String| Error::Io(format!("reading the capture rules in {}: {e}", netns.display()));
+        let ns = NetNs::open(&netns).map_err(|e| in_pod(e.to_string()))?;
+        if firewall::istio::captured(&ns).map_err(|e| in_pod(e.to_string()))? {
+            return Ok(Capture::Programmed);
+        }
+        Ok(Capture::PassedThrough(
+            pass_through_reason(&log).map(str::to_owned),
+        ))
+    }
+
+    /// Runs the plugin as libcni does and returns its log, which the
+    /// agent reads instead of passing it on raw (its own log is JSON).
+    fn add(&self, netns: &Path) -> Result<String, Error> {
+        let failed =
+            |e: cni::Error| Error::Io(format!("{} in {}: {e}", self.plugin.display(), netns.display()));
         let env: [(&str, OsString); 6] = [
             ("CNI_COMMAND", "ADD".into()),
-            ("CNI_CONTAINERID", self.container_id.into()),
-            ("CNI_NETNS", netns.clone().into_os_string()),
+            ("CNI_CONTAINERID", self.container_id.clone().into()),
+            ("CNI_NETNS", netns.as_os_str().to_owned()),
             ("CNI_IFNAME", "eth0".into()),
-            ("CNI_ARGS", self.args.into()),
-            ("CNI_PATH", self.bin_dir.into_os_string()),
+            ("CNI_ARGS", self.args.clone().into()),
+            ("CNI_PATH", self.bin_dir.clone().into_os_string()),
         ];
-        cni::exec::exec_plugin(&self.plugin, &env, self.stdin.to_string().as_bytes())
-            .map_err(|e| Error::Io(format!("{} in {}: {e}", self.plugin.display(), netns.display())))?;
-        Ok(())
+        let output =
+            cni::exec::run_plugin(&self.plugin, &env, self.stdin.to_string().as_bytes()).map_err(failed)?;
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        let name = self.plugin.file_name().unwrap_or_default().to_string_lossy();
+        log_plugin_records(&name, &log);
+        cni::exec::judge(output).map_err(failed)?;
+        Ok(log)
     }
 }
 
@@ -555,6 +646,52 @@ mod tests {
         );
         let config = plugin_config(&json!({"type": "istio-redirect"}), "n", &broken);
         assert!(config.get("runtimeConfig").is_none());
+    }
+
+    #[test]
+    fn the_plugin_is_asked_to_say_why_it_passes_a_pod_through() {
+        let quiet = with_decisions_logged(json!({"type": "istio-redirect", "plugin_log_level": "warn"}));
+        assert_eq!(quiet["plugin_log_level"], "info");
+        assert_eq!(with_decisions_logged(json!({}))["plugin_log_level"], "info");
+        let verbose = with_decisions_logged(json!({"plugin_log_level": "DEBUG"}));
+        assert_eq!(verbose["plugin_log_level"], "DEBUG");
+        let invalid = with_decisions_logged(json!({"plugin_log_level": 3}));
+        assert_eq!(invalid["plugin_log_level"], 3);
+    }
+
+    #[test]
+    fn the_reason_of_a_pass_through_is_read_from_the_plugins_log() {
+        let log = "2026-01-02T03:04:05.678Z INFO  istio-redirect[42]: not capturing: namespace istio-system is excluded\n";
+        assert_eq!(
+            pass_through_reason(log),
+            Some("namespace istio-system is excluded")
+        );
+        assert_eq!(
+            pass_through_reason("2026-01-02T03:04:05.678Z WARN  x[1]: other\n"),
+            None
+        );
+        assert_eq!(pass_through_reason(""), None);
+    }
+
+    #[test]
+    fn a_pass_through_is_a_failure_that_says_why() {
+        assert_eq!(
+            Capture::Programmed.programmed().expect("a repair"),
+            "capture programmed in the running pod"
+        );
+        let skipped = Capture::PassedThrough(Some("namespace istio-system is excluded".into()))
+            .programmed()
+            .expect_err("not a repair")
+            .to_string();
+        assert!(skipped.contains("not programmed"), "{skipped}");
+        assert!(
+            skipped.contains("namespace istio-system is excluded"),
+            "{skipped}"
+        );
+        let silent = Capture::PassedThrough(None)
+            .programmed()
+            .expect_err("not a repair");
+        assert!(silent.to_string().contains("no reason"), "{silent}");
     }
 
     #[test]

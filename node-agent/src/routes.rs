@@ -1,10 +1,16 @@
 //! Routes between nodes: to every other Node's pod CIDRs via its
 //! InternalIP of the same family, as kindnetd sets them. The agent's
 //! routes carry their own protocol number, so after a restart it knows
-//! which routes it made: those no Node asks for any more are removed, and
-//! a route to a pod CIDR with a wrong gateway is replaced whoever made it.
+//! which routes it made, and it replaces or deletes only those: those no
+//! Node asks for any more are removed, and one with a wrong gateway is
+//! replaced. A destination someone else's route holds is left to it, and a
+//! pod CIDR that would take the node's own traffic (one holding an address
+//! of the node, a subnet on one of its links, one whose Node's InternalIP
+//! is the node's own) gets no route: a cluster range overlapping the node
+//! network must not cut the node off its LAN and its API server.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
@@ -17,32 +23,151 @@ use crate::nodes::NodeInfo;
 /// unassigned in iproute2's `rt_protos`.
 pub const PROTOCOL: u8 = 201;
 
-/// What the routing table should hold: destination → gateway.
-pub fn wanted(own: &str, nodes: &BTreeMap<String, NodeInfo>) -> BTreeMap<IpNetwork, IpAddr> {
+/// `RT_SCOPE_LINK`: the scope of an IPv4 route to a subnet on a link, as
+/// the kernel makes for an address's prefix.
+const SCOPE_LINK: u8 = 253;
+
+/// `RTPROT_KERNEL`: who made the route to an address's prefix (IPv6 ones
+/// have no link scope).
+const PROTOCOL_KERNEL: u8 = 2;
+
+/// Where the route to one of another Node's pod CIDRs goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Via {
+    pub node: String,
+    pub gateway: IpAddr,
+}
+
+/// Why a pod CIDR of another Node gets no route.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// It overlaps this pod CIDR of this node's.
+    OverlapsOwn(IpNetwork),
+    /// Its Node has no InternalIP of its family to route through.
+    NoAddressOfFamily,
+    /// This Node, first by name, has the same pod CIDR: a cluster's IPAM
+    /// never hands one out twice, so one of the two is wrong, and the
+    /// route goes to the first.
+    SameAs(String),
+    /// It holds this address of the node: the route would take the
+    /// node's own subnet.
+    HoldsAddress(IpAddr),
+    /// Its Node's InternalIP is this address of the node's own.
+    GatewayIsOwn(IpAddr),
+    /// It is a subnet on one of the node's links.
+    OnLink,
+    /// A route someone else made (this `rtm_protocol`) goes there.
+    Taken { protocol: u8 },
+    /// A route someone else made appeared there as the agent added its own.
+    Appeared,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::OverlapsOwn(own) => write!(f, "it overlaps this node's pod CIDR {own}"),
+            Reason::NoAddressOfFamily => write!(f, "the Node has no InternalIP of its family"),
+            Reason::SameAs(node) => write!(f, "node {node} has the same pod CIDR"),
+            Reason::HoldsAddress(ip) => write!(f, "it holds {ip}, an address of this node"),
+            Reason::GatewayIsOwn(ip) => {
+                write!(f, "the Node's InternalIP {ip} is an address of this node")
+            }
+            Reason::OnLink => write!(f, "it is a subnet on a link of this node"),
+            Reason::Taken { protocol } => {
+                write!(f, "a route someone else made goes there (proto {protocol})")
+            }
+            Reason::Appeared => write!(f, "a route someone else made appeared there"),
+        }
+    }
+}
+
+/// A pod CIDR the agent gives no route, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Skip {
+    pub node: String,
+    pub cidr: IpNetwork,
+    pub reason: Reason,
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "node {}: no route to pod CIDR {}: {}",
+            self.node, self.cidr, self.reason
+        )
+    }
+}
+
+/// The pod CIDRs given no route, each warned about once while it stays
+/// so: Node heartbeats sync every few seconds. Kept across resyncs.
+#[derive(Debug, Default)]
+pub struct Skips {
+    /// What the last reconciliation found in the way.
+    pub found: BTreeSet<Skip>,
+    warned: BTreeSet<Skip>,
+}
+
+impl Skips {
+    /// Warns about the skips of `wanted` and [`Skips::found`] not warned
+    /// about yet, and forgets those that no longer apply, so one coming
+    /// back is warned about again.
+    pub fn warn_new(&mut self, wanted: BTreeSet<Skip>) {
+        for skip in self.news(wanted) {
+            log::warn!("{skip}");
+        }
+    }
+
+    fn news(&mut self, wanted: BTreeSet<Skip>) -> Vec<Skip> {
+        let now: BTreeSet<Skip> = wanted.into_iter().chain(self.found.iter().cloned()).collect();
+        let news = now.difference(&self.warned).cloned().collect();
+        self.warned = now;
+        news
+    }
+}
+
+/// What the Nodes ask of the routing table, before it is read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub routes: BTreeMap<IpNetwork, Via>,
+    pub skipped: BTreeSet<Skip>,
+}
+
+/// Routes to every other Node's pod CIDRs, but none overlapping this
+/// node's own range or without an InternalIP of the family.
+pub fn wanted(own: &str, nodes: &BTreeMap<String, NodeInfo>) -> Wanted {
     let own_cidrs: Vec<IpNetwork> = nodes.get(own).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
-    let mut routes = BTreeMap::new();
+    let mut wanted = Wanted::default();
     for node in nodes.values().filter(|n| n.name != own) {
         for cidr in &node.pod_cidrs {
-            if own_cidrs.iter().any(|mine| overlap(*mine, *cidr)) {
-                log::warn!(
-                    "node {}: pod CIDR {cidr} overlaps this node's; no route to it",
-                    node.name
-                );
+            let skip = |reason| Skip {
+                node: node.name.clone(),
+                cidr: *cidr,
+                reason,
+            };
+            if let Some(mine) = own_cidrs.iter().find(|mine| overlap(**mine, *cidr)) {
+                wanted.skipped.insert(skip(Reason::OverlapsOwn(*mine)));
                 continue;
             }
-            let gateway = node.internal_ips.iter().find(|ip| ip.is_ipv4() == cidr.is_ipv4());
-            match gateway {
+            if let Some(first) = wanted.routes.get(cidr) {
+                wanted.skipped.insert(skip(Reason::SameAs(first.node.clone())));
+                continue;
+            }
+            match node.internal_ips.iter().find(|ip| ip.is_ipv4() == cidr.is_ipv4()) {
                 Some(gateway) => {
-                    routes.insert(*cidr, *gateway);
+                    let via = Via {
+                        node: node.name.clone(),
+                        gateway: *gateway,
+                    };
+                    wanted.routes.insert(*cidr, via);
                 }
-                None => log::warn!(
-                    "node {}: no InternalIP of the family of {cidr}; no route to it",
-                    node.name
-                ),
+                None => {
+                    wanted.skipped.insert(skip(Reason::NoAddressOfFamily));
+                }
             }
         }
     }
-    routes
+    wanted
 }
 
 /// Whether two networks share an address: one holds the other's first.
@@ -50,81 +175,190 @@ fn overlap(a: IpNetwork, b: IpNetwork) -> bool {
     a.contains(b.network()) || b.contains(a.network())
 }
 
-/// What one reconciliation changed.
+/// What one reconciliation changed, left alone, and failed to change.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     pub set: Vec<(IpNetwork, IpAddr)>,
     pub removed: Vec<IpNetwork>,
+    /// Connected subnets whose route an earlier agent had taken over, put
+    /// back as the kernel makes them.
+    pub restored: Vec<IpNetwork>,
+    /// The wanted routes found in the way of the node's own or of someone
+    /// else's.
+    pub skipped: BTreeSet<Skip>,
+    /// What the kernel refused (a gateway that is not on-link), one entry
+    /// a route.
+    pub failed: Vec<String>,
 }
 
-/// Makes the main table hold exactly `wanted` among the agent's routes:
-/// those no Node asks for removed, missing or wrong ones replaced in one
-/// step (never deleted first). A route that fails (a gateway that is not
-/// on-link) is reported and the others go on; the error lists every
-/// failure. Runs on a blocking thread (netlink here is blocking), inside
-/// [`crate::changes::change`].
-pub fn reconcile(wanted: &BTreeMap<IpNetwork, IpAddr>) -> Result<Changes, Error> {
+/// Makes the main table hold exactly `wanted` among the agent's routes,
+/// but for destinations in the way (see [`conflict`]): those routes of
+/// the agent's no Node asks for removed, wrong ones replaced in one step
+/// (never deleted first), missing ones added without replacing a route
+/// someone else adds meanwhile. A route that fails is reported in
+/// [`Changes::failed`] and the others go on. Runs on a blocking thread
+/// (netlink here is blocking), inside [`crate::changes::change`].
+pub fn reconcile(wanted: &BTreeMap<IpNetwork, Via>) -> Result<Changes, Error> {
     let nl = Netlink::connect().map_err(netlink_error)?;
-    let mut changes = Changes::default();
-    let mut failures = Vec::new();
-    let mut present: BTreeMap<IpNetwork, Option<IpAddr>> = BTreeMap::new();
-    for v4 in [true, false] {
-        for route in nl.routes_of_protocol(v4, PROTOCOL).map_err(netlink_error)? {
-            if wanted.contains_key(&route.dst) {
-                present.insert(route.dst, route.gw);
-            } else {
-                match nl.del_route(&route, PROTOCOL) {
-                    Ok(()) => changes.removed.push(route.dst),
-                    Err(e) => failures.push(e.to_string()),
-                }
-            }
+    let local = nl.all_addresses().map_err(netlink_error)?;
+    let mut table = nl.main_table_routes(true).map_err(netlink_error)?;
+    table.extend(nl.main_table_routes(false).map_err(netlink_error)?);
+    let plan = plan(wanted, &local, &table);
+    let mut changes = Changes {
+        skipped: plan.skipped,
+        ..Changes::default()
+    };
+    for route in &plan.delete {
+        match nl.del_route(route, PROTOCOL) {
+            Ok(()) => changes.removed.push(route.dst),
+            Err(e) => changes.failed.push(e.to_string()),
         }
     }
-    let table = main_table(&nl, wanted.keys().copied().collect())?;
-    for (dst, gateway) in wanted {
-        let ours_and_right = present.get(dst) == Some(&Some(*gateway));
-        let right_anyway = table.get(dst) == Some(&Some(*gateway));
-        if ours_and_right && right_anyway {
+    for (oif, address) in &plan.restore {
+        match nl.restore_connected_route(*address, *oif) {
+            Ok(()) => changes.restored.push(netlink::route::network_of(*address)),
+            Err(e) => changes.failed.push(e.to_string()),
+        }
+    }
+    for (dst, via) in &plan.replace {
+        match nl.replace_route(&route_to(*dst, via), PROTOCOL) {
+            Ok(()) => changes.set.push((*dst, via.gateway)),
+            Err(e) => changes.failed.push(e.to_string()),
+        }
+    }
+    for (dst, via) in plan.create {
+        match nl.create_route(&route_to(dst, &via), PROTOCOL) {
+            Ok(true) => changes.set.push((dst, via.gateway)),
+            Ok(false) => {
+                changes.skipped.insert(Skip {
+                    node: via.node,
+                    cidr: dst,
+                    reason: Reason::Appeared,
+                });
+            }
+            Err(e) => changes.failed.push(e.to_string()),
+        }
+    }
+    Ok(changes)
+}
+
+fn route_to(dst: IpNetwork, via: &Via) -> RouteInfo {
+    RouteInfo {
+        oif: None,
+        ..RouteInfo::new(dst, Some(via.gateway), 0)
+    }
+}
+
+/// What a reconciliation does to the main table.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Plan {
+    /// The agent's routes not wanted, or now in the way.
+    delete: Vec<RouteInfo>,
+    /// Addresses (with their link) whose connected route an agent's route
+    /// replaced: releases before 0.2 replaced a route to a pod CIDR whoever
+    /// made it, the kernel's route to the node's own subnet included, and
+    /// deleting that route would leave the node without its LAN.
+    restore: Vec<(u32, IpNetwork)>,
+    /// The agent's routes with a wrong gateway.
+    replace: Vec<(IpNetwork, Via)>,
+    /// Wanted destinations no route goes to.
+    create: Vec<(IpNetwork, Via)>,
+    skipped: BTreeSet<Skip>,
+}
+
+/// The plan for `wanted`, given the node's addresses (each with its link)
+/// and its main table (each route with the protocol that added it).
+fn plan(
+    wanted: &BTreeMap<IpNetwork, Via>,
+    addresses: &[(u32, IpNetwork)],
+    table: &[(RouteInfo, u8)],
+) -> Plan {
+    let local: Vec<IpAddr> = addresses.iter().map(|(_, address)| address.ip()).collect();
+    let mut ours: BTreeMap<IpNetwork, Vec<Option<IpAddr>>> = BTreeMap::new();
+    let mut others: BTreeMap<IpNetwork, Vec<(&RouteInfo, u8)>> = BTreeMap::new();
+    for (route, protocol) in table {
+        if *protocol == PROTOCOL {
+            ours.entry(route.dst).or_default().push(route.gw);
+        } else {
+            others.entry(route.dst).or_default().push((route, *protocol));
+        }
+    }
+    let mut plan = Plan::default();
+    let mut routed = BTreeSet::new();
+    for (dst, via) in wanted {
+        let held = others.get(dst).map(Vec::as_slice).unwrap_or_default();
+        if let Some(reason) = conflict(*dst, via.gateway, &local, held) {
+            plan.skipped.insert(Skip {
+                node: via.node.clone(),
+                cidr: *dst,
+                reason,
+            });
             continue;
         }
-        let route = RouteInfo {
-            oif: None,
-            ..RouteInfo::new(*dst, Some(*gateway), 0)
-        };
-        match nl.replace_route(&route, PROTOCOL) {
-            Ok(()) => changes.set.push((*dst, *gateway)),
-            Err(e) => failures.push(e.to_string()),
+        routed.insert(*dst);
+        match ours.get(dst) {
+            None => plan.create.push((*dst, via.clone())),
+            Some(gateways) if !gateways.contains(&Some(via.gateway)) => {
+                plan.replace.push((*dst, via.clone()));
+            }
+            Some(_) => {}
         }
     }
-    if failures.is_empty() {
-        Ok(changes)
-    } else {
-        for (dst, gateway) in &changes.set {
-            log::info!("route {dst} via {gateway}");
+    let unwanted = table
+        .iter()
+        .filter(|(route, protocol)| *protocol == PROTOCOL && !routed.contains(&route.dst))
+        .map(|(route, _)| route);
+    for route in unwanted {
+        let connected = addresses
+            .iter()
+            .find(|(_, address)| netlink::route::network_of(*address) == route.dst);
+        match connected {
+            Some(&(oif, address)) if !others.contains_key(&route.dst) && route.priority.unwrap_or(0) == 0 => {
+                plan.restore.push((oif, address));
+            }
+            _ => plan.delete.push(route.clone()),
         }
-        Err(Error::Io(format!("routes: {}", failures.join("; "))))
     }
+    plan
 }
 
-/// The main table's gateways for `destinations`, whoever made the routes.
-fn main_table(
-    nl: &Netlink,
-    destinations: BTreeSet<IpNetwork>,
-) -> Result<BTreeMap<IpNetwork, Option<IpAddr>>, Error> {
-    let mut table = BTreeMap::new();
-    for v4 in [true, false] {
-        for route in nl.routes(v4).map_err(netlink_error)? {
-            if route.table == netlink::route::MAIN_TABLE && destinations.contains(&route.dst) {
-                table.insert(route.dst, route.gw);
-            }
-        }
+/// Why the route to `dst` via `gateway` must not be in the table, if so:
+/// it would take traffic the node sends on its own links, or `held`
+/// (routes to `dst` someone else made) goes there. A pod CIDR merely
+/// inside a wider subnet of the node's is routed: bare-metal clusters
+/// carve pod CIDRs out of the node LAN and need the more specific route.
+fn conflict(dst: IpNetwork, gateway: IpAddr, local: &[IpAddr], held: &[(&RouteInfo, u8)]) -> Option<Reason> {
+    if let Some(address) = local.iter().find(|ip| dst.contains(**ip)) {
+        return Some(Reason::HoldsAddress(*address));
     }
-    Ok(table)
+    if local.contains(&gateway) {
+        return Some(Reason::GatewayIsOwn(gateway));
+    }
+    if held.iter().any(|(route, protocol)| on_link(route, *protocol)) {
+        return Some(Reason::OnLink);
+    }
+    held.first()
+        .map(|(_, protocol)| Reason::Taken { protocol: *protocol })
+}
+
+/// Whether `route` goes to a subnet on one of the node's links.
+fn on_link(route: &RouteInfo, protocol: u8) -> bool {
+    route.scope == SCOPE_LINK || (protocol == PROTOCOL_KERNEL && route.gw.is_none())
 }
 
 /// Removes every route the agent made (uninstall).
 pub fn remove_all() -> Result<usize, Error> {
-    reconcile(&BTreeMap::new()).map(|changes| changes.removed.len())
+    let changes = reconcile(&BTreeMap::new())?;
+    if changes.failed.is_empty() {
+        Ok(changes.removed.len())
+    } else {
+        Err(failure(&changes.failed))
+    }
+}
+
+/// The error of a reconciliation some routes of which failed.
+pub fn failure(failed: &[String]) -> Error {
+    Error::Io(format!("routes: {}", failed.join("; ")))
 }
 
 fn netlink_error(e: netlink::Error) -> Error {
@@ -146,6 +380,18 @@ mod tests {
         )
     }
 
+    fn net(text: &str) -> IpNetwork {
+        text.parse().expect("cidr")
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
+    fn skips(skipped: &BTreeSet<Skip>) -> Vec<String> {
+        skipped.iter().map(ToString::to_string).collect()
+    }
+
     #[test]
     fn every_other_nodes_ranges_go_via_its_address_of_that_family() {
         let nodes = BTreeMap::from([
@@ -162,17 +408,197 @@ mod tests {
             node("c", &["10.244.2.0/24", "fd00:10:244:2::/64"], &["10.0.0.3"]),
             node("d", &["10.244.0.128/25"], &["10.0.0.4"]),
             node("e", &[], &["10.0.0.5"]),
+            node("f", &["10.244.2.0/24"], &["10.0.0.6"]),
         ]);
-        let routes = wanted("a", &nodes);
-        let text: Vec<String> = routes.iter().map(|(d, g)| format!("{d} via {g}")).collect();
+        let wanted = wanted("a", &nodes);
+        let text: Vec<String> = wanted
+            .routes
+            .iter()
+            .map(|(d, via)| format!("{d} via {} of {}", via.gateway, via.node))
+            .collect();
         assert_eq!(
             text,
             [
-                "10.244.1.0/24 via 10.0.0.2",
-                "10.244.2.0/24 via 10.0.0.3",
-                "fd00:10:244:1::/64 via fd00::2",
+                "10.244.1.0/24 via 10.0.0.2 of b",
+                "10.244.2.0/24 via 10.0.0.3 of c",
+                "fd00:10:244:1::/64 via fd00::2 of b",
             ],
             "none to itself, none without an address of the family, none overlapping its own range"
+        );
+        assert_eq!(
+            skips(&wanted.skipped),
+            [
+                "node c: no route to pod CIDR fd00:10:244:2::/64: the Node has no InternalIP of its family",
+                "node d: no route to pod CIDR 10.244.0.128/25: it overlaps this node's pod CIDR 10.244.0.0/24",
+                "node f: no route to pod CIDR 10.244.2.0/24: node c has the same pod CIDR",
+            ]
+        );
+    }
+
+    fn via(node: &str, gateway: &str) -> Via {
+        Via {
+            node: node.to_owned(),
+            gateway: ip(gateway),
+        }
+    }
+
+    /// A route of the main table as the kernel lists it.
+    fn route(dst: &str, gateway: Option<&str>, scope: u8, protocol: u8) -> (RouteInfo, u8) {
+        let mut route = RouteInfo::new(net(dst), gateway.map(ip), 2);
+        route.scope = scope;
+        (route, protocol)
+    }
+
+    /// The node of the lab: 10.250.0.11 on a /24 of link 2, with its
+    /// kernel route.
+    fn lan() -> (Vec<(u32, IpNetwork)>, (RouteInfo, u8)) {
+        (
+            vec![(1, net("127.0.0.1/8")), (2, net("10.250.0.11/24"))],
+            route("10.250.0.0/24", None, SCOPE_LINK, 2),
+        )
+    }
+
+    #[test]
+    fn a_pod_cidr_holding_an_address_of_the_node_gets_no_route_and_takes_nothing() {
+        let (local, connected) = lan();
+        let wanted = BTreeMap::from([(net("10.250.0.0/24"), via("n2", "10.250.0.12"))]);
+        let plan = plan(&wanted, &local, &[connected]);
+        assert_eq!(
+            skips(&plan.skipped),
+            ["node n2: no route to pod CIDR 10.250.0.0/24: it holds 10.250.0.11, an address of this node"]
+        );
+        assert_eq!((plan.delete, plan.replace, plan.create), (vec![], vec![], vec![]));
+    }
+
+    #[test]
+    fn an_agents_route_that_took_the_connected_subnet_gives_it_back() {
+        let (local, _) = lan();
+        let taken = route("10.250.0.0/24", Some("10.250.0.12"), 0, PROTOCOL);
+        let wanted = BTreeMap::from([(net("10.250.0.0/24"), via("n2", "10.250.0.12"))]);
+        let taking = plan(&wanted, &local, std::slice::from_ref(&taken));
+        assert!(
+            taking.delete.is_empty(),
+            "never deleted, which would cut the node off its LAN"
+        );
+        assert_eq!(taking.restore, [(2, net("10.250.0.11/24"))]);
+        assert_eq!(taking.skipped.len(), 1);
+        // Beside the kernel's own route, the agent's is merely deleted.
+        let (_, connected) = lan();
+        let beside = plan(&BTreeMap::new(), &local, &[connected, taken.clone()]);
+        assert_eq!((beside.delete, beside.restore), (vec![taken.0], vec![]));
+    }
+
+    #[test]
+    fn a_pod_cidr_equal_to_a_link_route_gets_no_route() {
+        let (local, connected) = lan();
+        // A subnet reached on a link without an address of the node's.
+        let on_link = route("10.251.0.0/24", None, SCOPE_LINK, 4);
+        let wanted = BTreeMap::from([(net("10.251.0.0/24"), via("n2", "10.250.0.12"))]);
+        let plan = plan(&wanted, &local, &[connected, on_link]);
+        assert_eq!(
+            skips(&plan.skipped),
+            ["node n2: no route to pod CIDR 10.251.0.0/24: it is a subnet on a link of this node"]
+        );
+        assert!(plan.create.is_empty());
+    }
+
+    #[test]
+    fn a_pod_cidr_equal_to_an_ipv6_connected_subnet_gets_no_route() {
+        let local = vec![(2, net("fd00:250::11/64"))];
+        let connected = route("fd00:250:1::/64", None, 0, PROTOCOL_KERNEL);
+        let wanted = BTreeMap::from([(net("fd00:250:1::/64"), via("n2", "fd00:250::12"))]);
+        let plan = plan(&wanted, &local, &[connected]);
+        assert_eq!(
+            skips(&plan.skipped),
+            ["node n2: no route to pod CIDR fd00:250:1::/64: it is a subnet on a link of this node"]
+        );
+    }
+
+    #[test]
+    fn a_node_whose_internal_ip_is_this_nodes_gets_no_route_and_loses_the_agents() {
+        let (local, connected) = lan();
+        let stale = route("10.244.3.0/24", Some("10.250.0.13"), 0, PROTOCOL);
+        let wanted = BTreeMap::from([(net("10.244.3.0/24"), via("n3", "10.250.0.11"))]);
+        let plan = plan(&wanted, &local, &[connected, stale.clone()]);
+        assert_eq!(
+            skips(&plan.skipped),
+            [
+                "node n3: no route to pod CIDR 10.244.3.0/24: the Node's InternalIP 10.250.0.11 is an address of this node"
+            ]
+        );
+        assert_eq!(plan.delete, [stale.0]);
+        assert!(plan.replace.is_empty() && plan.create.is_empty());
+    }
+
+    #[test]
+    fn someone_elses_route_to_a_pod_cidr_is_left_as_it_is() {
+        let (local, connected) = lan();
+        let operators = route("10.244.4.0/24", Some("10.250.0.99"), 0, 3);
+        let wanted = BTreeMap::from([(net("10.244.4.0/24"), via("n4", "10.250.0.14"))]);
+        let plan = plan(&wanted, &local, &[connected, operators]);
+        assert_eq!(
+            skips(&plan.skipped),
+            ["node n4: no route to pod CIDR 10.244.4.0/24: a route someone else made goes there (proto 3)"]
+        );
+        assert_eq!((plan.delete, plan.replace, plan.create), (vec![], vec![], vec![]));
+    }
+
+    #[test]
+    fn a_pod_cidr_carved_out_of_a_wider_node_subnet_is_routed() {
+        let local = vec![(2, net("10.250.0.11/16"))];
+        let wide = route("10.250.0.0/16", None, SCOPE_LINK, 2);
+        let wanted = BTreeMap::from([(net("10.250.5.0/24"), via("n5", "10.250.0.15"))]);
+        let plan = plan(&wanted, &local, &[wide]);
+        assert_eq!(plan.create, [(net("10.250.5.0/24"), via("n5", "10.250.0.15"))]);
+        assert!(plan.skipped.is_empty());
+    }
+
+    #[test]
+    fn a_skip_is_told_once_while_it_lasts_and_again_when_it_comes_back() {
+        let skip = |node: &str, reason| Skip {
+            node: node.to_owned(),
+            cidr: net("10.250.0.0/24"),
+            reason,
+        };
+        let holds = skip("n2", Reason::HoldsAddress(ip("10.250.0.11")));
+        let no_address = skip("n3", Reason::NoAddressOfFamily);
+        let mut skips = Skips {
+            found: BTreeSet::from([holds.clone()]),
+            ..Skips::default()
+        };
+        let wanted = || BTreeSet::from([no_address.clone()]);
+        assert_eq!(skips.news(wanted()), [holds.clone(), no_address.clone()]);
+        assert_eq!(skips.news(wanted()), []);
+        assert_eq!(skips.news(wanted()), [], "a sync without a reconciliation");
+        skips.found.clear();
+        assert_eq!(skips.news(wanted()), []);
+        skips.found = BTreeSet::from([holds.clone()]);
+        assert_eq!(skips.news(BTreeSet::new()), [holds]);
+    }
+
+    #[test]
+    fn only_the_agents_routes_are_replaced_or_deleted() {
+        let (local, connected) = lan();
+        let right = route("10.244.2.0/24", Some("10.250.0.12"), 0, PROTOCOL);
+        let wrong = route("10.244.3.0/24", Some("10.250.0.99"), 0, PROTOCOL);
+        let unwanted = route("10.244.9.0/24", Some("10.250.0.19"), 0, PROTOCOL);
+        let operators = route("10.99.0.0/24", Some("10.250.0.99"), 0, 3);
+        let table = [connected, right, wrong, unwanted.clone(), operators];
+        let wanted = BTreeMap::from([
+            (net("10.244.2.0/24"), via("n2", "10.250.0.12")),
+            (net("10.244.3.0/24"), via("n3", "10.250.0.13")),
+            (net("10.244.5.0/24"), via("n5", "10.250.0.15")),
+        ]);
+        let plan = plan(&wanted, &local, &table);
+        assert_eq!(
+            plan,
+            Plan {
+                delete: vec![unwanted.0],
+                restore: vec![],
+                replace: vec![(net("10.244.3.0/24"), via("n3", "10.250.0.13"))],
+                create: vec![(net("10.244.5.0/24"), via("n5", "10.250.0.15"))],
+                skipped: BTreeSet::new(),
+            }
         );
     }
 }

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command as Process, Stdio};
+use std::process::{Command as Process, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
@@ -62,6 +62,17 @@ fn is_executable_file(path: &Path) -> bool {
 /// it printed one, else libcni's `netplugin failed` wrapping of stderr. The
 /// child's stderr is passed on to ours so logs are not lost.
 pub fn exec_plugin(binary: &Path, env: &[(&str, OsString)], stdin: &[u8]) -> Result<Vec<u8>> {
+    let output = run_plugin(binary, env, stdin)?;
+    if !output.stderr.is_empty() {
+        let _ = std::io::stderr().write_all(&output.stderr);
+    }
+    judge(output)
+}
+
+/// Executes `binary` as [`exec_plugin`] does and returns everything it
+/// printed, whatever its exit status: for a caller that reads the plugin's
+/// log itself.
+pub fn run_plugin(binary: &Path, env: &[(&str, OsString)], stdin: &[u8]) -> Result<Output> {
     let mut attempt = 0;
     let mut child = loop {
         let mut process = Process::new(binary);
@@ -97,9 +108,13 @@ pub fn exec_plugin(binary: &Path, env: &[(&str, OsString)], stdin: &[u8]) -> Res
     if let Some(writer) = writer {
         let _ = writer.join();
     }
-    if !output.stderr.is_empty() {
-        let _ = std::io::stderr().write_all(&output.stderr);
-    }
+    Ok(output)
+}
+
+/// What a plugin's run means, as libcni reads it: its stdout on success;
+/// on failure its CNI error if it printed one, else libcni's `netplugin
+/// failed` wrapping of its stderr.
+pub fn judge(output: Output) -> Result<Vec<u8>> {
     if output.status.success() {
         return Ok(output.stdout);
     }

@@ -14,6 +14,7 @@ pub mod egress;
 pub mod exec;
 pub mod forward;
 pub mod istio;
+pub mod leftovers;
 pub mod masquerade;
 pub mod nfnl;
 pub mod nft;

@@ -253,7 +253,7 @@ impl NetworkConfigList {
 }
 
 /// Regular files in `dir` with one of `extensions`, sorted by name.
-fn conf_files(dir: &Path, extensions: &[&str]) -> Result<Vec<PathBuf>> {
+pub fn conf_files(dir: &Path, extensions: &[&str]) -> Result<Vec<PathBuf>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

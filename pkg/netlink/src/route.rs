@@ -171,9 +171,10 @@ impl Netlink {
         }
     }
 
-    /// The unicast routes of a family in the main table that `protocol`
-    /// added (`ip route show proto <protocol>`).
-    pub fn routes_of_protocol(&self, v4: bool, protocol: u8) -> Result<Vec<RouteInfo>> {
+    /// Every unicast route of a family in the main table, each with the
+    /// `rtm_protocol` of whoever added it (`kernel` = 2 for a connected
+    /// subnet, `boot` = 3 for `ip route add`).
+    pub fn main_table_routes(&self, v4: bool) -> Result<Vec<(RouteInfo, u8)>> {
         let query = if v4 {
             RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
         } else {
@@ -185,10 +186,50 @@ impl Netlink {
             .map_err(netlink_err("list routes"))?;
         Ok(messages
             .iter()
-            .filter(|m| u8::from(m.header.protocol) == protocol)
-            .filter_map(route_from)
-            .filter(|r| r.table == MAIN_TABLE)
+            .filter_map(|m| Some((route_from(m)?, u8::from(m.header.protocol))))
+            .filter(|(r, _)| r.table == MAIN_TABLE)
             .collect())
+    }
+
+    /// Adds `route` marked as added by `protocol` unless a route to the
+    /// same destination (same table and priority) is there, whoever added
+    /// it: that one is never replaced. Returns whether it added the route.
+    pub fn create_route(&self, route: &RouteInfo, protocol: u8) -> Result<bool> {
+        let (what, message) = route_message(route, Some(protocol))?;
+        // rtnetlink's add asks NLM_F_CREATE | NLM_F_EXCL.
+        let request = self.handle.route().add(message).execute();
+        match self
+            .runtime
+            .block_on(request)
+            .map_err(netlink_err(format!("add {what}")))
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(crate::EEXIST) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Netlink {
+    /// Puts back the route the kernel makes for the subnet of `address`
+    /// on link `oif` (`proto kernel scope link src <address>`), replacing
+    /// the route to that subnet of the same priority, whoever made it.
+    pub fn restore_connected_route(&self, address: IpNetwork, oif: u32) -> Result<()> {
+        let subnet = network_of(address);
+        let what = format!("the connected route to {subnet}");
+        let message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(subnet.network(), subnet.prefix())
+            .and_then(|builder| builder.pref_source(address.ip()))
+            .map_err(|e| crate::Error::InvalidRoute(format!("{what}: {e}")))?
+            .output_interface(oif)
+            .scope(RouteScope::Link)
+            .protocol(RouteProtocol::Kernel)
+            .table_id(MAIN_TABLE)
+            .build();
+        let request = self.handle.route().add(message).replace().execute();
+        self.runtime
+            .block_on(request)
+            .map_err(netlink_err(format!("restore {what}")))
     }
 }
 

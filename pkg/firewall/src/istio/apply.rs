@@ -56,19 +56,51 @@ impl Backend {
 /// reads `/proc/thread-self/net/ip*_tables_names` instead of running
 /// `iptables-legacy-save`: no process on the ADD path.
 pub fn detect(family: Family) -> Backend {
-    let names = match family {
-        Family::V4 => "ip_tables_names",
-        Family::V6 => "ip6_tables_names",
-    };
-    let legacy_in_use = std::fs::read_to_string(format!("/proc/thread-self/net/{names}"))
-        .is_ok_and(|tables| !tables.trim().is_empty());
-    if legacy_in_use && exec::find(&Backend::Legacy.tool(family, "restore")).is_some() {
+    if legacy_in_use(family) && exec::find(&Backend::Legacy.tool(family, "restore")).is_some() {
         Backend::Legacy
     } else if exec::find(&Backend::Nft.tool(family, "restore")).is_some() {
         Backend::Nft
     } else {
         Backend::Default
     }
+}
+
+/// Whether the calling thread's namespace has x_tables (iptables-legacy)
+/// tables of `family`.
+fn legacy_in_use(family: Family) -> bool {
+    let names = match family {
+        Family::V4 => "ip_tables_names",
+        Family::V6 => "ip6_tables_names",
+    };
+    std::fs::read_to_string(format!("/proc/thread-self/net/{names}"))
+        .is_ok_and(|tables| !tables.trim().is_empty())
+}
+
+/// The flavours whose tables may hold the rules istio-redirect programmed
+/// in `ns` for `family`: whatever [`detect`] or an operator's override
+/// could have picked there. Legacy only where its tables exist (programming
+/// legacy rules makes them exist); iptables-nft, or plain iptables where
+/// iptables-nft is not installed (the agent's image has only the latter).
+pub fn backends_to_read(ns: &NetNs, family: Family) -> Result<Vec<Backend>> {
+    let legacy = ns
+        .run(|| legacy_in_use(family))
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    Ok(flavours_to_read(legacy, |backend| {
+        exec::find(&backend.tool(family, "save")).is_some()
+    }))
+}
+
+fn flavours_to_read(legacy_in_use: bool, installed: impl Fn(Backend) -> bool) -> Vec<Backend> {
+    let mut backends = Vec::new();
+    if legacy_in_use && installed(Backend::Legacy) {
+        backends.push(Backend::Legacy);
+    }
+    if installed(Backend::Nft) {
+        backends.push(Backend::Nft);
+    } else if installed(Backend::Default) {
+        backends.push(Backend::Default);
+    }
+    backends
 }
 
 /// What applying did.
@@ -374,6 +406,16 @@ mod tests {
         assert!(istio_shaped("-A PREROUTING -i eth9 -j RETURN"));
         assert!(istio_shaped("-A OUTPUT -j ISTIO_OUTPUT"));
         assert!(istio_shaped("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"));
+    }
+
+    #[test]
+    fn rules_are_looked_for_wherever_the_plugin_could_have_put_them() {
+        let all = |_: Backend| true;
+        assert_eq!(flavours_to_read(false, all), [Backend::Nft]);
+        assert_eq!(flavours_to_read(true, all), [Backend::Legacy, Backend::Nft]);
+        let plain_only = |backend: Backend| backend == Backend::Default;
+        assert_eq!(flavours_to_read(true, plain_only), [Backend::Default]);
+        assert!(flavours_to_read(true, |_| false).is_empty());
     }
 
     #[test]

@@ -14,8 +14,9 @@ pub use nft::{NftCapture, render_nft};
 pub use render::{IstioRules, render};
 
 use ipnetwork::IpNetwork;
+use netns::NetNs;
 
-use crate::Family;
+use crate::{Family, Result};
 
 /// Envoy's outbound listener.
 pub const OUTBOUND_PORT: u16 = 15001;
@@ -107,6 +108,22 @@ impl Redirect {
             Selection::Only(list) => Some(list.iter().filter(|c| Family::of(c) == family).copied().collect()),
         }
     }
+}
+
+/// Whether `ns` holds Istio's capture, wherever istio-redirect may have
+/// programmed it: Istio's native nftables tables, or Istio chains and
+/// rules in the iptables flavours it could have used there. IPv4 alone is
+/// read: it is programmed whenever anything is, IPv6 only besides it.
+pub fn captured(ns: &NetNs) -> Result<bool> {
+    if nft::has_istio_tables(ns)? {
+        return Ok(true);
+    }
+    for backend in apply::backends_to_read(ns, Family::V4)? {
+        if apply::read(ns, Family::V4, backend)?.has_istio() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

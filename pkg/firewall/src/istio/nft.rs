@@ -20,7 +20,7 @@ use super::apply::Outcome;
 use super::{
     DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
 };
-use crate::{Error, Result, exec};
+use crate::{Error, Result, exec, nfnl};
 
 const NAT: &str = "istio-proxy-nat";
 const MANGLE: &str = "istio-proxy-mangle";
@@ -475,6 +475,28 @@ fn istio_listing(ns: &NetNs) -> Result<String> {
         }
     }
     Ok(out)
+}
+
+/// Whether `ns` has one of Istio's tables with a rule in a hooked chain (a
+/// capture in effect), asked over netlink: the agent's image has no `nft`.
+pub fn has_istio_tables(ns: &NetNs) -> Result<bool> {
+    let hooked = [(NAT, NAT_CHAINS), (MANGLE, MANGLE_CHAINS), (RAW, RAW_CHAINS)]
+        .into_iter()
+        .flat_map(|(table, chains)| {
+            chains
+                .iter()
+                .filter(|(_, hook)| hook.is_some())
+                .map(move |(chain, _)| (table, *chain))
+        });
+    ns.run(|| {
+        for (table, chain) in hooked {
+            if nfnl::rule_count(nfnl::TableFamily::Inet, table, chain)? > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .map_err(|e| Error::Invalid(e.to_string()))?
 }
 
 /// How the kernel lists `capture`: loaded into a scratch namespace.

@@ -1,0 +1,79 @@
+//! The CNI configuration directory as a runtime reads it. Other agents
+//! and operators own what is in it, so files are read with
+//! [`crate::atomic::read_text`]: regular files only, never blocking.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::atomic::read_text;
+
+/// The extensions libcni loads network configurations from.
+pub const EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];
+/// The configuration files of `dir` libcni would consider, in name order.
+pub fn files(dir: &Path) -> Vec<PathBuf> {
+    libcni::conflist::conf_files(dir, &EXTENSIONS).unwrap_or_default()
+}
+
+/// Every plugin type any configuration file of `dir` names, at any depth
+/// (a list's plugins, their `ipam`, a meta plugin's delegates): a binary
+/// named here may still be executed by the runtime. Unreadable files name
+/// nothing.
+pub fn named_plugins(dir: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for path in files(dir) {
+        if let Some(conf) = read_text(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+        {
+            collect_types(&conf, &mut names);
+        }
+    }
+    names
+}
+
+fn collect_types(value: &Value, names: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                match inner {
+                    Value::String(name) if key == "type" => {
+                        names.insert(name.clone());
+                    }
+                    _ => collect_types(inner, names),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_types(item, names)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_named_anywhere_in_any_configuration_is_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).expect("write");
+        write(
+            "10-kindnet.conflist",
+            r#"{"name":"kindnet","plugins":[{"type":"ptp","ipam":{"type":"host-local"}},{"type":"istio-redirect"}]}"#,
+        );
+        write(
+            "20-x.conf",
+            r#"{"name":"x","type":"bridge","delegate":{"type":"macvlan"}}"#,
+        );
+        write("30-y.json", r#"{"name":"y","type":"vlan"}"#);
+        write("40-ignored.txt", r#"{"type":"ignored"}"#);
+        write("50-broken.conf", "{");
+        nix::unistd::mkfifo(&dir.path().join("60-fifo.conf"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        let names: Vec<String> = named_plugins(dir.path()).into_iter().collect();
+        assert_eq!(
+            names,
+            ["bridge", "host-local", "istio-redirect", "macvlan", "ptp", "vlan"]
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! Istio's chained install as the agent runs it (`ISTIO_CHAINED`): a
+//! loop that keeps istio-redirect last in the file the runtime uses and
+//! the plugin's kubeconfig current, recording every file it changes on the
+//! node before it changes it; and the uninstall that takes the entry out
+//! of every file it ever went into. The file operations themselves are
+//! `istio_chain`'s.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::settings::Settings;
+use crate::{Error, changes, cluster, conf_dir, health, istio_chain, istio_kubeconfig, record};
+
+/// How often the primary configuration is checked for Istio's entry: an
+/// agent that rewrites the file has it back within this.
+const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Keeps istio-redirect last in the node's primary configuration (waiting
+/// for one when the directory has none yet) and its kubeconfig current.
+/// A problem is logged when it first shows, not every check.
+pub async fn keep_chained(
+    settings: Settings,
+    entry: serde_json::Value,
+    record: record::Record,
+    health: health::Health,
+) {
+    warn_of_earlier_wraps(&settings);
+    let mut every = tokio::time::interval(CHAIN_CHECK);
+    let mut last_problem: Option<String> = None;
+    // Files known to be in the record, so that a check finding the entry
+    // in place costs no lock and no read of the record.
+    let mut recorded = BTreeSet::new();
+    loop {
+        every.tick().await;
+        let (settings, entry, record) = (settings.clone(), entry.clone(), record.clone());
+        let checking = tokio::task::spawn_blocking(move || {
+            let checked = changes::change(|| chain_once(&settings, &entry, &record, &mut recorded));
+            (checked, recorded)
+        })
+        .await;
+        let checked = match checking {
+            Ok((checked, known)) => {
+                recorded = known;
+                checked
+            }
+            Err(e) => {
+                recorded = BTreeSet::new();
+                Err(Error::Io(format!("chaining: {e}")))
+            }
+        };
+        match checked {
+            Ok(done) => {
+                for change in done {
+                    log::info!("{change}");
+                }
+                health.set_chained(true);
+                last_problem = None;
+            }
+            Err(problem) => {
+                health.set_chained(false);
+                let text = problem.to_string();
+                if last_problem.as_ref() != Some(&text) {
+                    log::warn!("{text}");
+                    last_problem = Some(text);
+                }
+            }
+        }
+    }
+}
+
+/// Tells of lists an earlier release wrapped under Istio's name: that
+/// rename cannot be undone without splitting the node's leases again (pods
+/// set up since hold theirs under the new name), so the list keeps it.
+fn warn_of_earlier_wraps(settings: &Settings) {
+    for path in conf_dir::files(&settings.cni_conf_dir) {
+        if let Some(original) = istio_chain::renamed_by_an_earlier_wrap(&path) {
+            log::warn!(
+                "{} was wrapped by an earlier release under the network name k8s-pod-network: \
+                 pods set up since hold leases apart from pods set up before as {original:?}, \
+                 and may share addresses with them until those are gone",
+                path.display()
+            );
+        }
+    }
+}
+
+/// One check of the kubeconfig and of the entry; what it changed. The
+/// file chained is recorded on the node before it is changed, so that
+/// uninstall finds it whatever happens to the agent in between.
+fn chain_once(
+    settings: &Settings,
+    entry: &serde_json::Value,
+    record: &record::Record,
+    recorded: &mut BTreeSet<PathBuf>,
+) -> Result<Vec<String>, Error> {
+    let mut done = Vec::new();
+    let kubeconfig = istio_kubeconfig::render(&cluster::server_url()?, &settings.service_account_dir)?;
+    if istio_kubeconfig::write_if_changed(&settings.istio_kubeconfig, &kubeconfig)? {
+        done.push(format!("wrote {}", settings.istio_kubeconfig.display()));
+    }
+    // The file to chain is the one the runtime will use, which the agent's
+    // own conflist, once written, may be.
+    let own = settings.conflist_path();
+    if std::fs::symlink_metadata(&own).is_err() {
+        return Err(Error::Io(format!(
+            "waiting for {} before choosing the file to chain istio-redirect into",
+            own.display()
+        )));
+    }
+    let primary = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
+                settings.cni_conf_dir.display()
+            ))
+        })?;
+    if istio_chain::in_place(&primary, entry) {
+        if primary != own && !recorded.contains(&primary) {
+            record.update(|r| r.chained.insert(primary.clone()))?;
+            recorded.insert(primary);
+        }
+        return Ok(done);
+    }
+    let plan = istio_chain::plan(&primary, entry)?;
+    // A wrap writes the `.conf`'s list beside it: only over a list of the
+    // agent's own making, never over someone's file of that name.
+    if plan.wrapped.is_some()
+        && std::fs::symlink_metadata(&plan.target).is_ok()
+        && !record.read()?.wrapped.contains_key(&plan.target)
+    {
+        return Err(Error::Io(format!(
+            "cannot wrap {} into a list: {} is someone else's",
+            primary.display(),
+            plan.target.display()
+        )));
+    }
+    // The agent's own conflist goes whole at uninstall.
+    if plan.target != own {
+        record.update(|r| {
+            r.chained.insert(plan.target.clone());
+            if let Some(wrapped) = &plan.wrapped {
+                r.wrapped.insert(plan.target.clone(), wrapped.clone());
+            }
+        })?;
+        recorded.insert(plan.target.clone());
+    }
+    istio_chain::apply(&plan)?;
+    done.push(format!("chained istio-redirect into {}", plan.target.display()));
+    Ok(done)
+}
+
+/// Takes Istio's entry out of every file the agent chained it into (the
+/// record's, and the primary one in case the record was lost), putting a
+/// wrapped `.conf` back, and removes the plugin's kubeconfig. A file that
+/// cannot be undone stays in the record for the next uninstall.
+pub fn unchain(settings: &Settings, entry: &serde_json::Value, record: &record::Record) {
+    match std::fs::remove_file(&settings.istio_kubeconfig) {
+        Ok(()) => log::info!("removed {}", settings.istio_kubeconfig.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => log::error!("cannot remove {}: {e}", settings.istio_kubeconfig.display()),
+    }
+    let recorded = record.read().unwrap_or_else(|e| {
+        log::error!("{e}");
+        record::NodeRecord::default()
+    });
+    let mut files: BTreeSet<PathBuf> = recorded
+        .chained
+        .iter()
+        .chain(recorded.wrapped.keys())
+        .cloned()
+        .collect();
+    files.extend(istio_chain::primary(
+        &settings.cni_conf_dir,
+        settings.istio_cni_conf_file.as_deref(),
+    ));
+    // Releases before this one recorded nothing: a file holding exactly
+    // the agent's entry was chained by one of them.
+    files.extend(
+        conf_dir::files(&settings.cni_conf_dir)
+            .into_iter()
+            .filter(|path| istio_chain::holds(path, entry)),
+    );
+    files.remove(&settings.conflist_path());
+    for path in files {
+        match istio_chain::unchain(&path, recorded.wrapped.get(&path)) {
+            Ok(outcome) => {
+                match outcome {
+                    istio_chain::Unchained::Nothing => {}
+                    istio_chain::Unchained::Removed => {
+                        log::info!("removed istio-redirect from {}", path.display())
+                    }
+                    istio_chain::Unchained::PutBack(conf) => {
+                        log::info!("removed {} and put {} back", path.display(), conf.display());
+                    }
+                }
+                let forgotten = record.update(|r| {
+                    r.chained.remove(&path);
+                    r.wrapped.remove(&path);
+                });
+                if let Err(e) = forgotten {
+                    log::error!("{e}");
+                }
+            }
+            Err(e) => log::error!("{e}"),
+        }
+    }
+}
