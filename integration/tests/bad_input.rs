@@ -25,10 +25,11 @@ const BINARIES: [&str; 6] = [
     "firewall",
 ];
 
-/// Codes from the spec: incompatible version, invalid environment,
-/// undecodable stdin, invalid configuration.
+/// Codes from the spec: incompatible version, invalid environment, I/O
+/// failure, undecodable stdin, invalid configuration.
 const VERSION: u64 = 1;
 const ENV: u64 = 4;
+const IO: u64 = 5;
 const DECODE: u64 = 6;
 const CONFIG: u64 = 7;
 
@@ -175,7 +176,7 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
         add(binary, "16 MiB document".into(), vec![], bytes(&huge), VERSION);
         // Network names that are no names, or paths.
         for name in [
-            "", "../x", "a/b", ".hidden", "a b", "-x", "a;b", "$(id)", "a\nb", "..", "/etc",
+            "", "../x", "a/b", ".hidden", "a b", "-x", "a;b", "$(id)", "a\nb", "..", "/etc", ".", "a\0b",
         ] {
             let conf = with(valid.clone(), "/name", json!(name));
             add(binary, format!("name {name:?}"), vec![], bytes(&conf), CONFIG);
@@ -236,6 +237,18 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
     // host-local's configuration, alone and inside the bridge.
     for binary in ["bridge", "host-local"] {
         let valid = valid_conf(binary, data_dir);
+        // A name host-local cannot make a directory of (NAME_MAX is 255
+        // bytes): refused as making it fails, before anything is made.
+        for length in [256, 300, 4096] {
+            let conf = with(valid.clone(), "/name", json!("n".repeat(length)));
+            add(
+                binary,
+                format!("name of {length} bytes"),
+                vec![],
+                bytes(&conf),
+                IO,
+            );
+        }
         for (what, ranges) in [
             ("prefix too long", json!([[{"subnet": "10.0.0.0/33"}]])),
             ("octet out of range", json!([[{"subnet": "300.1.1.1/24"}]])),

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use integration::{Netns, Node, Run, run_in, run_with_binds};
+use integration::{Netns, Node, Run, finish, run_in, run_with_binds, spawn_in};
 use serde_json::{Value, json};
 
 const REFERENCE: &str = "/usr/lib/cni/firewall";
@@ -572,4 +572,147 @@ fn firewalld_is_refused_and_status_reports_unusable_tools() {
     .failure()
     .json();
     assert_eq!(status["code"], 50, "{status}");
+}
+
+/// How long a plugin may take before it counts as hung.
+const HUNG_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`exec`] of ours, failing the test when it has not returned within
+/// [`HUNG_AFTER`] (it is killed then): a blocked plugin must fail the
+/// test, not hang the suite.
+fn exec_within(node: &Node, command: &str, container: &str, netns: &str, stdin: &str) -> Run {
+    let env = [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", container),
+        ("CNI_NETNS", netns),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/usr/lib/cni"),
+    ];
+    let what = format!("firewall {command} {container}");
+    let mut child = spawn_in(node.netns.path(), &ours(), &[], &env, stdin);
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > HUNG_AFTER {
+            let _ = child.kill();
+            panic!(
+                "{what} did not return within {HUNG_AFTER:?}: {:?}",
+                finish(&what, child)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    finish(&what, child)
+}
+
+fn with_state_dir(state: &Path, prev: Option<Value>) -> String {
+    plugin_conf(json!({"stateDir": state}), prev)
+}
+
+/// A FIFO and a link to one among firewall's records, and a FIFO where a
+/// network's directory would be, hold no DEL (its own record, and every
+/// record read under the node's lock for addresses still in use) and no
+/// GC, and fail neither. On 9b8b637 the first DEL blocks opening the FIFO
+/// for ever.
+#[test]
+fn special_files_in_the_state_directory_hold_no_del_or_gc() {
+    let node = Node::new();
+    let pod = node.pod("fwpod");
+    let state = node.path("fw-state");
+    let add = |id: &str, ip: &str| {
+        let prev = prev_result("cnifw0", &[ip]);
+        exec_within(
+            &node,
+            "ADD",
+            id,
+            pod.path_str(),
+            &with_state_dir(&state, Some(prev)),
+        )
+        .success();
+    };
+    add("c1", "10.79.0.5/24");
+    add("c2", "10.79.0.6/24");
+    let records = state.join(NETWORK);
+    integration::run("mkfifo", &[records.join("fifo-eth0").to_str().expect("UTF-8")]).success();
+    std::os::unix::fs::symlink(records.join("fifo-eth0"), records.join("linked-eth0")).expect("link");
+    integration::run("mkfifo", &[state.join("fifo-network").to_str().expect("UTF-8")]).success();
+    for id in ["fifo", "linked", "c1"] {
+        exec_within(&node, "DEL", id, "", &with_state_dir(&state, None)).success();
+    }
+    assert!(
+        !filter_tables(&node).contains("10.79.0.5"),
+        "{}",
+        filter_tables(&node)
+    );
+    assert!(
+        filter_tables(&node).contains("10.79.0.6"),
+        "{}",
+        filter_tables(&node)
+    );
+    let gc = json!({"cniVersion": "1.1.0", "name": NETWORK, "type": "firewall", "stateDir": state,
+                    "cni.dev/valid-attachments": []});
+    exec_within(&node, "GC", "", "", &gc.to_string()).success();
+    assert!(
+        !filter_tables(&node).contains("10.79.0.6"),
+        "{}",
+        filter_tables(&node)
+    );
+    assert!(
+        !records.join("c2-eth0").exists(),
+        "GC removed the record with the rules"
+    );
+}
+
+/// A state directory, or a network's directory in it, that is a link to
+/// another directory gets no record written through it: the ADD is
+/// refused, naming the link, before any rule is written (a DEL without
+/// its record could miss them), and nothing appears where the link points.
+/// The runtime's DEL after the failed ADD succeeds. On 9b8b637 the record
+/// lands in the link's target.
+#[test]
+fn no_record_is_written_through_a_linked_state_directory() {
+    let node = Node::new();
+    let pod = node.pod("fwpod");
+    let (elsewhere, also_elsewhere) = (node.path("elsewhere"), node.path("also-elsewhere"));
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    std::fs::create_dir_all(&also_elsewhere).expect("mkdir");
+    let linked_state = node.path("fw-state-link");
+    std::os::unix::fs::symlink(&elsewhere, &linked_state).expect("link");
+    let state = node.path("fw-state");
+    std::fs::create_dir_all(&state).expect("mkdir");
+    std::os::unix::fs::symlink(&also_elsewhere, state.join(NETWORK)).expect("link");
+    let written = |dir: &Path| {
+        integration::run("find", &[dir.to_str().expect("UTF-8"), "-mindepth", "1"])
+            .success()
+            .stdout
+    };
+    for state_dir in [&linked_state, &state] {
+        let prev = prev_result("cnifw0", &["10.79.0.7/24"]);
+        let add = exec_within(
+            &node,
+            "ADD",
+            "c1",
+            pod.path_str(),
+            &with_state_dir(state_dir, Some(prev)),
+        );
+        assert_eq!(
+            written(&elsewhere) + &written(&also_elsewhere),
+            "",
+            "written through a link: {add:?}"
+        );
+        let refused = add.failure();
+        assert!(refused.stdout.contains("symbolic link"), "{refused:?}");
+        assert!(
+            !filter_tables(&node).contains("10.79.0.7"),
+            "{}",
+            filter_tables(&node)
+        );
+        exec_within(
+            &node,
+            "DEL",
+            "c1",
+            pod.path_str(),
+            &with_state_dir(state_dir, None),
+        )
+        .success();
+    }
 }

@@ -788,3 +788,282 @@ fn a_full_or_read_only_data_dir_is_an_io_error_and_recovers() {
     );
     assert_eq!(ipam.leased_ips().len(), held.len());
 }
+
+/// Where a refused call's data directory is, made before the call.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// Not made yet, as on a new node.
+    Fresh,
+    /// Below a regular file.
+    UnderAFile,
+    /// Made, with a regular file where the network's directory goes.
+    NetworkIsAFile,
+    /// Made, with a symlink to a directory where the network's directory goes.
+    NetworkIsALink,
+    /// Below a directory every user may write (no sticky bit).
+    UnderAnOpenDirectory,
+}
+
+impl Place {
+    /// Makes the place under `root`; returns the data directory.
+    fn make(self, root: &Path, network: &str) -> std::path::PathBuf {
+        let data_dir = root.join("data");
+        match self {
+            Place::Fresh => data_dir,
+            Place::UnderAFile => {
+                fs::write(root.join("file"), "").expect("write");
+                root.join("file/data")
+            }
+            Place::NetworkIsAFile => {
+                fs::create_dir(&data_dir).expect("mkdir");
+                fs::write(data_dir.join(network), "").expect("write");
+                data_dir
+            }
+            Place::NetworkIsALink => {
+                fs::create_dir_all(root.join("elsewhere")).expect("mkdir");
+                fs::create_dir(&data_dir).expect("mkdir");
+                std::os::unix::fs::symlink(root.join("elsewhere"), data_dir.join(network)).expect("symlink");
+                data_dir
+            }
+            Place::UnderAnOpenDirectory => {
+                let open = root.join("open");
+                fs::create_dir(&open).expect("mkdir");
+                fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                    .expect("chmod");
+                open.join("data")
+            }
+        }
+    }
+}
+
+/// Everything under `dir`: each path with its type (links not followed).
+fn tree_of(dir: &Path) -> Vec<String> {
+    let mut seen = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let kind = fs::symlink_metadata(&path).map(|m| m.file_type());
+        seen.push(format!("{} {kind:?}", path.display()));
+        if kind.is_ok_and(|k| k.is_dir()) {
+            seen.extend(tree_of(&path));
+        }
+    }
+    seen.sort();
+    seen
+}
+
+/// One call host-local refuses without its lease store.
+struct Refusal {
+    what: &'static str,
+    command: &'static str,
+    name: String,
+    version: &'static str,
+    place: Place,
+    /// Keys added to the `ipam` section.
+    ipam: Value,
+    /// Keys added at the top of the configuration.
+    top: Value,
+    env: Vec<(&'static str, String)>,
+    code: u64,
+}
+
+impl Refusal {
+    fn add(what: &'static str, code: u64) -> Self {
+        Refusal {
+            what,
+            command: "ADD",
+            name: "refused".into(),
+            version: "1.0.0",
+            place: Place::Fresh,
+            ipam: json!({}),
+            top: json!({}),
+            env: Vec::new(),
+            code,
+        }
+    }
+
+    /// The configuration, as users write it: no `socket` key.
+    fn conf(&self, binary: &str, data_dir: &Path) -> String {
+        let mut ipam = json!({"type": "host-local", "dataDir": data_dir, "subnet": "10.66.0.0/24"});
+        let mut conf = json!({"cniVersion": self.version, "name": self.name, "type": binary, "ipam": {}});
+        if binary == "bridge" {
+            conf["bridge"] = json!("cnirefused0");
+        }
+        if let (Some(section), Some(extra)) = (ipam.as_object_mut(), self.ipam.as_object()) {
+            section.extend(extra.clone());
+        }
+        conf["ipam"] = ipam;
+        if let (Some(top), Some(extra)) = (conf.as_object_mut(), self.top.as_object()) {
+            top.extend(extra.clone());
+        }
+        conf.to_string()
+    }
+}
+
+fn refusals(node_netns: &str) -> Vec<Refusal> {
+    let with = |mut refusal: Refusal, change: &dyn Fn(&mut Refusal)| {
+        change(&mut refusal);
+        refusal
+    };
+    let add = Refusal::add;
+    vec![
+        with(add("a 300-character network name", 5), &|r| {
+            r.name = "n".repeat(300)
+        }),
+        with(add("a 256-character network name", 5), &|r| {
+            r.name = "n".repeat(256)
+        }),
+        with(add("args.cni.ips outside every range", 103), &|r| {
+            r.top = json!({"args": {"cni": {"ips": ["10.8.0.5"]}}})
+        }),
+        with(add("runtimeConfig.ips: the gateway", 103), &|r| {
+            r.top = json!({"runtimeConfig": {"ips": ["10.66.0.1"]}})
+        }),
+        with(add("runtimeConfig.ips: two in one range set", 103), &|r| {
+            r.top = json!({"runtimeConfig": {"ips": ["10.66.0.7", "10.66.0.8"]}})
+        }),
+        with(add("runtimeConfig.ips: not an address", 7), &|r| {
+            r.top = json!({"runtimeConfig": {"ips": ["10.66.0.300"]}})
+        }),
+        with(add("CNI_ARGS IP outside every range", 103), &|r| {
+            r.env = vec![("CNI_ARGS", "IgnoreUnknown=1;IP=10.8.0.5".into())]
+        }),
+        with(add("an unreadable resolvConf", 5), &|r| {
+            r.ipam = json!({"resolvConf": "/nonexistent/resolv.conf"})
+        }),
+        with(add("a data directory below a file", 5), &|r| {
+            r.place = Place::UnderAFile
+        }),
+        with(add("a file where the network's directory goes", 5), &|r| {
+            r.place = Place::NetworkIsAFile
+        }),
+        with(add("a symlink where the network's directory goes", 5), &|r| {
+            r.place = Place::NetworkIsALink
+        }),
+        with(add("a data directory others may change", 5), &|r| {
+            r.place = Place::UnderAnOpenDirectory
+        }),
+        with(add("a range too small", 7), &|r| {
+            r.ipam = json!({"subnet": "10.66.0.0/31"})
+        }),
+        with(
+            add("overlapping ranges", 7),
+            &|r| r.ipam = json!({"ranges": [[{"subnet": "10.66.0.0/24"}], [{"subnet": "10.66.0.0/25"}]]}),
+        ),
+        with(add("a gateway outside the subnet", 7), &|r| {
+            r.ipam = json!({"gateway": "10.9.9.9"})
+        }),
+        with(add("an invalid CNI_CONTAINERID", 4), &|r| {
+            r.env = vec![("CNI_CONTAINERID", "../x".into())]
+        }),
+        with(add("an invalid CNI_IFNAME", 4), &|r| {
+            r.env = vec![("CNI_IFNAME", "a/b".into())]
+        }),
+        with(add("CNI_NETNS naming the plugin's own namespace", 8), &|r| {
+            r.env = vec![("CNI_NETNS", node_netns.to_owned())]
+        }),
+        with(add("DEL with a 300-character network name", 5), &|r| {
+            r.command = "DEL";
+            r.name = "n".repeat(300);
+        }),
+        with(add("CHECK in version 0.3.1", 1), &|r| {
+            r.command = "CHECK";
+            r.version = "0.3.1";
+        }),
+        with(add("CHECK with a malformed prevResult", 7), &|r| {
+            r.command = "CHECK";
+            r.top = json!({"prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "x"}]}});
+        }),
+        with(add("GC with a malformed list of attachments", 7), &|r| {
+            r.command = "GC";
+            r.version = "1.1.0";
+            r.top = json!({"cni.dev/valid-attachments": [{"containerID": 5}]});
+        }),
+        with(add("STATUS in version 1.0.0", 1), &|r| r.command = "STATUS"),
+    ]
+}
+
+/// Every call host-local refuses without its lease store, made with
+/// nothing configured (no `socket` key: the lease path that starts the data
+/// directory's service), by host-local itself and, for ADD, by the bridge
+/// with host-local as its IPAM: the refusal's code, and nothing changed on
+/// the node: no lease service, no directory or file made. Before, a
+/// 300-character network name (among others) started the data
+/// directory's service and left `.sled/` and the process behind.
+#[test]
+fn a_refused_call_starts_no_lease_service_and_changes_nothing() {
+    let node = Node::new();
+    let pod = node.pod("refused-pod");
+    let bins = integration::bin_dir();
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for (index, refusal) in refusals(node.netns.path_str()).iter().enumerate() {
+        for binary in ["host-local", "bridge"] {
+            if binary == "bridge" && refusal.command != "ADD" {
+                continue;
+            }
+            ran += 1;
+            let root = node.path(&format!("{binary}-{index}"));
+            fs::create_dir(&root).expect("mkdir");
+            let data_dir = refusal.place.make(&root, &refusal.name);
+            let before = tree_of(&root);
+            let mut env = BTreeMap::from([
+                ("CNI_COMMAND", refusal.command.to_owned()),
+                ("CNI_CONTAINERID", format!("refused-{index}")),
+                ("CNI_IFNAME", "eth0".to_owned()),
+                ("CNI_NETNS", pod.path_str().to_owned()),
+                ("CNI_PATH", bins.to_str().expect("UTF-8").to_owned()),
+            ]);
+            if matches!(refusal.command, "GC" | "STATUS") {
+                env.retain(|k, _| !matches!(*k, "CNI_CONTAINERID" | "CNI_IFNAME" | "CNI_NETNS"));
+            }
+            env.extend(refusal.env.iter().cloned());
+            let env: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let run = node.exec_plugin(binary, &env, &refusal.conf(binary, &data_dir));
+            let answer = if run.ok() {
+                Err(format!("succeeded: {}", run.stdout))
+            } else {
+                let doc = run.json();
+                (doc["code"] == refusal.code)
+                    .then_some(())
+                    .ok_or_else(|| format!("code {} instead of {}: {doc}", doc["code"], refusal.code))
+            };
+            let services = integration::services_under(&root);
+            let after = tree_of(&root);
+            let outcome = answer.and_then(|()| {
+                if !services.is_empty() {
+                    Err(format!("lease services {services:?} left running"))
+                } else if after != before {
+                    Err(format!("the data directory changed: {before:?} -> {after:?}"))
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(why) = outcome {
+                failures.push(format!("{binary} {}: {}: {why}", refusal.command, refusal.what));
+            }
+        }
+    }
+    // The configuration every case departs from works, and goes the way
+    // that starts a service: each case is refused for the one thing it
+    // changed, on the path where a service would have been started.
+    for binary in ["host-local", "bridge"] {
+        let root = node.path(&format!("{binary}-accepted"));
+        let valid = Refusal::add("nothing", 0);
+        let env = BTreeMap::from([
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "accepted"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", pod.path_str()),
+            ("CNI_PATH", bins.to_str().expect("UTF-8")),
+        ]);
+        node.exec_plugin(binary, &env, &valid.conf(binary, &root.join("data")))
+            .success();
+        assert_eq!(integration::services_under(&root).len(), 1, "{binary}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} refused calls went wrong:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use integration::probe::{Listener, Probe};
-use integration::{Netns, Node, Run, bin, run_in, wait_for};
+use integration::{Netns, Node, Run, bin, finish, run_in, spawn_in, wait_for};
 use serde_json::{Value, json};
 
 const REFERENCE: &str = "/usr/lib/cni/portmap";
@@ -727,4 +727,112 @@ fn a_host_port_held_by_a_running_pod_is_refused() {
         .expect("records")
         .count();
     assert_eq!(records, 0, "a record stayed (the first was {first_path})");
+}
+
+/// How long a plugin may take before it counts as hung.
+const HUNG_AFTER: Duration = Duration::from_secs(10);
+
+/// [`exec`] of ours, failing the test when it has not returned within
+/// [`HUNG_AFTER`] (it is killed then): a blocked plugin must fail the
+/// test, not hang the suite.
+fn exec_within(node: &Node, command: &str, container_id: &str, netns: &str, stdin: &str) -> Run {
+    let env = [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", container_id),
+        ("CNI_NETNS", netns),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/nonexistent"),
+    ];
+    let what = format!("portmap {command} {container_id}");
+    let mut child = spawn_in(node.netns.path(), &bin("portmap"), &[], &env, stdin);
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > HUNG_AFTER {
+            let _ = child.kill();
+            panic!(
+                "{what} did not return within {HUNG_AFTER:?}: {:?}",
+                finish(&what, child)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    finish(&what, child)
+}
+
+fn mkfifo(path: &Path) {
+    integration::run("mkfifo", &[path.to_str().expect("UTF-8")]).success();
+}
+
+/// Every path under `dir`.
+fn files_under(dir: &Path) -> Vec<String> {
+    integration::run("find", &[dir.to_str().expect("UTF-8"), "-mindepth", "1"])
+        .success()
+        .stdout
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A FIFO, a link to one, and other junk in portmap's state directory
+/// hold no ADD, DEL or GC (each under the lock every hostPort and firewall
+/// pod of the node waits for), fail none, and hide no real record: a
+/// second pod on the holder's port is still refused. On 9b8b637 the first
+/// ADD blocks opening the FIFO for ever.
+#[test]
+fn special_files_in_the_state_directory_hold_no_add() {
+    let node = Node::new();
+    let state = node.path("portmap");
+    let records = state.join(NETWORK);
+    std::fs::create_dir_all(&records).expect("mkdir");
+    mkfifo(&records.join("fifo"));
+    std::os::unix::fs::symlink(records.join("fifo"), records.join("linked-fifo")).expect("link");
+    std::fs::write(records.join("junk"), "{").expect("write");
+    mkfifo(&state.join("fifo-network"));
+    let input = portmap_input("1.0.0", json!({"stateDir": state}), Some(mappings()), true);
+    let (holder, second) = (node.pod("holder"), node.pod("second"));
+    exec_within(&node, "ADD", "holder", holder.path_str(), &input).success();
+    let refused = exec_within(&node, "ADD", "second", second.path_str(), &input).failure();
+    assert!(
+        refused.stdout.contains("host port") && refused.stdout.contains("holder"),
+        "the holder's record still counts: {refused:?}"
+    );
+    exec_within(&node, "DEL", "second", second.path_str(), &input).success();
+    let gc = json!({"cniVersion": "1.1.0", "name": NETWORK, "type": "portmap", "stateDir": state,
+                    "cni.dev/valid-attachments": [{"containerID": "holder", "ifname": "eth0"}]});
+    exec_within(&node, "GC", "", "", &gc.to_string()).success();
+    exec_within(&node, "DEL", "holder", holder.path_str(), &input).success();
+    assert!(!saved(&node).contains("CNI-DN-"), "{}", saved(&node));
+    assert!(!records.join("holder").exists(), "the record went with its rules");
+}
+
+/// A state directory, or a network's directory in it, that is a link to
+/// another directory gets no record written through it: the ADD still
+/// publishes the ports (without a record, as when the record cannot be
+/// written), and nothing appears where the link points. On 9b8b637 the
+/// record lands in the link's target.
+#[test]
+fn no_record_is_written_through_a_linked_state_directory() {
+    let node = Node::new();
+    let (elsewhere, also_elsewhere) = (node.path("elsewhere"), node.path("also-elsewhere"));
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    std::fs::create_dir_all(&also_elsewhere).expect("mkdir");
+    let linked_state = node.path("portmap-link");
+    std::os::unix::fs::symlink(&elsewhere, &linked_state).expect("link");
+    let state = node.path("portmap");
+    std::fs::create_dir_all(&state).expect("mkdir");
+    std::os::unix::fs::symlink(&also_elsewhere, state.join(NETWORK)).expect("link");
+    let pod = node.pod("pod");
+    for state_dir in [&linked_state, &state] {
+        let input = portmap_input("1.0.0", json!({"stateDir": state_dir}), Some(mappings()), true);
+        let added = exec_within(&node, "ADD", "pod", pod.path_str(), &input).success();
+        assert!(saved(&node).contains("CNI-DN-"), "{added:?}");
+        assert!(
+            files_under(&elsewhere).is_empty() && files_under(&also_elsewhere).is_empty(),
+            "written through a link: {:?} {:?}",
+            files_under(&elsewhere),
+            files_under(&also_elsewhere)
+        );
+        exec_within(&node, "DEL", "pod", pod.path_str(), &input).success();
+        assert!(!saved(&node).contains("CNI-DN-"), "{}", saved(&node));
+    }
 }

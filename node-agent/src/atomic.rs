@@ -6,9 +6,11 @@
 //! the lock two agents on one node take around their changes.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+use cni::small_file::{self, Links, Unreadable};
 
 use crate::Error;
 
@@ -54,29 +56,18 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
     Ok(())
 }
 
-/// Far above any configuration or record the agent reads; a larger file
-/// is not one.
-pub const MAX_SIZE: u64 = 1 << 20;
-
 /// The text of the file at `path`, when it is a regular file (a link is
-/// followed, as libcni follows it) of at most [`MAX_SIZE`] bytes. Opened
-/// without blocking: a FIFO put there must not hang the agent, which holds
-/// its change lock while it reads.
+/// followed, as libcni follows it) of at most `cni::small_file::MAX_SIZE`
+/// bytes, read with the suite's one reader of files others may put there:
+/// a FIFO must not hang the agent, which holds its change lock while it
+/// reads.
 pub fn read_text(path: &Path) -> io::Result<String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(io::Error::other("not a regular file"));
-    }
-    if metadata.len() > MAX_SIZE {
-        return Err(io::Error::other(format!("larger than {MAX_SIZE} bytes")));
-    }
-    let mut text = String::new();
-    file.take(MAX_SIZE + 1).read_to_string(&mut text)?;
-    Ok(text)
+    let contents = small_file::read(path, Links::Follow, small_file::MAX_SIZE).map_err(|e| match e {
+        Unreadable::Absent => io::Error::from(io::ErrorKind::NotFound),
+        Unreadable::Failed(e) => e,
+        refused => io::Error::other(refused.to_string()),
+    })?;
+    String::from_utf8(contents.bytes).map_err(io::Error::other)
 }
 
 /// Holds an exclusive `flock` on `dir` itself (created if missing) until
@@ -131,7 +122,11 @@ mod tests {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("fifo");
         assert!(read_text(&fifo).is_err(), "a FIFO is refused without blocking");
         let big = dir.path().join("b.conf");
-        std::fs::write(&big, vec![b' '; usize::try_from(MAX_SIZE).expect("size") + 1]).expect("write");
+        std::fs::write(
+            &big,
+            vec![b' '; usize::try_from(small_file::MAX_SIZE).expect("size") + 1],
+        )
+        .expect("write");
         assert!(read_text(&big).is_err());
         let real = dir.path().join("c.conf");
         std::fs::write(&real, "{}").expect("write");

@@ -1,19 +1,20 @@
-//! The IPAM verbs, and the plugin process: it sends its invocation along
-//! the one lease path (`ipam::client`), which runs it here against the
+//! The IPAM verbs, and the plugin process: it checks its invocation as far
+//! as it can without the store (`ipam::checks`), then sends it along the
+//! one lease path (`ipam::client`), which runs it here against the
 //! database when no lease service takes it.
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
 use cni::result::IpConfig;
 use cni::skel::{Reply, dispatch, emit};
-use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
+use cni::{Attachment, CniResult, Code, Command, Error, Plugin, Request, Result};
+use ipam::checks;
 use ipam::client::{self, Route};
-use ipam::config::{IpamConfig, parse_resolv_conf};
+use ipam::config::IpamConfig;
 use ipam::pool;
 use ipam::service::{FORWARDED_ENV, Request as LeaseRequest, Response};
 use ipam::store::Stores;
@@ -26,10 +27,6 @@ pub struct HostLocal {
 impl HostLocal {
     pub fn new(stores: Arc<Stores>) -> Self {
         HostLocal { stores }
-    }
-
-    fn config(req: &Request) -> Result<IpamConfig> {
-        IpamConfig::load(&req.conf, &req.env.args()?).map_err(Error::from)
     }
 
     fn on_network<T>(
@@ -46,15 +43,7 @@ impl Plugin for HostLocal {
     const KEYS: cni::keys::Shape = ipam::config::KEYS;
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
-        let cfg = HostLocal::config(req)?;
-        // Read before anything is leased, so a bad path leaves nothing behind.
-        let dns = match &cfg.resolv_conf {
-            Some(path) => parse_resolv_conf(
-                &std::fs::read_to_string(path)
-                    .map_err(|e| Error::io(format!("failed to read resolvConf {}: {e}", path.display())))?,
-            ),
-            None => Default::default(),
-        };
+        let checks::Add { cfg, dns } = checks::add(req)?;
         let allocations = self.on_network(&cfg, |net| {
             pool::allocate(
                 net,
@@ -85,11 +74,7 @@ impl Plugin for HostLocal {
     }
 
     fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
-        let cfg = HostLocal::config(req)?;
-        let reported: Option<Vec<IpAddr>> = req
-            .conf
-            .prev_result()?
-            .map(|prev| prev.ips.iter().map(|ip| ip.address.ip()).collect());
+        let checks::Check { cfg, reported } = checks::check(req)?;
         self.on_network(&cfg, |net| {
             pool::check(
                 net,
@@ -102,7 +87,7 @@ impl Plugin for HostLocal {
     }
 
     fn del(&self, req: &Request, att: &Attachment) -> Result<()> {
-        let cfg = HostLocal::config(req)?;
+        let cfg = checks::configuration(req)?;
         self.on_network(&cfg, |net| {
             pool::release(net, &att.container_id, &att.ifname, att.netns.as_deref())
         })
@@ -110,8 +95,7 @@ impl Plugin for HostLocal {
     }
 
     fn gc(&self, req: &Request) -> Result<()> {
-        let cfg = HostLocal::config(req)?;
-        let valid = req.conf.gc_valid_attachments()?;
+        let checks::Gc { cfg, valid } = checks::gc(req)?;
         let report = self.on_network(&cfg, |net| pool::gc(net, &valid))?;
         log::info!("GC released {} lease(s)", report.released.len());
         if report.errors.is_empty() {
@@ -125,7 +109,7 @@ impl Plugin for HostLocal {
     }
 
     fn status(&self, req: &Request) -> Result<()> {
-        let cfg = HostLocal::config(req)?;
+        let cfg = checks::configuration(req)?;
         match self.on_network(&cfg, |net| pool::exhausted_set(net, &cfg.range_sets))? {
             None => Ok(()),
             Some(index) => Err(Error::new(
@@ -139,9 +123,43 @@ impl Plugin for HostLocal {
     }
 }
 
+/// host-local's verbs up to the store ([`checks::before_store`]),
+/// dispatched as the verbs are: the environment, the version and the
+/// namespace checked by the skeleton, then the verb's own checks. The
+/// plugin process runs it first; a call it refuses is answered from there.
+struct BeforeStore;
+
+impl Plugin for BeforeStore {
+    const NAME: &'static str = HostLocal::NAME;
+    const KEYS: cni::keys::Shape = HostLocal::KEYS;
+
+    fn add(&self, req: &Request, _: &Attachment) -> Result<CniResult> {
+        checks::before_store(Command::Add, req).map(|()| CniResult::default())
+    }
+
+    fn check(&self, req: &Request, _: &Attachment) -> Result<()> {
+        checks::before_store(Command::Check, req)
+    }
+
+    fn del(&self, req: &Request, _: &Attachment) -> Result<()> {
+        checks::before_store(Command::Del, req)
+    }
+
+    fn gc(&self, req: &Request) -> Result<()> {
+        checks::before_store(Command::Gc, req)
+    }
+
+    fn status(&self, req: &Request) -> Result<()> {
+        checks::before_store(Command::Status, req)
+    }
+}
+
 /// The plugin process. VERSION and the about text need no store; every other
-/// verb goes along the lease path, where "here" is this process opening the
-/// database itself.
+/// verb is checked here as far as it can be without the store, and only
+/// then goes along the lease path, where "here" is this process opening the
+/// database itself. A call refused by those checks starts no lease service
+/// and asks none (not even in the default data directory a malformed
+/// configuration would name).
 pub fn main() -> ExitCode {
     cni::log::init(HostLocal::NAME);
     let command = ProcessEnv.var(CNI_COMMAND).unwrap_or_default();
@@ -166,37 +184,19 @@ pub fn main() -> ExitCode {
         .iter()
         .filter_map(|k| Some(((*k).to_owned(), ProcessEnv.var(k)?)))
         .collect();
+    if let refused @ Reply::Failed(..) = dispatch(&BeforeStore, &env, || Ok(stdin.clone())) {
+        return emit(&refused);
+    }
     let request = LeaseRequest::plugin(env.clone(), &stdin);
     let here = HostLocal::new(Arc::new(Stores::direct()));
     let mut route = Route::of_config(&stdin);
-    if reaches_store(&env, &stdin)
-        && let Ok(exe) = std::env::current_exe()
-    {
+    if let Ok(exe) = std::env::current_exe() {
         route = route.start_with(exe);
     }
     let response = client::serve(&route, &request, &|_: &LeaseRequest| {
         Response::from_reply(dispatch(&here, &env, || Ok(stdin.clone())))
     });
     emit(&response.into_reply())
-}
-
-/// Whether the invocation is valid enough to reach the store: only then
-/// may a lease service be started for it. Anything else is answered here
-/// with its error and starts nothing (not even in the default data
-/// directory a malformed configuration would name).
-fn reaches_store(env: &BTreeMap<String, String>, stdin: &[u8]) -> bool {
-    let Ok(Some(environment)) = cni::Environment::load(env) else {
-        return false;
-    };
-    let conf = cni::skel::parse_as::<HostLocal>(stdin).and_then(|doc| {
-        let version = cni::conf::config_version(&doc)?;
-        cni::NetConf::from_document(doc, version)
-    });
-    conf.is_ok_and(|conf| {
-        environment
-            .args()
-            .is_ok_and(|args| IpamConfig::load(&conf, &args).is_ok())
-    })
 }
 
 fn read_stdin() -> std::io::Result<Vec<u8>> {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use cni::small_file::{self, Links, Unreadable};
 use serde::Deserialize;
 
 use crate::{Error, Result};
@@ -95,12 +96,20 @@ pub struct Loaded {
     pub credentials: Credentials,
 }
 
+/// A kubeconfig or a file it names: followed if a link (projected
+/// service-account files are links), never blocking on a FIFO put there
+/// (the pod's ADD would wait for ever), and small.
+fn read_file(path: &Path) -> Result<Vec<u8>, Unreadable> {
+    small_file::read(path, Links::Follow, small_file::MAX_SIZE).map(|contents| contents.bytes)
+}
+
 pub fn load(path: &Path) -> Result<Loaded> {
     let fail = |reason: String| Error::Config {
         path: path.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let text = String::from_utf8(read_file(path).map_err(|e| fail(e.to_string()))?)
+        .map_err(|e| fail(e.to_string()))?;
     let config: KubeConfig = serde_yaml_ng::from_str(&text).map_err(|e| fail(e.to_string()))?;
     let base = path.parent().unwrap_or(Path::new("/"));
     let context = match &config.current_context {
@@ -127,7 +136,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
         None => config.users.first().map(|u| &u.user),
     };
     let read =
-        |file: &PathBuf| std::fs::read(base.join(file)).map_err(|e| fail(format!("{}: {e}", file.display())));
+        |file: &PathBuf| read_file(&base.join(file)).map_err(|e| fail(format!("{}: {e}", file.display())));
     let decode = |data: &str| STANDARD.decode(data.trim()).map_err(|e| fail(e.to_string()));
     let cluster = &cluster.cluster;
     let ca_pem = match (&cluster.ca_data, &cluster.ca_file) {
@@ -190,6 +199,14 @@ mod tests {
             !format!("{:?}", loaded.credentials).contains("abc"),
             "never printed"
         );
+        std::fs::remove_file(dir.join("ca.pem")).expect("rm");
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join("ca.pem"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let refused = load(&path).err().expect("a FIFO as the CA").to_string();
+        assert!(refused.contains("FIFO"), "{refused}");
         std::fs::write(&path, "clusters:\n- name: c\n  cluster:\n    server: https://x\n").expect("write");
         assert!(load(&path).is_err(), "a cluster without CA is refused");
         std::fs::remove_dir_all(&dir).ok();

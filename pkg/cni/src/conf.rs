@@ -209,12 +209,13 @@ impl IpamConf {
     }
 }
 
-/// One entry of GC's valid-attachment list.
+/// One entry of GC's valid-attachment list. A key absent (or `null`) is
+/// empty, as in libcni's `GCAttachment`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize)]
 pub struct GcAttachment {
-    #[serde(rename = "containerID")]
+    #[serde(rename = "containerID", default)]
     pub container_id: String,
-    #[serde(rename = "ifname")]
+    #[serde(rename = "ifname", default)]
     pub ifname: String,
 }
 
@@ -323,11 +324,13 @@ fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr
 
 /// Lower-cases the keys of every object in `value` down to `depth` levels of
 /// nesting (arrays do not count), so Go's case-insensitive field matching can
-/// be reproduced with lower-case serde names.
+/// be reproduced with lower-case serde names; leaves out the members that
+/// are `null`, which Go's decoder reads as absent (see `keys`).
 fn fold_keys(value: &Value, depth: usize) -> Value {
     match value {
         Value::Object(map) if depth > 0 => Value::Object(
             map.iter()
+                .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (k.to_ascii_lowercase(), fold_keys(v, depth - 1)))
                 .collect(),
         ),
@@ -405,13 +408,21 @@ impl RuntimeConfig {
     }
 
     /// The pod's annotations as containerd/CRI-O pass them. Keys are the
-    /// annotations' own and are not case-folded.
+    /// annotations' own and are not case-folded; one that is `null` is no
+    /// annotation.
     pub fn pod_annotations(&self) -> Result<BTreeMap<String, String>> {
         self.get(POD_ANNOTATIONS_KEY)
             .map(|v| {
-                BTreeMap::<String, String>::deserialize(v).map_err(|e| {
-                    Error::invalid_config(format!("invalid runtimeConfig.{POD_ANNOTATIONS_KEY}: {e}"))
-                })
+                BTreeMap::<String, Option<String>>::deserialize(v)
+                    .map(|annotations| {
+                        annotations
+                            .into_iter()
+                            .filter_map(|(key, value)| Some((key, value?)))
+                            .collect()
+                    })
+                    .map_err(|e| {
+                        Error::invalid_config(format!("invalid runtimeConfig.{POD_ANNOTATIONS_KEY}: {e}"))
+                    })
             })
             .transpose()
             .map(Option::unwrap_or_default)
@@ -678,6 +689,38 @@ mod tests {
                 .expect_err("bad")
                 .has_code(Code::InvalidConfig)
         );
+    }
+
+    #[test]
+    fn null_members_of_conventions_read_as_absent() {
+        // Folded as a plugin that describes no runtimeConfig member (the
+        // conventions then see the nulls) but the GC list.
+        let mut doc = json!({"name":"n","runtimeConfig":{
+            "portMappings":[{"HostPort":8080,"ContainerPort":80,"Protocol":null,"HostIP":null}],
+            "bandwidth":{"ingressRate":1000,"egressBurst":null},
+            "dns":{"servers":null,"searches":["svc"]},
+            "ipRanges":[[{"subnet":"10.1.0.0/16","rangeStart":null,"gateway":null}]],
+            "io.kubernetes.cri.pod-annotations":{"a":"1","b":null}},
+            "cni.dev/valid-attachments":[{"containerID":"a","ifname":null},{"containerID":"b"}]});
+        crate::keys::fold(&mut doc, &crate::keys::PLAIN_PLUGIN);
+        let with_nulls = conf(doc);
+        let rc = &with_nulls.runtime_config;
+        assert_eq!(
+            rc.port_mappings().expect("valid"),
+            [PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: String::new(),
+                host_ip: None
+            }]
+        );
+        assert_eq!(rc.bandwidth().expect("valid").map(|b| b.egress_burst), Some(0));
+        assert_eq!(rc.dns().expect("valid").map(|d| d.servers.len()), Some(0));
+        assert_eq!(rc.ip_ranges().expect("valid")[0][0].range_start, None);
+        let annotations = rc.pod_annotations().expect("valid");
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["a"]);
+        let valid = with_nulls.gc_valid_attachments().expect("valid");
+        assert_eq!((valid[0].ifname.as_str(), valid[1].ifname.as_str()), ("", ""));
     }
 
     #[test]

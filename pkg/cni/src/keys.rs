@@ -5,11 +5,24 @@
 //! keys name one field, the later one wins. So `"IPMasq": true`,
 //! `"isgateway": true` or `"RuntimeConfig": {"MAC": …}` work as they do
 //! with the reference. Maps (capabilities, annotations, sysctls) keep their
-//! keys exactly, and keys no field names are left alone.
+//! keys exactly, and keys no field names are left alone (unless `null`:
+//! see below).
 //!
 //! A [`Shape`] describes the structs the reference decodes into; [`fold`]
 //! renames each key of a document to the name of the field it matches, so
 //! everything after reads the canonical names.
+//!
+//! `null` is an absent key there: Go's decoder leaves a field as it was for
+//! it (a slice, map, pointer or interface becomes nil, which is what an
+//! absent key leaves too), so [`fold`] drops every struct member and map
+//! entry that is `null`, and [`get`] passes over them. Two differences
+//! remain, both rare: a `null` after an earlier key for the same nilable
+//! field makes it nil in Go, where the earlier value stays here; and a field
+//! whose Go type decodes itself (`types.IPNet`: a range's `subnet`, a
+//! route's `dst`, a result's `address`) is handed the `null` and fails
+//! there, where it reads as absent here, which is itself an error for all
+//! of them but the legacy `ipam.subnet` (read as "no legacy range", as its
+//! `""` already is).
 
 use serde_json::{Map, Value};
 
@@ -87,16 +100,18 @@ impl Shape {
 }
 
 /// The value of `field` in `map` as Go decodes a struct with that one field
-/// from it: the last key equal to its name without regard to case.
+/// from it: the last key equal to its name without regard to case whose
+/// value is not `null` (see the module docs).
 pub fn get<'a>(map: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
     map.iter()
         .rev()
-        .find(|(key, _)| equal_fold(key, field))
+        .find(|(key, value)| !value.is_null() && equal_fold(key, field))
         .map(|(_, value)| value)
 }
 
 /// Renames the keys of `value` to the fields of `shape` they match, all the
-/// way down.
+/// way down, and drops the members and map entries that are `null`, as Go
+/// reads them (see the module docs).
 pub fn fold(value: &mut Value, shape: &Shape) {
     match (shape, value) {
         (Shape::Any, _) => {}
@@ -106,6 +121,9 @@ pub fn fold(value: &mut Value, shape: &Shape) {
             }
         }
         (Shape::Map(item), Value::Object(map)) => {
+            // Go stores the element's zero value: as good as no entry for
+            // the maps read here (capabilities, `redirect`).
+            map.retain(|_, value| !value.is_null());
             for value in map.values_mut() {
                 fold(value, item);
             }
@@ -113,7 +131,8 @@ pub fn fold(value: &mut Value, shape: &Shape) {
         (Shape::Struct(_), Value::Object(map)) => {
             let entries = std::mem::take(map);
             let mut folded = Map::with_capacity(entries.len());
-            for (key, mut value) in entries {
+            // Also the keys no field names: our own readers may know them.
+            for (key, mut value) in entries.into_iter().filter(|(_, value)| !value.is_null()) {
                 match shape.field_for(&key) {
                     Some(field) => {
                         fold(&mut value, &field.shape);
@@ -128,6 +147,127 @@ pub fn fold(value: &mut Value, shape: &Shape) {
             *map = folded;
         }
         _ => {}
+    }
+}
+
+/// One step from a value to the values inside it that a [`Shape`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A struct's field, by its JSON name.
+    Field(&'static str),
+    /// Each item of a list.
+    Item,
+    /// Each entry of a map.
+    Entry,
+}
+
+/// Every path from a value of `shape` to a key it may hold: each struct
+/// field and each map's entries, all the way down. Tests walk them to see
+/// every key read `null` as it reads the key absent.
+pub fn field_paths(shape: &Shape) -> Vec<Vec<Step>> {
+    let mut paths = Vec::new();
+    collect_paths(shape, &mut Vec::new(), &mut paths);
+    paths
+}
+
+fn collect_paths(shape: &Shape, prefix: &mut Vec<Step>, paths: &mut Vec<Vec<Step>>) {
+    let mut descend = |step: Step, inner: &Shape, is_key: bool| {
+        prefix.push(step);
+        if is_key {
+            paths.push(prefix.clone());
+        }
+        collect_paths(inner, prefix, paths);
+        prefix.pop();
+    };
+    match shape {
+        Shape::Any => {}
+        Shape::List(item) => descend(Step::Item, item, false),
+        Shape::Map(value) => descend(Step::Entry, value, true),
+        Shape::Struct(_) => {
+            for field in shape.fields() {
+                descend(Step::Field(field.key), &field.shape, true);
+            }
+        }
+    }
+}
+
+/// A path as text: `runtimeConfig.portMappings[].hostIP`, `capabilities.*`.
+pub fn path_text(path: &[Step]) -> String {
+    let mut text = String::new();
+    for step in path {
+        match step {
+            Step::Field(key) => {
+                if !text.is_empty() {
+                    text.push('.');
+                }
+                text.push_str(key);
+            }
+            Step::Item => text.push_str("[]"),
+            Step::Entry => text.push_str(".*"),
+        }
+    }
+    text
+}
+
+/// For each of `shape`'s [`field_paths`] that reaches into `doc` (whose
+/// keys are followed by their exact names): the path, and `doc` with every
+/// key the path leads to `null`, then without those keys.
+pub fn null_and_absent(doc: &Value, shape: &Shape) -> Vec<(String, Value, Value)> {
+    field_paths(shape)
+        .iter()
+        .filter_map(|path| {
+            let null = replaced(doc, path, Some(&Value::Null))?;
+            let absent = replaced(doc, path, None)?;
+            Some((path_text(path), null, absent))
+        })
+        .collect()
+}
+
+/// `doc` with the keys `path` leads to set to `value` (removed for None);
+/// None when no object holds them.
+fn replaced(doc: &Value, path: &[Step], value: Option<&Value>) -> Option<Value> {
+    let mut doc = doc.clone();
+    replace_in(&mut doc, path, value).then_some(doc)
+}
+
+fn replace_in(node: &mut Value, path: &[Step], value: Option<&Value>) -> bool {
+    let Some((step, rest)) = path.split_first() else {
+        return false;
+    };
+    // Every one of them, not just up to the first reached.
+    let each = |inner: &mut dyn Iterator<Item = &mut Value>| {
+        inner
+            .map(|v| replace_in(v, rest, value))
+            .filter(|reached| *reached)
+            .count()
+            > 0
+    };
+    match (step, node) {
+        (Step::Field(key), Value::Object(map)) if rest.is_empty() => {
+            match value {
+                Some(v) => {
+                    map.insert((*key).to_owned(), v.clone());
+                }
+                None => {
+                    map.shift_remove(*key);
+                }
+            }
+            true
+        }
+        (Step::Field(key), Value::Object(map)) => map
+            .get_mut(*key)
+            .is_some_and(|inner| replace_in(inner, rest, value)),
+        (Step::Entry, Value::Object(map)) if rest.is_empty() => {
+            let reached = !map.is_empty();
+            match value {
+                Some(v) => map.values_mut().for_each(|entry| *entry = v.clone()),
+                None => map.clear(),
+            }
+            reached
+        }
+        (Step::Entry, Value::Object(map)) => each(&mut map.values_mut()),
+        (Step::Item, Value::Array(items)) => each(&mut items.iter_mut()),
+        _ => false,
     }
 }
 
@@ -281,6 +421,99 @@ mod tests {
         let map = doc.as_object().expect("object");
         assert_eq!(get(map, "type"), Some(&json!("b")));
         assert_eq!(get(map, "missing"), None);
+    }
+
+    /// A document holding every key `shape` names, two of each list item
+    /// and map entry.
+    fn sample(shape: &Shape) -> Value {
+        match shape {
+            Shape::Any => json!("x"),
+            Shape::List(item) => json!([sample(item), sample(item)]),
+            Shape::Map(value) => json!({"k": sample(value), "K": sample(value)}),
+            Shape::Struct(_) => Value::Object(
+                shape
+                    .fields()
+                    .map(|f| (f.key.to_owned(), sample(&f.shape)))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn holds_null(value: &Value) -> bool {
+        match value {
+            Value::Null => true,
+            Value::Array(items) => items.iter().any(holds_null),
+            Value::Object(map) => map.values().any(holds_null),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn every_field_path_reads_null_as_absent() {
+        for shape in [SHAPE, PLAIN_PLUGIN, RESULT] {
+            let doc = sample(&shape);
+            let variants = null_and_absent(&doc, &shape);
+            assert_eq!(
+                variants.len(),
+                field_paths(&shape).len(),
+                "every path reaches into {doc}"
+            );
+            for (path, mut null, mut absent) in variants {
+                fold(&mut null, &shape);
+                fold(&mut absent, &shape);
+                assert!(!holds_null(&null), "{path}: {null}");
+                assert_eq!(null, absent, "{path}");
+            }
+        }
+    }
+
+    #[test]
+    fn field_paths_go_through_structs_lists_and_maps() {
+        let paths: Vec<String> = field_paths(&SHAPE).iter().map(|p| path_text(p)).collect();
+        for expected in [
+            "name",
+            "capabilities",
+            "capabilities.*",
+            "prevResult.ips[].address",
+            "prevResult.ip4.routes[].gw",
+            "cni.dev/valid-attachments[].containerID",
+            "runtimeConfig.mac",
+            "args.cni.mac",
+            "ipam.type",
+        ] {
+            assert!(paths.iter().any(|p| p == expected), "{expected} in {paths:?}");
+        }
+        let doc = json!({"capabilities": {"a": true}, "runtimeConfig": {}});
+        let reached: Vec<String> = null_and_absent(&doc, &SHAPE)
+            .into_iter()
+            .map(|(p, _, _)| p)
+            .collect();
+        assert!(reached.contains(&"capabilities.*".to_owned()));
+        assert!(
+            reached.contains(&"runtimeConfig.mac".to_owned()),
+            "a key absent from an object"
+        );
+        assert!(
+            !reached.iter().any(|p| p.starts_with("args.")),
+            "no object to hold it"
+        );
+    }
+
+    #[test]
+    fn null_leaves_a_field_as_an_earlier_key_set_it_and_unknown_nulls_go() {
+        let doc = folded(
+            json!({"ipMasq": true, "IPMASQ": null, "logFile": null, "Name": null,
+            "capabilities": {"a": true, "b": null}, "PrevResult": null,
+            "RuntimeConfig": {"MAC": null}}),
+        );
+        assert_eq!(
+            doc,
+            json!({"ipMasq": true, "capabilities": {"a": true}, "runtimeConfig": {}})
+        );
+        let doc = json!({"type": "a", "Type": null, "name": null});
+        let map = doc.as_object().expect("object");
+        assert_eq!(get(map, "type"), Some(&json!("a")));
+        assert_eq!(get(map, "name"), None);
     }
 
     #[test]

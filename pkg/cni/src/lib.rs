@@ -7,6 +7,7 @@
 //! - [`error`]: the spec's error document and codes.
 //! - [`skel`]: the plugin skeleton; [`exec`]: running other plugins.
 //! - [`log`]: logging to stderr or a configured file, never stdout.
+//! - [`small_file`]: reading a small file where others may put anything.
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,7 @@ pub mod keys;
 pub mod log;
 pub mod result;
 pub mod skel;
+pub mod small_file;
 pub mod version;
 
 pub use args::CniArgs;

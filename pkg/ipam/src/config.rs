@@ -443,6 +443,45 @@ mod tests {
     }
 
     #[test]
+    fn every_key_reads_null_as_absent() {
+        let range = |net: &str| {
+            json!({"subnet": format!("{net}.0/24"), "rangeStart": format!("{net}.10"),
+                   "rangeEnd": format!("{net}.20"), "gateway": format!("{net}.1")})
+        };
+        let route = json!({"dst": "0.0.0.0/0", "gw": "10.8.0.1", "mtu": 1400, "advmss": 1300,
+                           "priority": 5, "table": 100, "scope": 0});
+        let ipam = json!({"type": "host-local", "subnet": "10.8.0.0/24", "rangeStart": "10.8.0.10",
+            "rangeEnd": "10.8.0.20", "gateway": "10.8.0.1", "Name": "n", "routes": [route],
+            "dataDir": "/run/x", "resolvConf": "/etc/resolv.conf", "ranges": [[range("10.7.0")]],
+            "socket": "/run/s.sock"});
+        let doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "host-local",
+            "capabilities": {"ips": true, "ipRanges": true},
+            "runtimeConfig": {"ipRanges": [[range("10.9.0")]], "ips": ["10.9.0.12"]},
+            "args": {"cni": {"ips": ["10.9.0.13"]}}, "ipam": ipam});
+        // What host-local reads: the lease path from stdin as it came, and
+        // the configuration as the skeleton folds it.
+        let loaded = |doc: &Value| {
+            let settings = LeaseSettings::read(doc.to_string().as_bytes());
+            let mut doc = doc.clone();
+            keys::fold(&mut doc, &KEYS);
+            let version = cni::conf::config_version(&doc).expect("version");
+            let config = NetConf::from_document(doc, version)
+                .map_err(|e| e.to_string())
+                .and_then(|conf| {
+                    let args = CniArgs::parse("IgnoreUnknown=1;IP=10.9.0.14").expect("args");
+                    IpamConfig::load(&conf, &args).map_err(|e| e.to_string())
+                });
+            (settings, config)
+        };
+        assert!(loaded(&doc).1.is_ok());
+        let variants = keys::null_and_absent(&doc, &KEYS);
+        assert!(variants.len() >= 30, "{} paths", variants.len());
+        for (path, null, absent) in variants {
+            assert_eq!(loaded(&null), loaded(&absent), "{path}");
+        }
+    }
+
+    #[test]
     fn resolv_conf_is_parsed_like_the_reference() {
         let dns = parse_resolv_conf(
             "# comment\n; also\nnameserver 10.96.0.10\nnameserver fd00::10\ndomain example.com\n\

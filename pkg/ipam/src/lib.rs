@@ -2,6 +2,8 @@
 //! share.
 //!
 //! - [`config`]: the reference plugin's keys, checks and messages.
+//! - [`checks`]: every check of a verb that needs no lease, run before a
+//!   lease service is started or asked and before the store makes anything.
 //! - [`range`]: ranges, range sets and the round-robin walk.
 //! - [`store`]: the sled database per network and its lock discipline;
 //!   sled alone, it never reads the reference plugin's files.
@@ -17,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod checks;
 pub mod client;
 pub mod config;
 pub mod pool;

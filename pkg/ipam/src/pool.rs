@@ -86,8 +86,49 @@ fn held_by_another_pod(lease: &Lease, given: Option<&Path>) -> bool {
     }
 }
 
+/// Which requested address each range set hands out, judged from the sets
+/// alone, before any lease is looked at (as the reference judges them
+/// before its store): each address goes to the first set that contains it
+/// and has none yet. The gateway, a set's network or IPv4 broadcast
+/// address, or an address no set takes is refused, with the reference's
+/// message.
+pub fn place_requested(sets: &[RangeSet], requested: &[IpAddr]) -> Result<Vec<Option<IpAddr>>, Error> {
+    let mut left: Vec<IpAddr> = requested.to_vec();
+    let mut placed = Vec::with_capacity(sets.len());
+    for (index, set) in sets.iter().enumerate() {
+        let wanted = left
+            .iter()
+            .position(|ip| set.contains(*ip))
+            .map(|i| left.remove(i));
+        if let Some(ip) = wanted
+            && let Some(range) = set.range_for(ip)
+        {
+            let fail =
+                |msg: String| Error::Unavailable(format!("failed to allocate for range {index}: {msg}"));
+            if ip == range.gateway {
+                return Err(fail(format!("requested ip {ip} is subnet's gateway")));
+            }
+            if !range.allocatable(ip) {
+                return Err(fail(format!(
+                    "requested IP address {ip} is not available in range set {set}"
+                )));
+            }
+        }
+        placed.push(wanted);
+    }
+    if !left.is_empty() {
+        let ips: Vec<String> = left.iter().map(ToString::to_string).collect();
+        return Err(Error::Unavailable(format!(
+            "failed to allocate all requested IPs: {}",
+            ips.join(" ")
+        )));
+    }
+    Ok(placed)
+}
+
 /// One address per range set for (container ID, ifname) in `netns`.
-/// Requested addresses go to the set that contains them. An attachment
+/// Requested addresses go to the set that contains them
+/// ([`place_requested`]). An attachment
 /// that already holds an address in a set gets it again when it asks from
 /// the same namespace (a runtime's repeated ADD is answered), and is
 /// refused as the reference refuses any duplicate allocation when it asks
@@ -102,16 +143,12 @@ pub fn allocate(
     ifname: &str,
     netns: Option<&Path>,
 ) -> Result<Vec<Allocation>, Error> {
+    let placed = place_requested(sets, requested)?;
     let held = held_by(net, container_id, ifname)?;
-    let mut left: Vec<IpAddr> = requested.to_vec();
     let mut change = Change::default();
     let mut allocations = Vec::with_capacity(sets.len());
-    for (index, set) in sets.iter().enumerate() {
+    for ((index, set), wanted) in sets.iter().enumerate().zip(placed) {
         let fail = |msg: String| Error::Unavailable(format!("failed to allocate for range {index}: {msg}"));
-        let wanted = left
-            .iter()
-            .position(|ip| set.contains(*ip))
-            .map(|i| left.remove(i));
         if let Some(lease) = held.iter().find(|l| set.contains(l.ip)) {
             if let Some(ip) = wanted.filter(|ip| *ip != lease.ip) {
                 return Err(fail(format!(
@@ -134,13 +171,7 @@ pub fn allocate(
         }
         let ip = match wanted {
             Some(ip) => {
-                let range = set
-                    .range_for(ip)
-                    .ok_or_else(|| fail(format!("{ip} not in range set {set}")))?;
-                if ip == range.gateway {
-                    return Err(fail(format!("requested ip {ip} is subnet's gateway")));
-                }
-                if !range.allocatable(ip) || net.is_taken(ip)? {
+                if net.is_taken(ip)? {
                     return Err(fail(format!(
                         "requested IP address {ip} is not available in range set {set}"
                     )));
@@ -160,13 +191,6 @@ pub fn allocate(
         });
         change.last_reserved.push((index, ip));
         allocations.extend(allocation_in(set, ip));
-    }
-    if !left.is_empty() {
-        let ips: Vec<String> = left.iter().map(ToString::to_string).collect();
-        return Err(Error::Unavailable(format!(
-            "failed to allocate all requested IPs: {}",
-            ips.join(" ")
-        )));
     }
     net.apply(&change)?;
     Ok(allocations)

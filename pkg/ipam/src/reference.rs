@@ -13,12 +13,12 @@
 //! released lease's file ([`FileRemoval`], used by the verbs that release).
 
 use std::fs;
-use std::io::Read;
 use std::net::IpAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use cni::small_file::{self, Links, Unreadable};
 use serde::Serialize;
 
 use crate::Error;
@@ -32,40 +32,29 @@ const FILE_LIMIT: u64 = 4096;
 
 /// The text of a lease or position file and when it was written, read
 /// only if it is a regular file of at most [`FILE_LIMIT`] bytes, and never
-/// through a symlink: the import runs under the network's lock, and
-/// anything else (a FIFO, a symlink to /dev/zero or to a file of another
-/// user) could hold it for ever or feed it what the reference never wrote.
-/// `None` for such a file or none at all; an error when the file could not
-/// be read (out of descriptors, an I/O error): then it may hold a live
-/// pod's address, and the caller must not go on as if it did not.
+/// through a symlink ([`cni::small_file`]): the import runs under the
+/// network's lock, and anything else (a FIFO, a symlink to /dev/zero or to
+/// a file of another user) could hold it for ever or feed it what the
+/// reference never wrote. `None` for such a file or none at all; an error
+/// when the file could not be read (out of descriptors, an I/O error):
+/// then it may hold a live pod's address, and the caller must not go on
+/// as if it did not.
 fn read_lease_file(path: &Path) -> Result<Option<(String, SystemTime)>, Error> {
-    let failed = |e: std::io::Error| Error::Store(format!("cannot read {}: {e}", path.display()));
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(file) => file,
-        // Gone, a symlink (O_NOFOLLOW), or a socket: not a lease file.
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound
-                || matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENXIO)) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(failed(e)),
+    let failed = |e: &dyn std::fmt::Display| Error::Store(format!("cannot read {}: {e}", path.display()));
+    let contents = match small_file::read(path, Links::Refuse, FILE_LIMIT) {
+        Ok(contents) => contents,
+        Err(Unreadable::Absent) => return Ok(None),
+        Err(e) if e.is_not_a_file() => return Ok(None),
+        Err(e) => return Err(failed(&e)),
     };
-    let metadata = file.metadata().map_err(failed)?;
-    if !metadata.is_file() || metadata.len() > FILE_LIMIT {
+    // Not UTF-8: nothing the reference wrote.
+    let Ok(text) = String::from_utf8(contents.bytes) else {
         return Ok(None);
-    }
-    let mut text = String::new();
-    match file.take(FILE_LIMIT).read_to_string(&mut text) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Ok(None),
-        Err(e) => return Err(failed(e)),
-    }
-    Ok(Some((text, metadata.modified().map_err(failed)?)))
+    };
+    Ok(Some((
+        text,
+        contents.metadata.modified().map_err(|e| failed(&e))?,
+    )))
 }
 
 /// What an import did.

@@ -29,6 +29,17 @@ pub fn trusted_owner(uid: u32) -> bool {
 /// writable by others only with the sticky bit (as /tmp), which keeps them
 /// from renaming what they do not own.
 pub fn trusted_dir(dir: &Path) -> Result<PathBuf, Refusal> {
+    walk(dir, false)
+}
+
+/// `dir` with symlinks resolved, when a directory this user creates in it
+/// would pass [`trusted_dir`]: `dir` is then one of the directories above,
+/// writable by others only with the sticky bit.
+pub fn trusted_parent(dir: &Path) -> Result<PathBuf, Refusal> {
+    walk(dir, true)
+}
+
+fn walk(dir: &Path, is_parent: bool) -> Result<PathBuf, Refusal> {
     let resolved = std::fs::canonicalize(dir).map_err(Refusal::Absent)?;
     let mut walked = PathBuf::new();
     let mut components = resolved.components().peekable();
@@ -38,26 +49,39 @@ pub fn trusted_dir(dir: &Path) -> Result<PathBuf, Refusal> {
             continue;
         }
         let meta = std::fs::metadata(&walked).map_err(Refusal::Absent)?;
-        let mode = meta.mode();
-        let others_write = mode & 0o022 != 0;
-        let sticky = mode & 0o1000 != 0;
-        let last = components.peek().is_none();
-        if !trusted_owner(meta.uid()) {
-            return Err(Refusal::Untrusted(format!(
-                "{} belongs to uid {}, not to root or this user",
-                walked.display(),
-                meta.uid()
-            )));
-        }
-        if others_write && (last || !sticky) {
-            return Err(Refusal::Untrusted(format!(
-                "{} is writable by other users (mode {:o})",
-                walked.display(),
-                mode & 0o7777
-            )));
-        }
+        let last = !is_parent && components.peek().is_none();
+        judge(&walked, &meta, last)?;
     }
     Ok(resolved)
+}
+
+/// [`trusted_dir`]'s last step alone: a directory (`meta`, at `dir`) in a
+/// directory already found trusted as a parent ([`trusted_parent`]).
+pub fn trusted_child(dir: &Path, meta: &std::fs::Metadata) -> Result<(), Refusal> {
+    judge(dir, meta, true)
+}
+
+/// One directory of a walk: owned by root or this user, and writable by
+/// others only when it is above the last one and sticky.
+fn judge(dir: &Path, meta: &std::fs::Metadata, last: bool) -> Result<(), Refusal> {
+    let mode = meta.mode();
+    let others_write = mode & 0o022 != 0;
+    let sticky = mode & 0o1000 != 0;
+    if !trusted_owner(meta.uid()) {
+        return Err(Refusal::Untrusted(format!(
+            "{} belongs to uid {}, not to root or this user",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    if others_write && (last || !sticky) {
+        return Err(Refusal::Untrusted(format!(
+            "{} is writable by other users (mode {:o})",
+            dir.display(),
+            mode & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -76,6 +100,10 @@ mod tests {
         // Sticky, as /tmp: fine above, not as the socket's own directory.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
         assert!(matches!(trusted_dir(&open), Err(Refusal::Untrusted(_))));
+        assert!(
+            trusted_parent(&open).is_ok(),
+            "a directory of one's own may be made in it"
+        );
         let inner = open.join("inner");
         std::fs::create_dir(&inner).expect("mkdir");
         std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -87,6 +115,7 @@ mod tests {
         // could be renamed away and replaced.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         assert!(matches!(trusted_dir(&inner), Err(Refusal::Untrusted(_))));
+        assert!(matches!(trusted_parent(&open), Err(Refusal::Untrusted(_))));
         assert!(matches!(
             trusted_dir(&root.path().join("missing")),
             Err(Refusal::Absent(_))

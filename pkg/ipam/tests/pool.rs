@@ -483,6 +483,56 @@ fn network_names_are_checked_before_they_become_paths() {
     }
 }
 
+/// Every path under `dir`, with what it is.
+fn tree(dir: &Path) -> Vec<(std::path::PathBuf, bool)> {
+    let mut out: Vec<_> = walk(dir).into_iter().map(|p| (p.clone(), p.is_dir())).collect();
+    out.sort();
+    out
+}
+
+/// A call the store refuses for its name or its place makes none of its
+/// directories (as opening them and failing halfway did), with the error
+/// making them would give.
+#[test]
+fn a_refused_place_makes_nothing() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let root = root.path();
+    fs::write(root.join("file"), "").expect("write");
+    fs::create_dir(root.join("taken")).expect("mkdir");
+    fs::write(root.join("taken/net"), "").expect("write");
+    fs::create_dir(root.join("linked")).expect("mkdir");
+    std::os::unix::fs::symlink(root, root.join("linked/net")).expect("symlink");
+    fs::create_dir(root.join("open")).expect("mkdir");
+    fs::set_permissions(root.join("open"), fs::Permissions::from_mode(0o777)).expect("chmod");
+    let deep = root.join("d".repeat(250)).join("e".repeat(250));
+    // Room for its own directories, not for sled's files in them.
+    let mut long_dir = root.join("long");
+    while long_dir.as_os_str().len() < 4070 - 251 {
+        long_dir.push("x".repeat(250));
+    }
+    long_dir.push("y".repeat(4070 - long_dir.as_os_str().len() - 1));
+    let name_256 = "n".repeat(256);
+    let cases: [(&Path, &str, &str); 7] = [
+        (&deep, &name_256, "File name too long (os error 36)"),
+        (&long_dir, "net", "File name too long (os error 36)"),
+        (&root.join("file/data"), "net", "Not a directory (os error 20)"),
+        (&root.join("file"), "net", "Not a directory (os error 20)"),
+        (&root.join("taken"), "net", "File exists (os error 17)"),
+        (&root.join("linked"), "net", "is not a directory (a symlink?)"),
+        (&root.join("open/data"), "net", "is writable by other users"),
+    ];
+    let before = tree(root);
+    for (data_dir, network, msg) in cases {
+        let err = pool::with_network(&Stores::direct(), data_dir, network, |n| n.leases())
+            .expect_err(msg)
+            .to_string();
+        assert!(err.contains(msg), "{}: {err}", data_dir.display());
+        assert_eq!(tree(root), before, "{}: {err}", data_dir.display());
+    }
+    let name_255 = "n".repeat(255);
+    pool::with_network(&Stores::direct(), &deep, &name_255, |n| n.leases()).expect("255 bytes is a name");
+}
+
 #[test]
 fn a_resident_store_serialises_threads_on_one_network() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use cni::small_file::{self, Links, Unreadable};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -89,6 +90,17 @@ fn staging_prefix(entry: &Path) -> String {
     )
 }
 
+/// An entry holds a configuration list (base64: a third larger than the
+/// list, itself at most [`small_file::MAX_SIZE`]) and a result.
+const ENTRY_LIMIT: u64 = 2 * small_file::MAX_SIZE;
+
+/// An entry's bytes: a regular file only, never through a link (every
+/// runtime renames a regular file into place) and never blocking on
+/// something else put there (a FIFO would hang a DEL for ever).
+fn read_entry(path: &Path) -> Result<Vec<u8>, Unreadable> {
+    small_file::read(path, Links::Refuse, ENTRY_LIMIT).map(|contents| contents.bytes)
+}
+
 /// The cache under one `CacheDir`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultCache {
@@ -118,10 +130,12 @@ impl ResultCache {
         let target = self.path_of(&entry.network_name, &entry.container_id, &entry.ifname);
         let staging = target.with_file_name(format!("{}{}.tmp", staging_prefix(&target), std::process::id()));
         let bytes = serde_json::to_vec(entry).map_err(|e| Error::Cache(e.to_string()))?;
+        // Created anew (O_EXCL never follows a link): whatever a killed
+        // writer with this pid, or anyone, left at the name goes first.
+        let _ = fs::remove_file(&staging);
         let written = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
             .open(&staging)
             .and_then(|mut f| f.write_all(&bytes))
@@ -135,9 +149,9 @@ impl ResultCache {
     /// The entry for an attachment, if one is cached and readable.
     pub fn load(&self, network: &str, container_id: &str, ifname: &str) -> Result<Option<CachedAttachment>> {
         let path = self.path_of(network, container_id, ifname);
-        let bytes = match fs::read(&path) {
+        let bytes = match read_entry(&path) {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(Unreadable::Absent) => return Ok(None),
             Err(e) => return Err(Error::Cache(format!("{}: {e}", path.display()))),
         };
         serde_json::from_slice(&bytes)
@@ -169,7 +183,8 @@ impl ResultCache {
     }
 
     /// Every readable `cniCacheV1` entry of `network`, in file-name order;
-    /// other files are skipped, as libcni's `GetCachedAttachments` does.
+    /// other files are skipped, as libcni's `GetCachedAttachments` does
+    /// (a FIFO or a link among them at once).
     pub fn attachments(&self, network: &str) -> Result<Vec<CachedAttachment>> {
         let entries = match fs::read_dir(&self.results) {
             Ok(entries) => entries,
@@ -180,7 +195,7 @@ impl ResultCache {
         paths.sort();
         Ok(paths
             .iter()
-            .filter_map(|p| fs::read(p).ok())
+            .filter_map(|p| read_entry(p).ok())
             .filter_map(|bytes| serde_json::from_slice::<CachedAttachment>(&bytes).ok())
             .filter(|a| a.kind == CACHE_KIND && !a.ifname.is_empty() && a.network_name == network)
             .collect())
@@ -324,5 +339,45 @@ mod tests {
             .map(|a| a.container_id)
             .collect();
         assert_eq!(ids, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_fifo_or_a_link_in_the_cache_is_no_entry_and_never_blocks_or_is_written_through() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = ResultCache::new(dir.path());
+        cache.store(&entry("a", "net")).expect("stored");
+        let results = dir.path().join("results");
+        let made = std::process::Command::new("mkfifo")
+            .arg(results.join("net-fifo-eth0"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        std::os::unix::fs::symlink(results.join("net-a-eth0"), results.join("net-link-eth0")).expect("link");
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "kept").expect("write");
+        let staging = results.join(format!(".net-b-eth0.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &staging).expect("link");
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let found = (
+                cache.load("net", "fifo", "eth0").map_err(|e| e.to_string()),
+                cache.load("net", "link", "eth0").map_err(|e| e.to_string()),
+                cache
+                    .attachments("net")
+                    .map(|a| a.len())
+                    .map_err(|e| e.to_string()),
+                cache.store(&entry("b", "net")).map_err(|e| e.to_string()),
+            );
+            // Gone only when the test timed out already.
+            let _ = done.send(found);
+        });
+        let (fifo, link, listed, stored) = outcome
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("returned without blocking");
+        assert!(fifo.expect_err("a FIFO").contains("FIFO"));
+        assert!(link.expect_err("a link").contains("symbolic link"));
+        assert_eq!(listed, Ok(1), "only the real entry");
+        stored.expect("stored");
+        assert_eq!(fs::read(&victim).expect("read"), b"kept", "not written through");
     }
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use cni::env::validate_network_name;
 use cni::exec::validate_plugin_type;
+use cni::small_file::{self, Links};
 use serde_json::{Map, Value};
 
 use crate::{Error, Result};
@@ -230,9 +231,11 @@ impl NetworkConfigList {
         ];
         for (extensions, parse) in groups {
             for file in conf_files(dir, extensions)? {
-                let parsed = fs::read(&file)
+                // Followed if a link, as libcni follows it; but never
+                // blocking on a FIFO swapped in after the listing.
+                let parsed = small_file::read(&file, Links::Follow, small_file::MAX_SIZE)
                     .map_err(|e| Error::Config(e.to_string()))
-                    .and_then(|bytes| parse(&bytes));
+                    .and_then(|contents| parse(&contents.bytes));
                 match parsed {
                     Ok(list) if list.name == name => return Ok(list),
                     Ok(_) => {}

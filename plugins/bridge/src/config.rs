@@ -455,6 +455,70 @@ mod tests {
         );
     }
 
+    /// Every key the bridge reads (host-local's among them), each set.
+    fn full_featured() -> Value {
+        let range = |net: &str| {
+            json!({"subnet": format!("{net}.0/24"), "rangeStart": format!("{net}.10"),
+                   "rangeEnd": format!("{net}.20"), "gateway": format!("{net}.1")})
+        };
+        let route = json!({"dst": "0.0.0.0/0", "gw": "10.8.0.1", "mtu": 1400, "advmss": 1300,
+                           "priority": 5, "table": 100, "scope": 0});
+        let dns = json!({"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]});
+        let prev_result = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
+                            "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+            "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
+            "routes": [route], "dns": dns});
+        let ipam = json!({"type": "host-local", "subnet": "10.8.0.0/24", "rangeStart": "10.8.0.10",
+            "rangeEnd": "10.8.0.20", "gateway": "10.8.0.1", "Name": "n", "routes": [route],
+            "dataDir": "/run/x", "resolvConf": "/etc/resolv.conf", "ranges": [[range("10.7.0")]],
+            "socket": ""});
+        let attachments = json!([{"containerID": "a", "ifname": "eth0"}]);
+        json!({"cniVersion": "1.0.0", "name": "net", "type": "bridge", "bridge": "br-full",
+            "isDefaultGateway": true, "forceAddress": true, "isGateway": true, "ipMasq": true,
+            "ipMasqBackend": "nftables", "mtu": 1400, "hairpinMode": true, "promiscMode": false,
+            "vlan": 100, "vlanTrunk": [{"minID": 200, "maxID": 210}, {"id": 300}],
+            "preserveDefaultVlan": true, "macspoofchk": true, "enabledad": true,
+            "disableContainerInterface": false, "portIsolation": true,
+            "capabilities": {"mac": true, "ips": true, "ipRanges": true}, "dns": dns,
+            "runtimeConfig": {"mac": "c2:00:00:00:00:01", "ipRanges": [[range("10.9.0")]],
+                              "ips": ["10.9.0.12"]},
+            "args": {"cni": {"mac": "c2:00:00:00:00:02", "ips": ["10.9.0.13"]}},
+            "prevResult": prev_result, "cni.dev/valid-attachments": attachments,
+            "cni.dev/attachments": attachments, "ipam": ipam})
+    }
+
+    /// Everything the bridge reads of a configuration, as the skeleton,
+    /// ADD (host-local's check included), CHECK and GC read it.
+    fn loaded(doc: &Value) -> String {
+        let mut doc = doc.clone();
+        keys::fold(&mut doc, &KEYS);
+        let read = || -> Result<_> {
+            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
+            let args = CniArgs::parse("IgnoreUnknown=1;MAC=c2:00:00:00:00:04;IP=10.9.0.14")?;
+            Ok((
+                BridgeConfig::load_with(&conf, &args, |_| true),
+                ipam::config::IpamConfig::load(&conf, &args).map_err(|e| e.to_string()),
+                conf.prev_result(),
+                conf.gc_valid_attachments(),
+                conf,
+            ))
+        };
+        format!("{:?}", read())
+    }
+
+    #[test]
+    fn every_key_reads_null_as_absent() {
+        let doc = full_featured();
+        let whole = loaded(&doc);
+        assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+        let variants = keys::null_and_absent(&doc, &KEYS);
+        assert!(variants.len() >= 80, "{} paths", variants.len());
+        for (path, null, absent) in variants {
+            assert_eq!(loaded(&null), loaded(&absent), "{path}");
+        }
+    }
+
     #[test]
     fn mac_sources_in_order() {
         let both = conf(

@@ -43,25 +43,35 @@ fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Ro
     }
 }
 
-/// host-local's configuration, checked in-process before ADD changes
-/// anything: a bad range or CNI_ARGS then leaves no bridge or veth behind,
-/// with host-local's own error. Other IPAM plugins check theirs when they
-/// run (dhcp needs the pod's interface to exist first).
+/// host-local's ADD, checked in-process before ADD changes anything
+/// (`ipam::checks::add`: the configuration, CNI_ARGS, the network's name
+/// as a file name, resolvConf, requested addresses against the ranges): a
+/// bad range or CNI_ARGS then leaves no bridge or veth behind, with
+/// host-local's own error. Where the store's directories are is left to
+/// the host-local that runs: the one in CNI_PATH may be the reference's,
+/// which keeps none of ours. Other IPAM plugins check theirs when they run
+/// (dhcp needs the pod's interface to exist first).
 pub fn validate(ipam_type: Option<&str>, req: &Request) -> Result<()> {
     if ipam_type == Some(HOST_LOCAL) {
-        ipam::config::IpamConfig::load(&req.conf, &req.env.args()?)?;
+        ipam::checks::add(req)?;
     }
     Ok(())
 }
 
 /// Runs `command` on the IPAM plugin; returns what it printed.
 /// A service gets the variables this process would pass to host-local:
-/// its own, with CNI_COMMAND set.
+/// its own, with CNI_COMMAND set. A call host-local would refuse before
+/// its store (`ipam::checks::before_store`) asks no service: host-local is
+/// executed and answers it, as it answers one without a service.
 pub fn call(ipam_type: &str, command: Command, req: &Request) -> Result<Vec<u8>> {
     let execute = || delegate(ipam_type, command, &req.stdin, &req.env.path);
     let Some(route) = lease_route(ipam_type, &req.stdin, &req.env.path) else {
         return execute();
     };
+    if let Err(refused) = ipam::checks::before_store(command, req) {
+        log::debug!("host-local answers this {} itself: {refused}", command.as_str());
+        return execute();
+    }
     let mut env: BTreeMap<String, String> = FORWARDED_ENV
         .iter()
         .filter_map(|k| Some(((*k).to_owned(), std::env::var(k).ok()?)))

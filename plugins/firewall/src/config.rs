@@ -157,6 +157,47 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
     }
 
+    /// Everything firewall reads of a configuration, as the skeleton, ADD,
+    /// CHECK, DEL and GC read it.
+    fn loaded(doc: &Value) -> String {
+        let mut doc = doc.clone();
+        cni::keys::fold(&mut doc, &KEYS);
+        let read = || -> Result<_> {
+            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
+            Ok((
+                FirewallConfig::load(&conf),
+                FirewallConfig::state_dir_of(&conf),
+                conf.prev_result(),
+                conf.gc_valid_attachments(),
+                conf,
+            ))
+        };
+        format!("{:?}", read())
+    }
+
+    #[test]
+    fn every_key_reads_null_as_absent() {
+        let prev_result = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
+                            "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+            "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1", "mtu": 1400, "advmss": 1300,
+                        "priority": 5, "table": 100, "scope": 0}],
+            "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}});
+        let doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "firewall",
+            "backend": "nftables", "iptablesAdminChainName": "MY-ADMIN", "firewalldZone": "trusted",
+            "ingressPolicy": "same-bridge", "stateDir": "/run/x", "ipam": {"type": "none"},
+            "capabilities": {"x": true}, "prevResult": prev_result,
+            "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
+        let whole = loaded(&doc);
+        assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+        let variants = cni::keys::null_and_absent(&doc, &KEYS);
+        assert!(variants.len() >= 40, "{} paths", variants.len());
+        for (path, null, absent) in variants {
+            assert_eq!(loaded(&null), loaded(&absent), "{path}");
+        }
+    }
+
     #[test]
     fn wrong_values_are_configuration_errors_that_say_why() {
         let err = load(json!({"backend": "firewalld"})).expect_err("no firewalld");

@@ -120,7 +120,11 @@ fn addresses_in_pod(att: &Attachment) -> Vec<IpAddr> {
 fn del_iptables(store: &Store, owner: (String, String, String), ips: &[IpAddr]) -> Result<()> {
     let mut keep = BTreeSet::new();
     keep.insert(owner);
-    let in_use = store.addresses_in_use(&keep);
+    let in_use = store.addresses_in_use(&keep).map_err(|e| {
+        Error::io(format!(
+            "rules kept: cannot tell whether another attachment holds these addresses: {e}"
+        ))
+    })?;
     let mine: Vec<IpAddr> = ips.iter().copied().filter(|ip| !in_use.contains(ip)).collect();
     let mut failures = Vec::new();
     for family in FAMILIES {

@@ -5,12 +5,11 @@
 //! not tell which rules were the pod's.
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use podnet::state_file;
+use podnet::state_file::{self, Unreadable};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,59 +25,122 @@ pub struct Store {
     dir: PathBuf,
 }
 
+/// What a record's file gave: teardown carries on past anything else.
+enum Read {
+    Record(Record),
+    /// Not one of ours (a FIFO, a link, an oversized or malformed file)
+    /// or gone: logged, skipped.
+    Skipped,
+    /// A file that may be a record, unread (an I/O error): its addresses
+    /// are unknown.
+    Failed(String),
+}
+
 impl Store {
     pub fn new(dir: &Path) -> Self {
         Store { dir: dir.to_owned() }
     }
 
-    fn path(&self, network: &str, container_id: &str, ifname: &str) -> PathBuf {
-        self.dir.join(network).join(format!("{container_id}-{ifname}"))
+    fn name(container_id: &str, ifname: &str) -> String {
+        format!("{container_id}-{ifname}")
     }
 
     pub fn save(&self, network: &str, record: &Record) -> io::Result<()> {
         let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-        state_file::write_whole(&self.path(network, &record.container_id, &record.ifname), &bytes)
+        state_file::write_whole(
+            &self.dir,
+            network,
+            &Store::name(&record.container_id, &record.ifname),
+            &bytes,
+        )
     }
 
+    /// The attachment's record, if one can be read (what cannot is logged).
     pub fn load(&self, network: &str, container_id: &str, ifname: &str) -> Option<Record> {
-        let bytes = fs::read(self.path(network, container_id, ifname)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        let name = Store::name(container_id, ifname);
+        match self.parse(network, &name, state_file::read(&self.dir, network, &name)) {
+            Read::Record(record) => Some(record),
+            Read::Skipped => None,
+            Read::Failed(e) => {
+                log::warn!("{e}");
+                None
+            }
+        }
     }
 
     pub fn remove(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<()> {
-        state_file::remove_if_present(&self.path(network, container_id, ifname))
+        state_file::remove_if_present(&self.dir, network, &Store::name(container_id, ifname))
     }
 
-    /// Every record of `network` (unreadable ones skipped).
+    /// Every record of `network`; what cannot be read is logged and
+    /// skipped (its rules stay).
     pub fn list(&self, network: &str) -> Vec<Record> {
-        let Ok(entries) = fs::read_dir(self.dir.join(network)) else {
-            return Vec::new();
-        };
+        let entries = state_file::entries(&self.dir, network).unwrap_or_else(|e| {
+            log::warn!("cannot list {}: {e}", self.dir.join(network).display());
+            Vec::new()
+        });
         entries
-            .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .filter_map(|e| serde_json::from_slice(&fs::read(e.path()).ok()?).ok())
+            .into_iter()
+            .filter_map(|e| match self.parse(&e.network, &e.name, e.contents) {
+                Read::Record(record) => Some(record),
+                Read::Skipped => None,
+                Read::Failed(e) => {
+                    log::warn!("{e}");
+                    None
+                }
+            })
             .collect()
     }
 
     /// The addresses recorded for any attachment of any network but the
     /// ones `except` names (`(network, container ID, ifname)`): rules for
     /// those are still in use. The iptables rules name only an address,
-    /// and networks on different bridges may hand out the same one.
-    pub fn addresses_in_use(&self, except: &BTreeSet<(String, String, String)>) -> BTreeSet<IpAddr> {
-        let Ok(networks) = fs::read_dir(&self.dir) else {
-            return BTreeSet::new();
+    /// and networks on different bridges may hand out the same one. An
+    /// error when a file that may be a record could not be read: its
+    /// addresses may be among them.
+    pub fn addresses_in_use(
+        &self,
+        except: &BTreeSet<(String, String, String)>,
+    ) -> io::Result<BTreeSet<IpAddr>> {
+        let mut in_use = BTreeSet::new();
+        for entry in state_file::all_entries(&self.dir)? {
+            let record = match self.parse(&entry.network, &entry.name, entry.contents) {
+                Read::Record(record) => record,
+                Read::Skipped => continue,
+                Read::Failed(e) => return Err(io::Error::other(e)),
+            };
+            let owner = (entry.network, record.container_id, record.ifname);
+            if !except.contains(&owner) {
+                in_use.extend(record.ips);
+            }
+        }
+        Ok(in_use)
+    }
+
+    /// A record from what reading `<network>/<name>` gave; one whose
+    /// attachment is not the one its name says is not ours.
+    fn parse(&self, network: &str, name: &str, contents: Result<Vec<u8>, Unreadable>) -> Read {
+        let place = self.dir.join(network).join(name);
+        let bytes = match contents {
+            Ok(bytes) => bytes,
+            Err(Unreadable::Absent) => return Read::Skipped,
+            Err(e) if e.is_not_a_file() => {
+                log::warn!("skipping {}: {e}", place.display());
+                return Read::Skipped;
+            }
+            Err(e) => return Read::Failed(format!("cannot read {}: {e}", place.display())),
         };
-        networks
-            .flatten()
-            .filter_map(|n| n.file_name().to_str().map(str::to_owned))
-            .flat_map(|network| {
-                self.list(&network).into_iter().filter(move |r| {
-                    !except.contains(&(network.clone(), r.container_id.clone(), r.ifname.clone()))
-                })
-            })
-            .flat_map(|r| r.ips)
-            .collect()
+        match serde_json::from_slice::<Record>(&bytes) {
+            Ok(record) if Store::name(&record.container_id, &record.ifname) == name => Read::Record(record),
+            Ok(_) => {
+                log::warn!("skipping {}: a record of another attachment", place.display());
+                Read::Skipped
+            }
+            Err(e) => {
+                log::warn!("skipping {}: not a record: {e}", place.display());
+                Read::Skipped
+            }
+        }
     }
 }
 
@@ -109,7 +171,7 @@ mod tests {
         );
         assert_eq!(store.list("a").len(), 2);
         let except: BTreeSet<_> = [("a".to_owned(), "c1".to_owned(), "eth0".to_owned())].into();
-        let in_use = store.addresses_in_use(&except);
+        let in_use = store.addresses_in_use(&except).expect("read");
         assert!(
             in_use.contains(&"10.0.0.2".parse().expect("ip")),
             "network b still has it"
@@ -118,5 +180,51 @@ mod tests {
         store.remove("a", "c1", "eth0").expect("removing twice is fine");
         assert_eq!(store.load("a", "c1", "eth0"), None);
         assert!(Store::new(&dir.path().join("none")).list("a").is_empty());
+    }
+
+    #[test]
+    fn what_is_not_a_record_is_skipped_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::new(dir.path());
+        store.save("a", &record("c1", &["10.0.0.2"])).expect("save");
+        let net = dir.path().join("a");
+        for fifo in [net.join("fifo-eth0"), dir.path().join("fifo-network")] {
+            let made = std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .expect("mkfifo");
+            assert!(made.success());
+        }
+        std::os::unix::fs::symlink(net.join("fifo-eth0"), net.join("linked-eth0")).expect("link");
+        std::os::unix::fs::symlink(net.join("c1-eth0"), net.join("c2-eth0")).expect("link");
+        std::fs::write(net.join("junk-eth0"), "{").expect("write");
+        std::fs::write(
+            net.join("c3-eth0"),
+            serde_json::to_vec(&record("c4", &["10.0.0.9"])).expect("JSON"),
+        )
+        .expect("write");
+        let (done, outcome) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let found = (
+                store.list("a"),
+                store.load("a", "fifo", "eth0"),
+                store.load("a", "linked", "eth0"),
+                store.load("a", "c2", "eth0"),
+                store
+                    .addresses_in_use(&BTreeSet::new())
+                    .map_err(|e| e.to_string()),
+            );
+            // Gone only when the test timed out already.
+            let _ = done.send(found);
+        });
+        let (list, fifo, linked, link_to_record, in_use) = outcome
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("returned without blocking");
+        assert_eq!(list, [record("c1", &["10.0.0.2"])]);
+        assert_eq!((fifo, linked, link_to_record), (None, None, None));
+        assert_eq!(
+            in_use.expect("junk is no error"),
+            BTreeSet::from(["10.0.0.2".parse().expect("ip")])
+        );
     }
 }

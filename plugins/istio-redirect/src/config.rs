@@ -149,6 +149,55 @@ mod tests {
         assert_eq!(c.api_deadline, Duration::from_secs(60));
     }
 
+    /// Everything istio-redirect reads of a configuration, as the skeleton
+    /// and ADD read it.
+    fn loaded(doc: &Value) -> String {
+        let mut doc = doc.clone();
+        keys::fold(&mut doc, &KEYS);
+        let read = || -> Result<_> {
+            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
+            Ok((
+                IstioConfig::load(&conf),
+                conf.runtime_config.pod_annotations(),
+                conf.prev_result(),
+                conf,
+            ))
+        };
+        format!("{:?}", read())
+    }
+
+    #[test]
+    fn every_key_reads_null_as_absent() {
+        let prev_result = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
+                            "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+            "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1", "mtu": 1400, "advmss": 1300,
+                        "priority": 5, "table": 100, "scope": 0}],
+            "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}});
+        let istio = json!({"plugin_log_level": "debug", "cni_agent_run_dir": "/run/istio-cni",
+            "ambient_enabled": false, "enablement_selectors": [], "exclude_namespaces": ["kube-system"],
+            "pod_namespace": "istio-system", "native_nftables": true, "kubeconfig": "/etc/kc",
+            "proxy_uid": 1000, "proxy_gid": 1000, "dns_capture": true, "dual_stack": true,
+            "invalid_drop": true, "redirect": {"interceptionMode": "TPROXY", "excludeInboundPorts": "22"},
+            "iptables_backend": "nft", "api_attempts": 3, "api_retry_delay_ms": 10,
+            "api_deadline_ms": 1000});
+        let mut doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "istio-redirect",
+            "ipam": {"type": "none"}, "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+            "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}},
+            "prevResult": prev_result});
+        if let (Some(doc), Value::Object(istio)) = (doc.as_object_mut(), istio) {
+            doc.extend(istio);
+        }
+        let whole = loaded(&doc);
+        assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+        let variants = keys::null_and_absent(&doc, &KEYS);
+        assert!(variants.len() >= 50, "{} paths", variants.len());
+        for (path, null, absent) in variants {
+            assert_eq!(loaded(&null), loaded(&absent), "{path}");
+        }
+    }
+
     #[test]
     fn ours_override_and_errors_name_the_field() {
         let c = load(json!({"kubeconfig": "/etc/kc", "proxy_uid": 1000, "dns_capture": true,

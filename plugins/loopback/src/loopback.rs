@@ -96,7 +96,44 @@ fn loopback_result(lo: &Link, addresses: &[IpNetwork], netns: &Path) -> CniResul
 
 #[cfg(test)]
 mod tests {
+    use cni::conf::{config_version, parse_document};
+    use cni::{NetConf, keys};
+
     use super::*;
+
+    #[test]
+    fn every_key_reads_null_as_absent() {
+        let doc = parse_document(
+            br#"{"cniVersion": "1.0.0", "name": "lo", "type": "loopback",
+            "capabilities": {"mac": true}, "dns": {"nameservers": ["10.0.0.53"], "domain": "d",
+            "search": ["s"], "options": ["o"]}, "ipam": {"type": "none"}, "logLevel": "debug",
+            "prevResult": {"cniVersion": "1.0.0",
+              "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1500,
+                "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+              "ips": [{"address": "10.0.0.2/24", "gateway": "10.0.0.1", "interface": 0}],
+              "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1", "mtu": 1400, "advmss": 1300,
+                "priority": 5, "table": 100, "scope": 0}],
+              "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}},
+            "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}],
+            "cni.dev/attachments": [{"containerID": "a", "ifname": "eth0"}]}"#,
+        )
+        .expect("JSON");
+        // What loopback reads of a configuration, as the skeleton and ADD
+        // read it.
+        let loaded = |doc: &_| -> Result<(NetConf, Option<CniResult>)> {
+            let mut doc = Clone::clone(doc);
+            keys::fold(&mut doc, &Loopback::KEYS);
+            let conf = NetConf::from_document(Clone::clone(&doc), config_version(&doc)?)?;
+            let prev_result = conf.prev_result()?;
+            Ok((conf, prev_result))
+        };
+        assert!(loaded(&doc).is_ok_and(|(_, prev)| prev.is_some()));
+        let variants = keys::null_and_absent(&doc, &Loopback::KEYS);
+        assert!(variants.len() >= 40, "{} paths", variants.len());
+        for (path, null, absent) in variants {
+            assert_eq!(loaded(&null), loaded(&absent), "{path}");
+        }
+    }
 
     #[test]
     fn result_lists_lo_with_one_address_per_family() {

@@ -182,3 +182,69 @@ fn mappings(conf: &NetConf) -> Result<Vec<Mapping>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn full_featured(backend_keys: Value) -> Value {
+        let prev_result = json!({"cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
+                            "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+            "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1", "mtu": 1400, "advmss": 1300,
+                        "priority": 5, "table": 100, "scope": 0}],
+            "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}});
+        let mut doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "portmap",
+            "snat": false, "masqAll": true, "stateDir": "/run/x", "ipam": {"type": "none"},
+            "capabilities": {"portMappings": true},
+            "runtimeConfig": {"portMappings": [
+                {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": "10.0.0.1"}]},
+            "prevResult": prev_result,
+            "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
+        if let (Some(doc), Value::Object(keys)) = (doc.as_object_mut(), backend_keys) {
+            doc.extend(keys);
+        }
+        doc
+    }
+
+    /// Everything portmap reads of a configuration, as the skeleton, ADD,
+    /// CHECK and GC read it.
+    fn loaded(doc: &Value) -> String {
+        let mut doc = doc.clone();
+        keys::fold(&mut doc, &KEYS);
+        let read = || -> Result<_> {
+            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
+            Ok((
+                PortmapConfig::load(&conf),
+                conf.prev_result(),
+                conf.gc_valid_attachments(),
+                conf,
+            ))
+        };
+        format!("{:?}", read())
+    }
+
+    #[test]
+    fn every_key_reads_null_as_absent() {
+        // markMasqBit and externalSetMarkChain exclude each other.
+        for doc in [
+            full_featured(
+                json!({"backend": "iptables", "externalSetMarkChain": "KUBE-MARK-MASQ",
+                "conditionsV4": ["-d", "10.0.0.0/8"], "conditionsV6": ["!", "-s", "fd00::/8"]}),
+            ),
+            full_featured(json!({"backend": "nftables", "markMasqBit": 13,
+                "conditionsV4": ["ip daddr 10.0.0.0/8"], "conditionsV6": ["ip6 daddr fd00::/8"]})),
+        ] {
+            let whole = loaded(&doc);
+            assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+            let variants = keys::null_and_absent(&doc, &KEYS);
+            assert!(variants.len() >= 40, "{} paths", variants.len());
+            for (path, null, absent) in variants {
+                assert_eq!(loaded(&null), loaded(&absent), "{path}");
+            }
+        }
+    }
+}

@@ -156,7 +156,13 @@ fn remove_everywhere(
 /// comes first, so the old, possibly dead, pod keeps the port.) Holders
 /// without a record (the reference's) are not seen.
 fn settle_conflicts(cfg: &PortmapConfig, network: &str, container_id: &str, node: &Namespace) -> Result<()> {
-    for holder in Record::all(&cfg.state_dir, node) {
+    let holders = Record::all(&cfg.state_dir, node).map_err(|e| {
+        Error::io(format!(
+            "cannot tell which host ports are held: a record in {} is unreadable: {e}",
+            cfg.state_dir.display()
+        ))
+    })?;
+    for holder in holders {
         if holder.network == network && holder.container_id == container_id {
             continue;
         }
@@ -311,19 +317,30 @@ impl Plugin for Portmap {
             .collect();
         let network = &req.conf.name;
         let _lock = lock_node()?;
-        let records = Namespace::current()
-            .map(|node| Record::all(&cfg.state_dir, &node))
-            .unwrap_or_default();
+        let mut failures = Vec::new();
+        // Without every record, another network's container could pass
+        // for a stale one: its nftables rules and records are left to a
+        // later GC.
+        let records = match Namespace::current().and_then(|node| Record::all(&cfg.state_dir, &node)) {
+            Ok(records) => Some(records),
+            Err(e) => {
+                failures.push(Error::io(format!(
+                    "nftables rules and records not collected: cannot read the records in {}: {e}",
+                    cfg.state_dir.display()
+                )));
+                None
+            }
+        };
         // The nftables table is shared by every network and a rule's
         // comment is its container ID alone, as upstream writes it: a
         // container recorded in another network is that network's to
         // collect.
         let elsewhere: BTreeSet<&str> = records
             .iter()
+            .flatten()
             .filter(|r| r.network != *network)
             .map(|r| r.container_id.as_str())
             .collect();
-        let mut failures = Vec::new();
         let mut forwards = Vec::new();
         for family in [Family::V4, Family::V6] {
             if iptables_usable(family) {
@@ -332,7 +349,7 @@ impl Plugin for Portmap {
                     Err(e) => failures.push(firewall_error(e)),
                 }
             }
-            if firewall::exec::find("nft").is_none() {
+            if records.is_none() || firewall::exec::find("nft").is_none() {
                 continue;
             }
             match nft::containers(family) {
@@ -353,6 +370,7 @@ impl Plugin for Portmap {
         flush_removed_flows(&forwards);
         let stale = records
             .iter()
+            .flatten()
             .filter(|r| r.network == *network && !keep.contains(&r.container_id));
         for record in stale {
             if let Err(e) = records::remove(&cfg.state_dir, network, &record.container_id) {

@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use firewall::portmap::{Mapping, Protocol};
-use podnet::state_file;
+use podnet::state_file::{self, Unreadable};
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_STATE_DIR: &str = "/run/cni/portmap";
@@ -89,10 +89,6 @@ pub struct Record {
     pub mappings: Vec<Published>,
 }
 
-fn path_of(dir: &Path, network: &str, container_id: &str) -> PathBuf {
-    dir.join(network).join(container_id)
-}
-
 impl Record {
     pub fn new(
         network: &str,
@@ -112,29 +108,43 @@ impl Record {
 
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        state_file::write_whole(&path_of(dir, &self.network, &self.container_id), &bytes)
+        state_file::write_whole(dir, &self.network, &self.container_id, &bytes)
     }
 
-    /// The records of this node, every network.
-    pub fn all(dir: &Path, node: &Namespace) -> Vec<Record> {
-        let Ok(networks) = fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        networks
-            .flatten()
-            .filter_map(|network| fs::read_dir(network.path()).ok())
-            .flat_map(|entries| entries.flatten())
-            .filter(|entry| !entry.file_name().to_string_lossy().starts_with('.'))
-            .filter_map(|entry| fs::read(entry.path()).ok())
-            .filter_map(|bytes| serde_json::from_slice::<Record>(&bytes).ok())
-            .filter(|record| record.node.same_as(node))
-            .collect()
+    /// The records of this node, every network. What is not a record (a
+    /// FIFO, a link, an oversized or malformed file: nothing ADD writes)
+    /// is skipped with a log line, so junk in the directory neither fails
+    /// nor holds an ADD. A file that may be a record but could not be read
+    /// is an error: a host port it holds would go unseen.
+    pub fn all(dir: &Path, node: &Namespace) -> std::io::Result<Vec<Record>> {
+        let mut records = Vec::new();
+        for entry in state_file::all_entries(dir)? {
+            let place = || dir.join(&entry.network).join(&entry.name);
+            let bytes = match entry.contents {
+                Ok(bytes) => bytes,
+                Err(Unreadable::Absent) => continue,
+                Err(e) if e.is_not_a_file() => {
+                    log::warn!("skipping {}: {e}", place().display());
+                    continue;
+                }
+                Err(e) => return Err(std::io::Error::other(format!("{}: {e}", place().display()))),
+            };
+            match serde_json::from_slice::<Record>(&bytes) {
+                Ok(record) if record.network != entry.network || record.container_id != entry.name => {
+                    log::warn!("skipping {}: a record of another place", place().display());
+                }
+                Ok(record) if record.node.same_as(node) => records.push(record),
+                Ok(_) => {}
+                Err(e) => log::warn!("skipping {}: not a record: {e}", place().display()),
+            }
+        }
+        Ok(records)
     }
 }
 
 /// Removes a container's record; a missing one is fine.
 pub fn remove(dir: &Path, network: &str, container_id: &str) -> std::io::Result<()> {
-    state_file::remove_if_present(&path_of(dir, network, container_id))
+    state_file::remove_if_present(dir, network, container_id)
 }
 
 #[cfg(test)]
@@ -179,7 +189,7 @@ mod tests {
         Record::new("net", "b", other_node, pod.clone(), &maps)
             .save(dir.path())
             .expect("saved");
-        let mine = Record::all(dir.path(), &node);
+        let mine = Record::all(dir.path(), &node).expect("read");
         assert_eq!(mine.len(), 1);
         assert_eq!(mine[0].container_id, "a");
         assert!(mine[0].pod.alive());
@@ -188,6 +198,40 @@ mod tests {
         assert!(!mine[0].pod.alive() || Namespace::of(&pod_file).is_ok_and(|n| n.ino == pod.ino));
         remove(dir.path(), "net", "a").expect("removed");
         remove(dir.path(), "net", "a").expect("twice");
-        assert!(Record::all(dir.path(), &node).is_empty());
+        assert!(Record::all(dir.path(), &node).expect("read").is_empty());
+    }
+
+    #[test]
+    fn what_is_not_a_record_is_skipped_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node = Namespace::current().expect("own namespace");
+        let pod = Namespace::current().expect("a namespace");
+        let maps = [mapping(8080, Protocol::Tcp, None)];
+        let record = Record::new("net", "a", node.clone(), pod, &maps);
+        record.save(dir.path()).expect("saved");
+        let net = dir.path().join("net");
+        let made = std::process::Command::new("mkfifo")
+            .arg(net.join("fifo"))
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        std::os::unix::fs::symlink(net.join("a"), net.join("link")).expect("link");
+        fs::write(net.join("junk"), "{").expect("write");
+        let elsewhere = Record {
+            container_id: "b".to_owned(),
+            ..record.clone()
+        };
+        fs::write(net.join("moved"), serde_json::to_vec(&elsewhere).expect("JSON")).expect("write");
+        let (done, outcome) = std::sync::mpsc::channel();
+        let path = dir.path().to_owned();
+        std::thread::spawn(move || {
+            // Gone only when the test timed out already.
+            let _ = done.send(Record::all(&path, &node).map_err(|e| e.to_string()));
+        });
+        let found = outcome
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("returned without blocking")
+            .expect("junk is no error");
+        assert_eq!(found, [record]);
     }
 }
