@@ -1067,3 +1067,67 @@ fn a_refused_call_starts_no_lease_service_and_changes_nothing() {
         failures.join("\n")
     );
 }
+
+/// A FIFO where the lease store keeps a file of its own (the started
+/// service's log, the generation witness, sled's database file) answers
+/// at once: before, opening it blocked for ever, holding the data
+/// directory's start lock or the network's lock, and every later call of
+/// the node behind it (only root can put one there: the directories are
+/// 0700).
+#[test]
+fn a_fifo_in_the_lease_stores_place_holds_no_call() {
+    const HUNG_AFTER: Duration = Duration::from_secs(10);
+    let node = Node::new();
+    let pod = node.pod("fifo-pod");
+    let network = "fifonet";
+    for (index, (place, succeeds)) in [
+        (".sled/.service.log", true),
+        (".sled/.generations/fifonet", false),
+        (".sled/fifonet/db", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data_dir = node.path(&format!("fifo-{index}"));
+        let fifo = data_dir.join(place);
+        let parent = fifo.parent().expect("parent");
+        integration::run("install", &["-d", "-m", "0700", parent.to_str().expect("UTF-8")]).success();
+        integration::run(
+            "chmod",
+            &["0700", data_dir.join(".sled").to_str().expect("UTF-8")],
+        )
+        .success();
+        integration::run("mkfifo", &[fifo.to_str().expect("UTF-8")]).success();
+        let conf = json!({"cniVersion": "1.0.0", "name": network, "type": "host-local",
+                          "ipam": {"type": "host-local", "subnet": "10.67.0.0/24", "dataDir": data_dir}})
+        .to_string();
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "fifo"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", pod.path_str()),
+            ("CNI_PATH", "/nonexistent"),
+        ];
+        let what = format!("host-local ADD with a FIFO at {place}");
+        let mut child = spawn_in(node.netns.path(), &bin("host-local"), &[], &env, &conf);
+        let started = std::time::Instant::now();
+        let mut hung = false;
+        while child.try_wait().expect("wait").is_none() {
+            if started.elapsed() > HUNG_AFTER {
+                let _ = child.kill();
+                hung = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let run = finish(&what, child);
+        for pid in integration::services_under(&data_dir) {
+            let _ = integration::run("kill", &["-KILL", &pid.to_string()]);
+        }
+        assert!(!hung, "{what} did not return within {HUNG_AFTER:?}: {run:?}");
+        assert_eq!(run.ok(), succeeds, "{what}: {run:?}");
+        if !succeeds {
+            assert!(run.stdout.contains("not a regular file"), "{what}: {run:?}");
+        }
+    }
+}

@@ -72,6 +72,21 @@ pub fn read(path: &Path, links: Links, limit: u64) -> Result<Contents, Unreadabl
         Links::Follow => 0,
         Links::Refuse => libc::O_NOFOLLOW,
     };
+    // Looked at before it is opened: opening a device can act (a watchdog
+    // starts counting); the open below is checked again, for what is
+    // swapped in meanwhile.
+    let looked = match links {
+        Links::Follow => std::fs::metadata(path),
+        Links::Refuse => std::fs::symlink_metadata(path),
+    };
+    if let Ok(metadata) = looked {
+        if links == Links::Refuse && metadata.file_type().is_symlink() {
+            return Err(Unreadable::NotRegular("a symbolic link"));
+        }
+        if let Some(kind) = not_regular(&metadata) {
+            return Err(Unreadable::NotRegular(kind));
+        }
+    }
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(OPEN_FLAGS | nofollow)

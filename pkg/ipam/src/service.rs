@@ -385,6 +385,33 @@ const START_PATIENCE: Duration = Duration::from_secs(3);
 /// A started service's log is emptied when it starts beyond this size.
 const LOG_LIMIT: u64 = 1 << 20;
 
+/// The service's stderr: `.service.log`, appended to and cut when over
+/// [`LOG_LIMIT`]; opened without blocking, and nothing but a regular file
+/// (a FIFO there would hold every call of the data directory behind the
+/// start lock). Something else there leaves the service without a log.
+fn service_log(path: &Path) -> std::io::Result<std::process::Stdio> {
+    let opened = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | cni::small_file::OPEN_FLAGS)
+        .open(path);
+    let log = match opened {
+        Ok(log) if log.metadata()?.is_file() => log,
+        Ok(_) | Err(_) => {
+            log::warn!(
+                "{} is not a regular file: the lease service logs nothing",
+                path.display()
+            );
+            return Ok(std::process::Stdio::null());
+        }
+    };
+    if log.metadata()?.len() > LOG_LIMIT {
+        log.set_len(0)?;
+    }
+    Ok(log.into())
+}
+
 /// Starts `exe serve` on `socket` (a data directory's own, logging to
 /// `.service.log` beside it) unless a
 /// service already listens there, and waits until it does. Plugins that
@@ -409,15 +436,7 @@ pub fn start_detached(exe: &Path, socket: &Path, deadline: Instant) -> io::Resul
         return Ok(());
     }
     let log_path = dir.join(".service.log");
-    let log = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&log_path)?;
-    if log.metadata()?.len() > LOG_LIMIT {
-        log.set_len(0)?;
-    }
+    let log = service_log(&log_path)?;
     let mut child = std::process::Command::new(exe)
         .arg("serve")
         .arg("--socket")

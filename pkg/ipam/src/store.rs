@@ -260,7 +260,43 @@ impl Paths {
 
 /// Opens a file of the store, never through a symlink.
 fn open_nofollow(path: &Path, options: &mut OpenOptions) -> std::io::Result<File> {
-    options.custom_flags(nix::libc::O_NOFOLLOW).open(path)
+    // Without blocking: a FIFO put in the store's place must answer at
+    // once, not hold the network's lock for ever.
+    options
+        .custom_flags(nix::libc::O_NOFOLLOW | cni::small_file::OPEN_FLAGS)
+        .open(path)
+}
+
+/// Refuses what is not a regular file where the store keeps one.
+fn regular(path: &Path, file: File) -> std::io::Result<File> {
+    if file.metadata()?.is_file() {
+        Ok(file)
+    } else {
+        Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )))
+    }
+}
+
+/// sled opens its own files (`db`, `conf`, `snap.*`) blocking and following
+/// links: anything but a regular file there is refused first.
+fn check_sled_files(db_dir: &Path) -> Result<(), Error> {
+    let Ok(entries) = std::fs::read_dir(db_dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let sleds = name == "db" || name == "conf" || name.starts_with("snap.");
+        if sleds && !entry.file_type().is_ok_and(|t| t.is_file()) {
+            return Err(Error::Store(format!(
+                "{} is not a regular file: the lease database is not opened",
+                entry.path().display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The witness's number: None when there is no witness or it cannot be
@@ -274,7 +310,8 @@ fn read_witness(paths: &Paths) -> Result<Option<u64>, Error> {
     {
         real_dir(dir)?;
     }
-    let text = match open_nofollow(&path, OpenOptions::new().read(true)) {
+    let text = match open_nofollow(&path, OpenOptions::new().read(true)).and_then(|file| regular(&path, file))
+    {
         Ok(mut file) => {
             let mut text = String::new();
             std::io::Read::read_to_string(&mut file, &mut text).map_err(io_error("cannot read", &path))?;
@@ -756,6 +793,7 @@ impl Stores {
             return Ok(db.clone());
         }
         self.claim_once(paths.sled_dir(), key.0)?;
+        check_sled_files(&paths.db_dir)?;
         discard_unfinished_snapshots(&paths.db_dir);
         let db = sled::Config::new()
             .path(&paths.db_dir)

@@ -44,6 +44,8 @@ pub struct CachedAttachment {
     pub result: Option<Value>,
 }
 
+/// `unlink(2)`'s answer for a directory (`EISDIR`).
+const UNLINK_OF_A_DIRECTORY: i32 = 21;
 impl CachedAttachment {
     /// The namespace the attachment lives in: the `netns` libcni 1.2+
     /// records, else the `sandbox` of the attachment's interface in the
@@ -174,7 +176,13 @@ impl ResultCache {
                 let _ = fs::remove_file(stale.path());
             }
         }
-        match fs::remove_file(&path) {
+        // Go's os.Remove, as libcni removes it: an empty directory in the
+        // entry's place goes too, so a DEL is not refused for ever.
+        let removed = fs::remove_file(&path).or_else(|e| match e.raw_os_error() {
+            Some(UNLINK_OF_A_DIRECTORY) => fs::remove_dir(&path),
+            _ => Err(e),
+        });
+        match removed {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(Error::Cache(format!("{}: {e}", path.display())))
             }
@@ -262,6 +270,20 @@ mod tests {
         let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode(&file), 0o600);
         assert_eq!(mode(&dir.path().join("results")), 0o700);
+    }
+
+    #[test]
+    fn an_empty_directory_in_an_entrys_place_is_removed_as_go_removes_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = ResultCache::new(dir.path());
+        let place = dir.path().join("results/net-c1-eth0");
+        fs::create_dir_all(&place).expect("an empty directory");
+        cache
+            .remove("net", "c1", "eth0")
+            .expect("removed, as os.Remove does");
+        assert!(!place.exists());
+        fs::create_dir_all(place.join("full")).expect("a directory with something in it");
+        assert!(cache.remove("net", "c1", "eth0").is_err(), "not emptied");
     }
 
     #[test]

@@ -26,6 +26,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, openat, renameat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
+use sha2::{Digest, Sha256};
 
 pub use cni::small_file::{MAX_SIZE, Unreadable};
 
@@ -53,7 +54,9 @@ pub fn write_whole(state_dir: &Path, network: &str, name: &str, bytes: &[u8]) ->
     }
     let dir =
         open_dir_at(Some(&top), Path::new(network)).map_err(|e| refused(&state_dir.join(network), e))?;
-    let temporary = format!(".{name}.{}.tmp", std::process::id());
+    // Not named after the record: a record's name may be as long as a
+    // file name can be. One plugin process writes one record at a time.
+    let temporary = format!(".tmp.{}", std::process::id());
     // One killed with this pid before left its file: ours now.
     match unlinkat(&dir, temporary.as_str(), UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => {}
@@ -216,6 +219,22 @@ fn refused(path: &Path, error: Errno) -> io::Error {
 }
 
 /// One name inside a directory: a `/`, `.` or `..` would reach outside it.
+/// The longest file name the kernel takes (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// The file name of the record `key` identifies: the key itself when it
+/// can name a file, else `sha256-<hex of the key>` (a container ID has no
+/// length limit in libcni). Records carry their identity: a reader checks
+/// a record's name against this of what it holds.
+pub fn name_for(key: &str) -> String {
+    if key.len() <= NAME_MAX && check_component(key).is_ok() {
+        return key.to_owned();
+    }
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256-{hex}")
+}
+
 fn check_component(name: &str) -> io::Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(io::Error::new(
@@ -250,6 +269,26 @@ mod tests {
         outcome
             .recv_timeout(Duration::from_secs(5))
             .expect("returned without blocking")
+    }
+
+    #[test]
+    fn a_key_too_long_for_a_file_name_is_recorded_under_its_digest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        // 250 bytes: a name the kernel takes, with no room for a
+        // temporary name built on it.
+        let long = "c".repeat(250);
+        assert_eq!(name_for(&long), long);
+        write_whole(&state, "net", &name_for(&long), b"250").expect("written");
+        assert_eq!(read(&state, "net", &long).expect("read"), b"250");
+        let longer = "c".repeat(300);
+        let name = name_for(&longer);
+        assert!(name.starts_with("sha256-") && name.len() < NAME_MAX, "{name}");
+        assert_ne!(name, name_for(&"c".repeat(301)));
+        write_whole(&state, "net", &name, b"300").expect("written");
+        assert_eq!(read(&state, "net", &name).expect("read"), b"300");
+        assert_eq!(name_for("a/b"), name_for("a/b"), "one name for one key");
+        assert!(name_for("a/b").starts_with("sha256-"));
     }
 
     #[test]

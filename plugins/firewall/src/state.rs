@@ -1,4 +1,7 @@
-//! One small file per attachment, `<stateDir>/<network>/<containerID>-<ifname>`,
+//! One small file per attachment, `<stateDir>/<network>/<containerID>:<ifname>`
+//! (neither may hold a `:`, so no two attachments share a name; releases
+//! before named it `<containerID>-<ifname>`, which two attachments could
+//! share, and those records are still read and removed),
 //! holding the addresses ADD opened the FORWARD path for. The reference's
 //! iptables rules name only an address, so without this a DEL that comes
 //! without prevResult (and with the pod's namespace gone) or a GC could
@@ -42,7 +45,18 @@ impl Store {
     }
 
     fn name(container_id: &str, ifname: &str) -> String {
+        state_file::name_for(&format!("{container_id}:{ifname}"))
+    }
+
+    /// The name releases before this one gave the record.
+    fn earlier_name(container_id: &str, ifname: &str) -> String {
         format!("{container_id}-{ifname}")
+    }
+
+    /// Whether `name` is a name of `record`'s.
+    fn names(record: &Record, name: &str) -> bool {
+        name == Store::name(&record.container_id, &record.ifname)
+            || name == Store::earlier_name(&record.container_id, &record.ifname)
     }
 
     pub fn save(&self, network: &str, record: &Record) -> io::Result<()> {
@@ -57,19 +71,37 @@ impl Store {
 
     /// The attachment's record, if one can be read (what cannot is logged).
     pub fn load(&self, network: &str, container_id: &str, ifname: &str) -> Option<Record> {
-        let name = Store::name(container_id, ifname);
-        match self.parse(network, &name, state_file::read(&self.dir, network, &name)) {
-            Read::Record(record) => Some(record),
-            Read::Skipped => None,
-            Read::Failed(e) => {
-                log::warn!("{e}");
-                None
+        [
+            Store::name(container_id, ifname),
+            Store::earlier_name(container_id, ifname),
+        ]
+        .iter()
+        .find_map(|name| {
+            match self.parse(network, name, state_file::read(&self.dir, network, name)) {
+                Read::Record(record) if record.container_id == container_id && record.ifname == ifname => {
+                    Some(record)
+                }
+                Read::Record(_) | Read::Skipped => None,
+                Read::Failed(e) => {
+                    log::warn!("{e}");
+                    None
+                }
             }
-        }
+        })
     }
 
+    /// Removes the attachment's record, and one an earlier release wrote
+    /// for it (only when it is this attachment's: another's may share
+    /// that name).
     pub fn remove(&self, network: &str, container_id: &str, ifname: &str) -> io::Result<()> {
-        state_file::remove_if_present(&self.dir, network, &Store::name(container_id, ifname))
+        state_file::remove_if_present(&self.dir, network, &Store::name(container_id, ifname))?;
+        let earlier = Store::earlier_name(container_id, ifname);
+        match self.parse(network, &earlier, state_file::read(&self.dir, network, &earlier)) {
+            Read::Record(record) if record.container_id == container_id && record.ifname == ifname => {
+                state_file::remove_if_present(&self.dir, network, &earlier)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Every record of `network`; what cannot be read is logged and
@@ -131,7 +163,7 @@ impl Store {
             Err(e) => return Read::Failed(format!("cannot read {}: {e}", place.display())),
         };
         match serde_json::from_slice::<Record>(&bytes) {
-            Ok(record) if Store::name(&record.container_id, &record.ifname) == name => Read::Record(record),
+            Ok(record) if Store::names(&record, name) => Read::Record(record),
             Ok(_) => {
                 log::warn!("skipping {}: a record of another attachment", place.display());
                 Read::Skipped
@@ -154,6 +186,51 @@ mod tests {
             ifname: "eth0".to_owned(),
             ips: ips.iter().map(|s| s.parse().expect("ip")).collect(),
         }
+    }
+
+    #[test]
+    fn attachments_whose_ids_and_names_join_alike_keep_their_own_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::new(dir.path());
+        let first = Record {
+            container_id: "a".into(),
+            ifname: "b-c".into(),
+            ips: vec!["10.79.0.6".parse().expect("ip")],
+        };
+        let second = Record {
+            container_id: "a-b".into(),
+            ifname: "c".into(),
+            ips: vec!["10.79.0.5".parse().expect("ip")],
+        };
+        store.save("n", &first).expect("save");
+        store.save("n", &second).expect("save");
+        assert_eq!(store.load("n", "a", "b-c"), Some(first.clone()));
+        store.remove("n", "a", "b-c").expect("remove");
+        assert_eq!(
+            store.load("n", "a-b", "c"),
+            Some(second.clone()),
+            "the other's stays"
+        );
+        assert_eq!(store.list("n"), [second]);
+    }
+
+    #[test]
+    fn a_record_an_earlier_release_named_is_read_and_removed_only_for_its_attachment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::new(dir.path());
+        let earlier = Record {
+            container_id: "a-b".into(),
+            ifname: "c".into(),
+            ips: vec!["10.79.0.5".parse().expect("ip")],
+        };
+        let bytes = serde_json::to_vec(&earlier).expect("json");
+        state_file::write_whole(dir.path(), "n", "a-b-c", &bytes).expect("as released before");
+        assert_eq!(store.load("n", "a-b", "c"), Some(earlier.clone()));
+        assert_eq!(store.load("n", "a", "b-c"), None, "a name another shares");
+        store.remove("n", "a", "b-c").expect("remove");
+        assert_eq!(store.list("n"), [earlier], "not the other's");
+        store.remove("n", "a-b", "c").expect("remove");
+        assert!(store.list("n").is_empty());
     }
 
     #[test]

@@ -108,7 +108,12 @@ impl Record {
 
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        state_file::write_whole(dir, &self.network, &self.container_id, &bytes)
+        state_file::write_whole(
+            dir,
+            &self.network,
+            &state_file::name_for(&self.container_id),
+            &bytes,
+        )
     }
 
     /// The records of this node, every network. What is not a record (a
@@ -130,7 +135,10 @@ impl Record {
                 Err(e) => return Err(std::io::Error::other(format!("{}: {e}", place().display()))),
             };
             match serde_json::from_slice::<Record>(&bytes) {
-                Ok(record) if record.network != entry.network || record.container_id != entry.name => {
+                Ok(record)
+                    if record.network != entry.network
+                        || state_file::name_for(&record.container_id) != entry.name =>
+                {
                     log::warn!("skipping {}: a record of another place", place().display());
                 }
                 Ok(record) if record.node.same_as(node) => records.push(record),
@@ -144,7 +152,7 @@ impl Record {
 
 /// Removes a container's record; a missing one is fine.
 pub fn remove(dir: &Path, network: &str, container_id: &str) -> std::io::Result<()> {
-    state_file::remove_if_present(dir, network, container_id)
+    state_file::remove_if_present(dir, network, &state_file::name_for(container_id))
 }
 
 #[cfg(test)]
