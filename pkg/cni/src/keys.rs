@@ -223,6 +223,35 @@ pub fn null_and_absent(doc: &Value, shape: &Shape) -> Vec<(String, Value, Value)
         .collect()
 }
 
+/// A `prevResult` holding every key a result's shape names, for the
+/// plugins' tests of [`assert_null_reads_as_absent`].
+pub fn full_prev_result() -> Value {
+    serde_json::json!({"cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
+                        "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
+        "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1", "mtu": 1400, "advmss": 1300,
+                    "priority": 5, "table": 100, "scope": 0}],
+        "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}})
+}
+
+/// For each of `shape`'s keys `doc` holds (at least `at_least` of them),
+/// panics unless `loaded` (all a plugin reads of a configuration) gives
+/// the same with the key `null` as without it: the per-plugin test that
+/// every key reads `null` as Go's decoder does.
+pub fn assert_null_reads_as_absent<T: PartialEq + std::fmt::Debug>(
+    doc: &Value,
+    shape: &Shape,
+    at_least: usize,
+    loaded: impl Fn(&Value) -> T,
+) {
+    let variants = null_and_absent(doc, shape);
+    assert!(variants.len() >= at_least, "{} paths", variants.len());
+    for (path, null, absent) in variants {
+        assert_eq!(loaded(&null), loaded(&absent), "{path}");
+    }
+}
+
 /// `doc` with the keys `path` leads to set to `value` (removed for None);
 /// None when no object holds them.
 fn replaced(doc: &Value, path: &[Step], value: Option<&Value>) -> Option<Value> {

@@ -512,11 +512,7 @@ mod tests {
         let doc = full_featured();
         let whole = loaded(&doc);
         assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
-        let variants = keys::null_and_absent(&doc, &KEYS);
-        assert!(variants.len() >= 80, "{} paths", variants.len());
-        for (path, null, absent) in variants {
-            assert_eq!(loaded(&null), loaded(&absent), "{path}");
-        }
+        cni::keys::assert_null_reads_as_absent(&doc, &KEYS, 80, loaded);
     }
 
     #[test]

@@ -168,13 +168,7 @@ mod tests {
 
     #[test]
     fn every_key_reads_null_as_absent() {
-        let prev_result = json!({"cniVersion": "1.0.0",
-            "interfaces": [{"name": "eth0", "mac": "c2:00:00:00:00:01", "mtu": 1400,
-                            "sandbox": "/run/netns/p", "socketPath": "/s", "pciID": "0000:00:01.0"}],
-            "ips": [{"address": "10.9.0.12/24", "gateway": "10.9.0.1", "interface": 0}],
-            "routes": [{"dst": "0.0.0.0/0", "gw": "10.9.0.1", "mtu": 1400, "advmss": 1300,
-                        "priority": 5, "table": 100, "scope": 0}],
-            "dns": {"nameservers": ["10.0.0.53"], "domain": "d", "search": ["s"], "options": ["o"]}});
+        let prev_result = cni::keys::full_prev_result();
         let istio = json!({"plugin_log_level": "debug", "cni_agent_run_dir": "/run/istio-cni",
             "ambient_enabled": false, "enablement_selectors": [], "exclude_namespaces": ["kube-system"],
             "pod_namespace": "istio-system", "native_nftables": true, "kubeconfig": "/etc/kc",
@@ -191,11 +185,7 @@ mod tests {
         }
         let whole = loaded(&doc);
         assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
-        let variants = keys::null_and_absent(&doc, &KEYS);
-        assert!(variants.len() >= 50, "{} paths", variants.len());
-        for (path, null, absent) in variants {
-            assert_eq!(loaded(&null), loaded(&absent), "{path}");
-        }
+        cni::keys::assert_null_reads_as_absent(&doc, &KEYS, 50, loaded);
     }
 
     #[test]
