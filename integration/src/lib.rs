@@ -237,6 +237,50 @@ pub fn finish(what: &str, child: Child) -> Run {
     Run::from_output(what.to_owned(), output)
 }
 
+/// Waits at most `limit` for a started command: what it printed, or Err
+/// with what it printed once killed when it had not returned by then (a
+/// blocked plugin must fail a test, not hang the suite).
+pub fn finish_within(what: &str, mut child: Child, limit: std::time::Duration) -> Result<Run, Run> {
+    let started = std::time::Instant::now();
+    while child
+        .try_wait()
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .is_none()
+    {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            return Err(finish(what, child));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(finish(what, child))
+}
+
+/// `mkfifo <path>`: a FIFO where a test wants one in a plugin's way.
+pub fn mkfifo(path: &Path) {
+    run("mkfifo", &[path.to_str().expect("UTF-8 path")]).success();
+}
+
+/// Every path under `dir`, `dir` itself not included.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    run("find", &[dir.to_str().expect("UTF-8 path"), "-mindepth", "1"])
+        .success()
+        .stdout
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The suite's plugin binaries.
+pub const PLUGINS: [&str; 6] = [
+    "loopback",
+    "bridge",
+    "host-local",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
+
 /// Waits until `ready()` holds, failing the test after `limit`.
 pub fn wait_for(what: &str, limit: std::time::Duration, mut ready: impl FnMut() -> bool) {
     let started = std::time::Instant::now();

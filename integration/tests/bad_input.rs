@@ -16,15 +16,6 @@ use std::time::{Duration, Instant};
 use integration::{Netns, Node, bin};
 use serde_json::{Value, json};
 
-const BINARIES: [&str; 6] = [
-    "loopback",
-    "bridge",
-    "host-local",
-    "istio-redirect",
-    "portmap",
-    "firewall",
-];
-
 /// Codes from the spec: incompatible version, invalid environment, I/O
 /// failure, undecodable stdin, invalid configuration.
 const VERSION: u64 = 1;
@@ -99,7 +90,7 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
             code,
         });
     };
-    for binary in BINARIES {
+    for binary in integration::PLUGINS {
         let valid = valid_conf(binary, data_dir);
         let text = valid.to_string();
         // Not JSON, or not a JSON object.
@@ -616,7 +607,7 @@ fn every_binary_answers_every_malformed_input_with_one_cni_error_and_changes_not
     }
     // And the configuration every case departs from does work: each case
     // is refused for the one thing it changed.
-    for binary in BINARIES {
+    for binary in integration::PLUGINS {
         let mut env = base_env(&pod, binary);
         let conf = bytes(&valid_conf(binary, &data_dir));
         let added = run(&node.netns, binary, &env, &conf);

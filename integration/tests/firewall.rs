@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use integration::{Netns, Node, Run, finish, run_in, run_with_binds, spawn_in};
+use integration::{Netns, Node, Run, run_in, run_with_binds, spawn_in};
 use serde_json::{Value, json};
 
 const REFERENCE: &str = "/usr/lib/cni/firewall";
@@ -589,19 +589,9 @@ fn exec_within(node: &Node, command: &str, container: &str, netns: &str, stdin: 
         ("CNI_PATH", "/usr/lib/cni"),
     ];
     let what = format!("firewall {command} {container}");
-    let mut child = spawn_in(node.netns.path(), &ours(), &[], &env, stdin);
-    let started = std::time::Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if started.elapsed() > HUNG_AFTER {
-            let _ = child.kill();
-            panic!(
-                "{what} did not return within {HUNG_AFTER:?}: {:?}",
-                finish(&what, child)
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    finish(&what, child)
+    let child = spawn_in(node.netns.path(), &ours(), &[], &env, stdin);
+    integration::finish_within(&what, child, HUNG_AFTER)
+        .unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"))
 }
 
 fn with_state_dir(state: &Path, prev: Option<Value>) -> String {
@@ -632,9 +622,9 @@ fn special_files_in_the_state_directory_hold_no_del_or_gc() {
     add("c1", "10.79.0.5/24");
     add("c2", "10.79.0.6/24");
     let records = state.join(NETWORK);
-    integration::run("mkfifo", &[records.join("fifo-eth0").to_str().expect("UTF-8")]).success();
+    integration::mkfifo(&records.join("fifo-eth0"));
     std::os::unix::fs::symlink(records.join("fifo-eth0"), records.join("linked-eth0")).expect("link");
-    integration::run("mkfifo", &[state.join("fifo-network").to_str().expect("UTF-8")]).success();
+    integration::mkfifo(&state.join("fifo-network"));
     for id in ["fifo", "linked", "c1"] {
         exec_within(&node, "DEL", id, "", &with_state_dir(&state, None)).success();
     }
@@ -680,11 +670,7 @@ fn no_record_is_written_through_a_linked_state_directory() {
     let state = node.path("fw-state");
     std::fs::create_dir_all(&state).expect("mkdir");
     std::os::unix::fs::symlink(&also_elsewhere, state.join(NETWORK)).expect("link");
-    let written = |dir: &Path| {
-        integration::run("find", &[dir.to_str().expect("UTF-8"), "-mindepth", "1"])
-            .success()
-            .stdout
-    };
+    let written = |dir: &Path| integration::files_under(dir).join("\n");
     for state_dir in [&linked_state, &state] {
         let prev = prev_result("cnifw0", &["10.79.0.7/24"]);
         let add = exec_within(

@@ -1097,7 +1097,7 @@ fn a_fifo_in_the_lease_stores_place_holds_no_call() {
             &["0700", data_dir.join(".sled").to_str().expect("UTF-8")],
         )
         .success();
-        integration::run("mkfifo", &[fifo.to_str().expect("UTF-8")]).success();
+        integration::mkfifo(&fifo);
         let conf = json!({"cniVersion": "1.0.0", "name": network, "type": "host-local",
                           "ipam": {"type": "host-local", "subnet": "10.67.0.0/24", "dataDir": data_dir}})
         .to_string();
@@ -1109,22 +1109,13 @@ fn a_fifo_in_the_lease_stores_place_holds_no_call() {
             ("CNI_PATH", "/nonexistent"),
         ];
         let what = format!("host-local ADD with a FIFO at {place}");
-        let mut child = spawn_in(node.netns.path(), &bin("host-local"), &[], &env, &conf);
-        let started = std::time::Instant::now();
-        let mut hung = false;
-        while child.try_wait().expect("wait").is_none() {
-            if started.elapsed() > HUNG_AFTER {
-                let _ = child.kill();
-                hung = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let run = finish(&what, child);
+        let child = spawn_in(node.netns.path(), &bin("host-local"), &[], &env, &conf);
+        let finished = integration::finish_within(&what, child, HUNG_AFTER);
         for pid in integration::services_under(&data_dir) {
             let _ = integration::run("kill", &["-KILL", &pid.to_string()]);
         }
-        assert!(!hung, "{what} did not return within {HUNG_AFTER:?}: {run:?}");
+        let run =
+            finished.unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"));
         assert_eq!(run.ok(), succeeds, "{what}: {run:?}");
         if !succeeds {
             assert!(run.stdout.contains("not a regular file"), "{what}: {run:?}");

@@ -1179,7 +1179,7 @@ fn fifos_where_the_agent_reads_never_hang_it() {
     uplink(&node);
     let fifo = |path: &Path| {
         std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
-        integration::run("mkfifo", &[path.to_str().expect("UTF-8")]).success();
+        integration::mkfifo(path);
     };
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
     fifo(&kubeconfig);

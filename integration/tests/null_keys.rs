@@ -12,15 +12,6 @@ use std::path::Path;
 use integration::{Netns, Node, Run, bin, bin_dir, run_in};
 use serde_json::{Value, json};
 
-const BINARIES: [&str; 6] = [
-    "loopback",
-    "bridge",
-    "host-local",
-    "istio-redirect",
-    "portmap",
-    "firewall",
-];
-
 /// Keys whose absence means a default place on the machine itself (the
 /// data directory, the lease service's socket, the state directory): left
 /// set here, and tested null against absent by each crate's unit tests.
@@ -230,7 +221,7 @@ fn every_key_of_every_binary_answers_null_as_it_answers_the_key_absent() {
     // Keys without which ADD still succeeds: those compare whole runs.
     let mut added = 0;
     let mut differences = Vec::new();
-    for binary in BINARIES {
+    for binary in integration::PLUGINS {
         for (n, full) in full_confs(binary, &node, placeholder.path_str())
             .iter()
             .enumerate()

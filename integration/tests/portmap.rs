@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use integration::probe::{Listener, Probe};
-use integration::{Netns, Node, Run, bin, finish, run_in, spawn_in, wait_for};
+use integration::{Netns, Node, Run, bin, files_under, mkfifo, run_in, spawn_in, wait_for};
 use serde_json::{Value, json};
 
 const REFERENCE: &str = "/usr/lib/cni/portmap";
@@ -744,33 +744,9 @@ fn exec_within(node: &Node, command: &str, container_id: &str, netns: &str, stdi
         ("CNI_PATH", "/nonexistent"),
     ];
     let what = format!("portmap {command} {container_id}");
-    let mut child = spawn_in(node.netns.path(), &bin("portmap"), &[], &env, stdin);
-    let started = std::time::Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if started.elapsed() > HUNG_AFTER {
-            let _ = child.kill();
-            panic!(
-                "{what} did not return within {HUNG_AFTER:?}: {:?}",
-                finish(&what, child)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    finish(&what, child)
-}
-
-fn mkfifo(path: &Path) {
-    integration::run("mkfifo", &[path.to_str().expect("UTF-8")]).success();
-}
-
-/// Every path under `dir`.
-fn files_under(dir: &Path) -> Vec<String> {
-    integration::run("find", &[dir.to_str().expect("UTF-8"), "-mindepth", "1"])
-        .success()
-        .stdout
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    let child = spawn_in(node.netns.path(), &bin("portmap"), &[], &env, stdin);
+    integration::finish_within(&what, child, HUNG_AFTER)
+        .unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"))
 }
 
 /// A FIFO, a link to one, and other junk in portmap's state directory

@@ -28,9 +28,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use cni::small_file;
 use nix::fcntl::{AT_FDCWD, AtFlags};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -107,20 +108,6 @@ fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
     Error::Io(format!("cannot {what} {}: {e}", path.display()))
 }
 
-fn kind_of(file_type: fs::FileType) -> &'static str {
-    if file_type.is_dir() {
-        "directory"
-    } else if file_type.is_fifo() {
-        "FIFO"
-    } else if file_type.is_socket() {
-        "socket"
-    } else if file_type.is_block_device() || file_type.is_char_device() {
-        "device"
-    } else {
-        "special file"
-    }
-}
-
 /// Whether anything, a dangling link included, has the name `path`.
 fn is_there(path: &Path) -> Result<bool, Error> {
     match fs::symlink_metadata(path) {
@@ -134,20 +121,20 @@ fn is_there(path: &Path) -> Result<bool, Error> {
 /// regular file, and that without following a link or blocking (it is
 /// checked again once open: what replaced it since is never read).
 fn look(path: &Path) -> Result<Found, Error> {
-    let file_type = match fs::symlink_metadata(path) {
-        Ok(metadata) => metadata.file_type(),
+    let metadata = match fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Absent),
         Err(e) => return Err(io_error("look at", path, e)),
     };
-    if file_type.is_symlink() {
+    if metadata.file_type().is_symlink() {
         return Ok(Found::Link);
     }
-    if !file_type.is_file() {
-        return Ok(Found::Other(kind_of(file_type)));
+    if let Some(kind) = small_file::not_regular(&metadata) {
+        return Ok(Found::Other(kind));
     }
     let opened = OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .custom_flags(nix::libc::O_NOFOLLOW | small_file::OPEN_FLAGS)
         .open(path);
     let mut file = match opened {
         Ok(file) => file,
@@ -155,12 +142,9 @@ fn look(path: &Path) -> Result<Found, Error> {
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(Found::Link),
         Err(e) => return Err(io_error("read", path, e)),
     };
-    let file_type = file
-        .metadata()
-        .map_err(|e| io_error("read", path, e))?
-        .file_type();
-    if !file_type.is_file() {
-        return Ok(Found::Other(kind_of(file_type)));
+    let metadata = file.metadata().map_err(|e| io_error("read", path, e))?;
+    if let Some(kind) = small_file::not_regular(&metadata) {
+        return Ok(Found::Other(kind));
     }
     let mut hasher = Sha256::new();
     io::copy(&mut file, &mut hasher).map_err(|e| io_error("read", path, e))?;
@@ -276,7 +260,7 @@ impl BinDir {
                 Found::Absent => false,
                 Found::Other(kind) => {
                     return Err(Error::Io(format!(
-                        "{} is a {kind}, not a plugin's file: someone else's, so {name} is not installed over it",
+                        "{} is {kind}, not a plugin's file: someone else's, so {name} is not installed over it",
                         place.display()
                     )));
                 }

@@ -94,18 +94,14 @@ pub fn primary(dir: &Path, named: Option<&str>) -> Option<PathBuf> {
         let list = path.with_extension("conflist");
         return (!is_list(&path) && parse(&list).is_some()).then_some(list);
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
+    crate::conf_dir::files(dir)
+        .into_iter()
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| !n.starts_with('.'))
         })
-        .collect();
-    files.sort();
-    files.into_iter().find(|p| parse(p).is_some())
+        .find(|p| parse(p).is_some())
 }
 
 /// Whether `path` ends with exactly `entry` and has no other of ours.

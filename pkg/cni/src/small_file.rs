@@ -128,7 +128,9 @@ pub fn read_opened(file: File, limit: u64) -> Result<Contents, Unreadable> {
     Ok(Contents { bytes, metadata })
 }
 
-fn not_regular(metadata: &Metadata) -> Option<&'static str> {
+/// What stands there, when it is not a regular file ("a FIFO", "a
+/// directory", ...), for messages that refuse it.
+pub fn not_regular(metadata: &Metadata) -> Option<&'static str> {
     let kind = metadata.file_type();
     if kind.is_file() {
         None

@@ -314,6 +314,7 @@ fn remove_empty_nat(family: Family, before: Option<&BTreeSet<String>>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnl::tests::run;
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| (*n).to_owned()).collect()
@@ -415,14 +416,6 @@ mod tests {
             serde_json::from_str::<Snapshot>("{}").expect("empty"),
             Snapshot::default()
         );
-    }
-
-    fn run(program: &str, args: &[&str]) {
-        let status = std::process::Command::new(program)
-            .args(args)
-            .status()
-            .expect("runs");
-        assert!(status.success(), "{program} {args:?}");
     }
 
     fn ruleset() -> String {

@@ -443,7 +443,7 @@ fn batch(message: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -464,7 +464,8 @@ mod tests {
         assert_eq!(&r[24..28], b"nat\0");
     }
 
-    fn run(program: &str, args: &[&str]) {
+    /// Runs a tool that sets a test's tables up; it must succeed.
+    pub(crate) fn run(program: &str, args: &[&str]) {
         let status = std::process::Command::new(program)
             .args(args)
             .status()
