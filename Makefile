@@ -24,8 +24,10 @@ RELEASE_DIR = target/$(TARGET)/release
 APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static ca-certificates curl \
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace \
-	python3-yaml python3-venv skopeo
+	python3-yaml python3-venv skopeo \
+	rsync jq dpkg-dev etcd-server openssl netcat-openbsd conntrack
 
+.PHONY: kubernetes cluster cluster-down cluster-test conformance
 .PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image manifests validate-manifest clean
 
 all: build
@@ -187,7 +189,46 @@ soak: build fault-bin
 			cargo test --locked -p integration --test crash -- --nocapture hundred_kills || exit 1; \
 	done
 
-test: lint unit integration validate-manifest image check-install bench-smoke fuzz
+test: lint unit integration validate-manifest image check-install bench-smoke fuzz cluster-test
+
+# The real cluster (integration/cluster, README "On a cluster"): Kubernetes
+# v1.20.2 built once from Debian 12's source package into K8S_CACHE (outside
+# the checkout; later runs reuse it), then a control plane and three nodes
+# in namespaces of this machine, each importing the suite's image.
+export K8S_CACHE ?= /var/cache/cni-suite/kubernetes-1.20.2
+export CNI_CLUSTER_DIR ?= /tmp/cni-suite-cluster
+CLUSTER := integration/cluster/cluster.sh
+CLUSTER_KUBECTL = $(CNI_CLUSTER_DIR)/bin/kubectl --kubeconfig $(CNI_CLUSTER_DIR)/kubeconfig
+kubernetes: deps
+	integration/cluster/build-kubernetes.sh
+
+# Left running for a person: the suite applied, every node Ready.
+cluster: image kubernetes
+	CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) $(CLUSTER) up
+	$(CLUSTER_KUBECTL) apply -f $(K8S_MANIFEST)
+	$(CLUSTER_KUBECTL) wait --for=condition=Ready node --all --timeout=180s
+	@echo "export KUBECONFIG=$(CNI_CLUSTER_DIR)/kubeconfig; kubectl 1.20.2 is $(CNI_CLUSTER_DIR)/bin/kubectl"
+
+cluster-down:
+	$(CLUSTER) down
+
+# The cluster tier of `make test`: a fresh cluster without the suite (the
+# tests apply it), the tests, Kubernetes' e2e subset, and the cluster gone
+# afterwards whatever happened.
+cluster-test: image kubernetes
+	@trap '$(CLUSTER) down' EXIT; \
+	CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) $(CLUSTER) up && \
+	cargo test --locked -p integration --test real_cluster -- --ignored --nocapture && \
+	integration/cluster/e2e.sh subset
+
+# Every [sig-network] e2e spec this cluster can run (e2e.sh says which are
+# left out and why) on a fresh cluster with the suite.
+conformance: image kubernetes
+	@trap '$(CLUSTER) down' EXIT; \
+	CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) $(CLUSTER) up && \
+	$(CLUSTER_KUBECTL) apply -f $(K8S_MANIFEST) && \
+	$(CLUSTER_KUBECTL) wait --for=condition=Ready node --all --timeout=180s && \
+	integration/cluster/e2e.sh conformance
 
 # The node agent's image (deploy/cni-suite.yaml runs it): an OCI archive
 # that `kind load image-archive`, `ctr images import` and `docker load` read.

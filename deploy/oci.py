@@ -118,13 +118,19 @@ def add(tar, name, data=None, mode=0o644, kind="file"):
         tar.addfile(info, io.BytesIO(data))
 
 
-def write_archive(out, name, layer, cmd, env=("PATH=/usr/sbin:/usr/bin:/sbin:/bin",), architecture="amd64"):
+def write_archive(out, name, layer, cmd, env=("PATH=/usr/sbin:/usr/bin:/sbin:/bin",), architecture="amd64",
+                  entrypoint=None):
     """Writes the image `name` (a full reference, `docker.io/...:tag`) to
-    `out`, through a temporary file renamed into place."""
+    `out`, through a temporary file renamed into place. `entrypoint`, when
+    given, is what `cmd` becomes the arguments of (as a Dockerfile's
+    ENTRYPOINT)."""
     uncompressed, compressed = layer.tar()
+    image_config = {"Cmd": list(cmd), "Env": list(env)}
+    if entrypoint is not None:
+        image_config["Entrypoint"] = list(entrypoint)
     config = json.dumps({
         "architecture": architecture, "os": "linux",
-        "config": {"Cmd": list(cmd), "Env": list(env)},
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [digest(uncompressed)]},
     }, sort_keys=True).encode()
     manifest = json.dumps({

@@ -21,6 +21,7 @@ use tempfile::TempDir;
 
 pub mod api_server;
 pub mod bench;
+pub mod cluster;
 pub mod containerd;
 pub mod leases;
 pub mod node_agent;
@@ -95,7 +96,7 @@ impl fmt::Debug for Run {
 }
 
 impl Run {
-    fn from_output(what: String, output: Output) -> Self {
+    pub(crate) fn from_output(what: String, output: Output) -> Self {
         Run {
             what,
             code: output.status.code(),

@@ -56,6 +56,14 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
     // forever: as long as a watch may last (its timeoutSeconds is 290)
     // and a little more.
     config.read_timeout = Some(std::time::Duration::from_secs(295));
+    // The Service address (in-cluster config) answers only once kube-proxy
+    // has programmed it, which on a new node can be after the agent starts
+    // (kube-proxy first waits for its Node object). A SYN sent before that
+    // goes nowhere, and its retransmissions keep the first packet's
+    // un-NATed conntrack entry, so only a new connection can succeed: give
+    // up on one after 3 s, not kube's 30 (seen on the real cluster: every
+    // agent Ready 30 s late).
+    config.connect_timeout = Some(std::time::Duration::from_secs(3));
     config.root_cert = Some(roots);
     config.auth_info.token_file = Some(token.display().to_string());
     if let Ok(namespace) = crate::atomic::read_text(&account_dir.join("namespace")) {

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Kubernetes v1.20.2 for the real-cluster tier, built from Debian 12's
+# `kubernetes` source package, plus kubectl from Debian's kubernetes-client
+# .deb and the pause binary of the same tree. Everything lands in
+# $K8S_CACHE/bin, outside any checkout, and a second run with every binary
+# there does nothing. The machine's apt configuration is never touched: a
+# private configuration (own sources list, lists and archives) fetches the
+# source and the .deb.
+set -euo pipefail
+
+CACHE=${K8S_CACHE:-/var/cache/cni-suite/kubernetes-1.20.2}
+BIN=$CACHE/bin
+WANT="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost pause kubectl"
+
+missing() { for b in $WANT; do [ -x "$BIN/$b" ] || echo "$b"; done; }
+[ -z "$(missing)" ] && { echo "kubernetes: cached in $BIN"; exit 0; }
+mkdir -p "$BIN"
+
+# The private apt configuration: the machine's Debian mirror, read-only use
+# of its keyring, nothing under /etc/apt or /var/lib/apt written.
+APT=$CACHE/apt
+mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/parts"
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+cat > "$APT/sources.list" <<LIST
+deb [signed-by=$KEYRING] http://deb.debian.org/debian bookworm main
+deb-src [signed-by=$KEYRING] http://deb.debian.org/debian bookworm main
+deb [signed-by=$KEYRING] http://deb.debian.org/debian-security bookworm-security main
+deb-src [signed-by=$KEYRING] http://deb.debian.org/debian-security bookworm-security main
+LIST
+apt_private() {
+	apt-get -q -o Dir::Etc::SourceList="$APT/sources.list" -o Dir::Etc::SourceParts="$APT/parts" \
+		-o Dir::State::Lists="$APT/lists" -o Dir::Cache::Archives="$APT/archives" \
+		-o Dir::Cache::pkgcache="" -o Dir::Cache::srcpkgcache="" "$@"
+}
+[ -n "$(ls "$APT/lists" | grep -v partial || true)" ] || apt_private update >/dev/null
+
+SRC=$CACHE/src
+if [ ! -x "$BIN/kubectl" ]; then
+	(cd "$CACHE" && apt_private download kubernetes-client >/dev/null)
+	rm -rf "$CACHE/client" && dpkg-deb -x "$(ls "$CACHE"/kubernetes-client_*.deb | tail -1)" "$CACHE/client"
+	install -m 0755 "$CACHE/client/usr/bin/kubectl" "$BIN/kubectl"
+fi
+
+if [ ! -d "$SRC/tree" ]; then
+	rm -rf "$SRC" && mkdir -p "$SRC"
+	(cd "$SRC" && apt_private source --download-only kubernetes >/dev/null)
+	dpkg-source --no-check -x "$(ls "$SRC"/kubernetes_*.dsc | tail -1)" "$SRC/tree.partial" >/dev/null
+	mv "$SRC/tree.partial" "$SRC/tree"
+fi
+
+if [ ! -x "$BIN/pause" ]; then
+	gcc -Os -static -o "$BIN/pause" "$SRC/tree/build/pause/linux/pause.c"
+	strip "$BIN/pause"
+fi
+
+# The tree's own Makefile (a plain `go build` wants go.mod updates); its
+# GOPATH layout and a Go build cache inside the cache directory.
+cd "$SRC/tree"
+mkdir -p .go/src/k8s.io
+ln -sfn "$SRC/tree" .go/src/k8s.io/kubernetes
+export GOPATH=$SRC/tree/.go GOCACHE=$CACHE/go-build GOFLAGS=-mod=vendor CGO_ENABLED=0 \
+	KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean
+need() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
+if need kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy; then
+	nice make WHAT="cmd/kube-apiserver cmd/kubelet cmd/kube-controller-manager cmd/kube-scheduler cmd/kube-proxy"
+fi
+if need e2e.test ginkgo; then
+	nice make WHAT="test/e2e/e2e.test vendor/github.com/onsi/ginkgo/ginkgo"
+fi
+if need agnhost; then
+	nice make WHAT=test/images/agnhost
+fi
+for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost; do
+	[ -x "$BIN/$b" ] || install -m 0755 "_output/bin/$b" "$BIN/$b"
+done
+left=$(missing)
+[ -z "$left" ] || { echo "kubernetes: not built: $left" >&2; exit 1; }
+echo "kubernetes: built into $BIN"

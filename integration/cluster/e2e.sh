@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Kubernetes' own network e2e tests (e2e.test of the same v1.20.2 tree)
+# against the running real cluster, and their outcome spec by spec.
+#
+#   e2e.sh subset        what `make test` runs: Granular Checks: Pods (the 4
+#                        [Conformance] specs) and the pod- and node-to-Service
+#                        http/udp specs of Granular Checks: Services
+#   e2e.sh conformance   every [sig-network] spec that needs no cloud
+#                        provider, cluster DNS or SCTP sockets and is not
+#                        [Disruptive] or [Serial] ([Slow] ones included;
+#                        the list below says what is left out and why)
+#
+# Writes $E2E_REPORT_DIR (default target/e2e/MODE) with the run's log,
+# ginkgo's JUnit files and summary.txt: every spec the focus names, passed,
+# failed, or skipped and why.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLUSTER_DIR=${CNI_CLUSTER_DIR:-/tmp/cni-suite-cluster}
+MODE=${1:-}
+REPORT=${E2E_REPORT_DIR:-$HERE/../../target/e2e/$MODE}
+# Serial by default: under ginkgo -nodes=2 two specs that pass alone and
+# serially were reported skipped after running (not understood yet).
+NODES=${E2E_PARALLEL:-1}
+
+case "$MODE" in
+subset)
+	FOCUS='\[sig-network\] Networking Granular Checks: (Pods should function for (intra|node)-pod communication: (http|udp)|Services should function for (pod|node)-Service: (http|udp))'
+	;;
+conformance)
+	FOCUS='\[sig-network\]'
+	;;
+*)
+	sed -n '2,15p' "$0" >&2
+	exit 2
+	;;
+esac
+# What this cluster cannot run, each with its reason: the subset and the
+# full set leave these out, and the summary names the reason per spec.
+EXCLUDED="$REPORT.excluded"
+mkdir -p "$(dirname "$REPORT")"
+cat >"$EXCLUDED" <<'LIST'
+\[Disruptive\]|\[Serial\]	[Disruptive] or [Serial]: left out by the issue (one shared cluster)
+SCTP	no SCTP sockets in this kernel (CONFIG_IP_SCTP unset)
+DNS|ExternalName|externalname	needs cluster DNS (Debian has no CoreDNS package)
+LoadBalancer|ESIPP|\[Feature:NEG\]|\[Feature:kubemci\]|\[Feature:Ingress\]|Loadbalancing: L7|Firewall rule|\[Provider:	needs a cloud provider
+\[Feature:Networking-IPv[46]\]	needs the internet from pods (this machine has none)
+\[Feature:NetworkPolicy\]	NetworkPolicy is issue 35's
+\[Feature:Networking-Performance\]	an iperf throughput measurement, not pass/fail (make bench measures the suite)
+\[Feature:Example\]	the guestbook example's images are not built here
+LIST
+SKIP=$(cut -f1 "$EXCLUDED" | paste -sd'|')
+
+rm -rf "$REPORT"
+mkdir -p "$REPORT"
+# The runner's own internet check (internet_standin.py says why).
+python3 "$HERE/internet_standin.py" "$REPORT/standin.port" &
+standin=$!
+trap 'kill $standin 2>/dev/null' EXIT
+for _ in $(seq 50); do [ -s "$REPORT/standin.port" ] && break; sleep 0.1; done
+export HTTP_PROXY=http://127.0.0.1:$(cat "$REPORT/standin.port") NO_PROXY=127.0.0.1,localhost
+unset HTTPS_PROXY https_proxy http_proxy
+rc=0
+"$CLUSTER_DIR/bin/ginkgo" -nodes="$NODES" -noColor -succinct "$CLUSTER_DIR/bin/e2e.test" -- \
+	--kubeconfig="$CLUSTER_DIR/kubeconfig" --kubectl-path="$CLUSTER_DIR/bin/kubectl" \
+	--provider=skeleton --report-dir="$REPORT" --disable-log-dump --dump-logs-on-failure=false \
+	--ginkgo.focus="$FOCUS" --ginkgo.skip="$SKIP" --ginkgo.noColor \
+	>"$REPORT/e2e.log" 2>&1 || rc=$?
+python3 "$HERE/junit_summary.py" "$REPORT" "$FOCUS" "$EXCLUDED" | tee "$REPORT/summary.txt"
+[ $rc = 0 ] || { tail -60 "$REPORT/e2e.log"; echo "e2e: failed (exit $rc); log in $REPORT/e2e.log" >&2; }
+exit $rc

@@ -1,0 +1,333 @@
+//! The real Kubernetes cluster (`integration/cluster/cluster.sh`, brought up
+//! by `make cluster` or `make cluster-test`) as the cluster tier's tests use
+//! it: kubectl 1.20.2 against its API server, commands inside its nodes, and
+//! objects made from YAML. The tests never bring it up themselves: one
+//! cluster is shared by every cluster test of a run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::Run;
+
+/// Where `cluster.sh` keeps the running cluster unless `CNI_CLUSTER_DIR`
+/// says otherwise (the same default as the script's).
+const DEFAULT_DIR: &str = "/tmp/cni-suite-cluster";
+
+/// The checkout's `integration/cluster/cluster.sh`.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/cluster.sh")
+}
+
+/// The checkout's `deploy/` directory (the manifests users apply).
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+}
+
+/// Tests that change what every node runs (the DaemonSet, the nodes
+/// themselves) take it for writing; the others for reading.
+static SHARED: RwLock<()> = RwLock::new(());
+
+impl Cluster {
+    /// The running cluster; panics with how to start one when there is none.
+    pub fn get() -> &'static Cluster {
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            let dir =
+                std::env::var_os("CNI_CLUSTER_DIR").map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from);
+            assert!(
+                dir.join("kubeconfig").is_file(),
+                "no cluster at {} (make cluster-test brings one up for these tests)",
+                dir.display()
+            );
+            Cluster { dir }
+        })
+    }
+
+    /// Held by a test that only adds its own objects.
+    pub fn shared(&self) -> RwLockReadGuard<'static, ()> {
+        SHARED.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Held by a test that changes the nodes or the suite's DaemonSet.
+    pub fn exclusive(&self) -> RwLockWriteGuard<'static, ()> {
+        SHARED.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn kubectl_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(self.dir.join("bin/kubectl"));
+        command
+            .arg("--kubeconfig")
+            .arg(self.dir.join("kubeconfig"))
+            .args(args);
+        command
+    }
+
+    /// `kubectl args` with `stdin` fed to it.
+    pub fn kubectl_with_input(&self, args: &[&str], stdin: &str) -> Run {
+        let what = format!("kubectl {}", args.join(" "));
+        let mut child = self
+            .kubectl_command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write kubectl's stdin");
+        let output = child.wait_with_output().expect("wait for kubectl");
+        Run::from_output(what, output)
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Run {
+        self.kubectl_with_input(args, "")
+    }
+
+    /// `kubectl get args -o json`.
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["get"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["-o", "json"]);
+        self.kubectl(&full).success().json()
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) {
+        self.kubectl_with_input(&["apply", "-f", "-"], yaml).success();
+    }
+
+    /// `program args` inside node `node` (all its namespaces).
+    pub fn on_node(&self, node: &str, args: &[&str]) -> Run {
+        let mut full = vec!["exec", node];
+        full.extend_from_slice(args);
+        crate::run(script(), &full)
+    }
+
+    /// The underlay's network namespace (the nodes' network and the
+    /// cluster's outside), a name under /run/netns.
+    pub fn underlay_netns(&self) -> &'static str {
+        "cnik-underlay"
+    }
+
+    /// The cluster script itself (`add-node`, `start-kubelet`, ...).
+    pub fn script(&self, args: &[&str]) -> Run {
+        crate::run(script(), args)
+    }
+
+    /// The worker nodes' names as the API server lists them.
+    pub fn nodes(&self) -> Vec<String> {
+        let list = self.get_json(&["nodes"]);
+        let mut names: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The node's InternalIPs (IPv4 first, as `--node-ip` gives them).
+    pub fn node_ips(&self, node: &str) -> Vec<String> {
+        let node = self.get_json(&["node", node]);
+        node["status"]["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["type"] == "InternalIP")
+            .filter_map(|a| a["address"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// Polls `ready` every `every` until it holds; the time it took. Fails the
+/// test after `limit`, with what `ready` last reported.
+pub fn poll(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> Result<(), String>,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        match ready() {
+            Ok(()) => return started.elapsed(),
+            Err(last) => assert!(
+                started.elapsed() < limit,
+                "timed out after {limit:?} waiting for {what}: {last}"
+            ),
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A namespace of one test's objects, deleted (without waiting) on drop.
+#[derive(Debug)]
+pub struct Namespace {
+    cluster: &'static Cluster,
+    pub name: String,
+}
+
+/// A pod as the API server reports it.
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub name: String,
+    pub node: String,
+    /// `status.podIPs`, IPv4 first on this dual-stack cluster.
+    pub ips: Vec<String>,
+}
+
+impl Pod {
+    /// The pod's address of the family of `like` (an address), for a URL.
+    pub fn ip_like(&self, ipv6: bool) -> &str {
+        self.ips
+            .iter()
+            .find(|ip| ip.contains(':') == ipv6)
+            .unwrap_or_else(|| panic!("{} has no IPv{} address", self.name, if ipv6 { 6 } else { 4 }))
+    }
+}
+
+/// `host:port` for a URL (brackets around IPv6).
+pub fn host_port(ip: &str, port: u16) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+impl Namespace {
+    /// A fresh namespace named after `test`.
+    pub fn new(cluster: &'static Cluster, test: &str) -> Self {
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{test}-{}-{n}", std::process::id()).replace('_', "-");
+        cluster.kubectl(&["create", "namespace", &name]).success();
+        Namespace { cluster, name }
+    }
+
+    /// `kubectl -n <this> args`.
+    pub fn kubectl(&self, args: &[&str]) -> Run {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        self.cluster.kubectl(&full)
+    }
+
+    pub fn apply(&self, yaml: &str) {
+        self.cluster
+            .kubectl_with_input(&["-n", &self.name, "apply", "-f", "-"], yaml)
+            .success();
+    }
+
+    /// Waits until every pod matching `selector` (at least `count`) runs
+    /// and is ready; returns them.
+    pub fn ready_pods(&self, selector: &str, count: usize, limit: Duration) -> Vec<Pod> {
+        let mut pods = Vec::new();
+        poll(
+            &format!("{count} ready pods {selector} in {}", self.name),
+            limit,
+            Duration::from_millis(500),
+            || {
+                pods = self.pods(selector);
+                let ready = pods.iter().filter(|p| !p.ips.is_empty()).count();
+                let list = self
+                    .kubectl(&["get", "pods", "-l", selector, "-o", "wide"])
+                    .stdout;
+                if pods.len() >= count && ready == pods.len() && self.all_ready(selector) {
+                    Ok(())
+                } else {
+                    Err(list)
+                }
+            },
+        );
+        pods
+    }
+
+    fn all_ready(&self, selector: &str) -> bool {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            selector,
+            "-o",
+            "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+        ]);
+        out.ok() && out.stdout.lines().all(|l| l == "True")
+    }
+
+    /// The pods matching `selector`.
+    pub fn pods(&self, selector: &str) -> Vec<Pod> {
+        let list = self
+            .kubectl(&["get", "pods", "-l", selector, "-o", "json"])
+            .success()
+            .json();
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|pod| Pod {
+                name: pod["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+                node: pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned(),
+                ips: pod["status"]["podIPs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|ip| ip["ip"].as_str().map(str::to_owned))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// `args` run inside the pod's first container.
+    pub fn exec(&self, pod: &str, args: &[&str]) -> Run {
+        let mut full = vec!["exec", pod, "--"];
+        full.extend_from_slice(args);
+        self.kubectl(&full)
+    }
+
+    /// The body `curl` gets from `url` inside `pod` (5 s at most), retried
+    /// for up to 20 s while the answer is an error: kube-proxy and the
+    /// agent converge asynchronously.
+    pub fn curl(&self, pod: &str, url: &str) -> String {
+        let mut body = String::new();
+        poll(
+            &format!("{url} from {pod}"),
+            Duration::from_secs(20),
+            Duration::from_millis(500),
+            || {
+                let run = self.exec(pod, &["curl", "-sS", "-g", "-m", "5", url]);
+                if run.ok() {
+                    body = run.stdout.trim().to_owned();
+                    Ok(())
+                } else {
+                    Err(format!("{run:?}"))
+                }
+            },
+        );
+        body
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        self.cluster
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
