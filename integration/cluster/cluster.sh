@@ -150,8 +150,8 @@ plug() {
 }
 
 # boot NAME ROLE INDEX: the machine's pid 1 (machine-init.sh) in new mount,
-# pid and uts namespaces; killing the recorded unshare kills pid 1 and with
-# it every process and mount of the machine.
+# pid and uts namespaces; its host pid is recorded, and killing it ends
+# every process and mount of the machine.
 boot() {
 	local name=$1 role=$2 index=$3 dir
 	dir=$(machine_dir "$name")
@@ -164,8 +164,9 @@ boot() {
 	"${enter[@]}" unshare --mount --pid --uts --fork --kill-child --mount-proc --propagation private \
 		env -i PATH="$PATH" MACHINE="$name" ROLE="$role" INDEX="$index" MACHINE_DIR="$dir" \
 		CLUSTER_DIR="$CLUSTER_DIR" NETNS="$netns" API_PORT="$API_PORT" HERE="$HERE" \
+		CONTROL_PLANE_IP="$CONTROL_PLANE_IP" POD_CIDRS="$POD_CIDRS" SERVICE_CIDRS="$SERVICE_CIDRS" \
+		FEATURES="$FEATURES" GUARDED_SYSCTLS="$GUARDED_SYSCTLS" \
 		bash "$HERE/machine-init.sh" >"$dir/log/init.log" 2>&1 </dev/null &
-	echo $! >"$dir/unshare.pid"
 	local child=""
 	for _ in $(seq 100); do
 		child=$(cat "/proc/$!/task/$!/children" 2>/dev/null | awk '{print $1}')
@@ -342,7 +343,9 @@ worker_name() { [ "$1" = 1 ] && echo worker || echo "worker$1"; }
 
 cmd_up() {
 	local workers=${1:-3}
-	[ -d "$CLUSTER_DIR" ] && cmd_down
+	# One cluster per machine (fixed names and port): whatever an earlier or
+	# killed run left goes first.
+	cmd_down
 	for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl pause; do
 		[ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b missing: run integration/cluster/build-kubernetes.sh"
 	done

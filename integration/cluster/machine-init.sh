@@ -2,8 +2,9 @@
 # pid 1 of one machine of the real cluster (cluster.sh boots it in new
 # mount, pid and uts namespaces): gives the machine its own filesystems,
 # starts its daemons, then becomes `pause`, which reaps orphans until the
-# machine is killed. Environment: MACHINE, ROLE (control-plane | node),
-# MACHINE_DIR, CLUSTER_DIR, NETNS, API_PORT, HERE.
+# machine is killed. Environment (from cluster.sh): MACHINE, ROLE
+# (control-plane | node), MACHINE_DIR, CLUSTER_DIR, NETNS, API_PORT, HERE,
+# CONTROL_PLANE_IP, POD_CIDRS, SERVICE_CIDRS, FEATURES, GUARDED_SYSCTLS.
 set -euo pipefail
 BIN=$CLUSTER_DIR/bin
 PKI=$CLUSTER_DIR/pki
@@ -12,7 +13,7 @@ hostname "$MACHINE"
 # Node-private files over the machine-wide tunables the kubelet writes.
 guard_sysctls() {
 	mkdir -p "$MACHINE_DIR/sysctl"
-	for f in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes; do
+	for f in $GUARDED_SYSCTLS; do
 		local copy=$MACHINE_DIR/sysctl/${f//\//.}
 		cat "/proc/sys/$f" >"$copy"
 		mount --bind "$copy" "/proc/sys/$f"
@@ -74,24 +75,23 @@ control_plane() {
 		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
 		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
 		--initial-cluster control-plane=http://127.0.0.1:2380
-	local ip4=172.18.0.2
 	keep "kube-apiserver" "${in_net[@]}" "$BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
-		--advertise-address=$ip4 --bind-address=0.0.0.0 --secure-port=6443 --insecure-port=0 \
+		--advertise-address="$CONTROL_PLANE_IP" --bind-address=0.0.0.0 --secure-port=6443 --insecure-port=0 \
 		--tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
 		--client-ca-file="$PKI/ca.crt" --authorization-mode=Node,RBAC \
 		--enable-admission-plugins=NodeRestriction --allow-privileged=true \
 		--service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
-		--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112 --feature-gates=IPv6DualStack=true \
+		--service-cluster-ip-range="$SERVICE_CIDRS" --feature-gates="$FEATURES" \
 		--kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
 		--kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
 		--kubelet-preferred-address-types=InternalIP
 	keep "kube-controller-manager" "${in_net[@]}" "$BIN/kube-controller-manager" --kubeconfig="$MACHINE_DIR/controller-manager.kubeconfig" \
 		--authentication-kubeconfig="$MACHINE_DIR/controller-manager.kubeconfig" \
 		--authorization-kubeconfig="$MACHINE_DIR/controller-manager.kubeconfig" \
-		--allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16,fd00:10:244::/56 \
+		--allocate-node-cidrs=true --cluster-cidr="$POD_CIDRS" \
 		--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64 \
-		--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112 --feature-gates=IPv6DualStack=true \
+		--service-cluster-ip-range="$SERVICE_CIDRS" --feature-gates="$FEATURES" \
 		--use-service-account-credentials=true --service-account-private-key-file="$PKI/sa.key" \
 		--root-ca-file="$PKI/ca.crt" --cluster-signing-cert-file="$PKI/ca.crt" \
 		--cluster-signing-key-file="$PKI/ca.key" --leader-elect=false --configure-cloud-routes=false \

@@ -192,10 +192,12 @@ pub struct Pod {
     pub node: String,
     /// `status.podIPs`, IPv4 first on this dual-stack cluster.
     pub ips: Vec<String>,
+    /// Its Ready condition is True.
+    pub ready: bool,
 }
 
 impl Pod {
-    /// The pod's address of the family of `like` (an address), for a URL.
+    /// The pod's IPv6 or IPv4 address.
     pub fn ip_like(&self, ipv6: bool) -> &str {
         self.ips
             .iter()
@@ -246,30 +248,19 @@ impl Namespace {
             Duration::from_millis(500),
             || {
                 pods = self.pods(selector);
-                let ready = pods.iter().filter(|p| !p.ips.is_empty()).count();
-                let list = self
-                    .kubectl(&["get", "pods", "-l", selector, "-o", "wide"])
-                    .stdout;
-                if pods.len() >= count && ready == pods.len() && self.all_ready(selector) {
+                let waiting: Vec<&str> = pods
+                    .iter()
+                    .filter(|p| !p.ready)
+                    .map(|p| p.name.as_str())
+                    .collect();
+                if pods.len() >= count && waiting.is_empty() {
                     Ok(())
                 } else {
-                    Err(list)
+                    Err(format!("{} pods, not ready: {waiting:?}", pods.len()))
                 }
             },
         );
         pods
-    }
-
-    fn all_ready(&self, selector: &str) -> bool {
-        let out = self.kubectl(&[
-            "get",
-            "pods",
-            "-l",
-            selector,
-            "-o",
-            "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
-        ]);
-        out.ok() && out.stdout.lines().all(|l| l == "True")
     }
 
     /// The pods matching `selector`.
@@ -291,6 +282,11 @@ impl Namespace {
                     .flatten()
                     .filter_map(|ip| ip["ip"].as_str().map(str::to_owned))
                     .collect(),
+                ready: pod["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True"),
             })
             .collect()
     }
