@@ -16,8 +16,9 @@ missing() { for b in $WANT; do [ -x "$BIN/$b" ] || echo "$b"; done; }
 [ -z "$(missing)" ] && { echo "kubernetes: cached in $BIN"; exit 0; }
 mkdir -p "$BIN"
 
-# The private apt configuration: the machine's Debian mirror, read-only use
-# of its keyring, nothing under /etc/apt or /var/lib/apt written.
+# The private apt configuration: Debian's deb.debian.org (what a stock
+# Debian 12 uses), its archive keyring read, nothing under /etc/apt or
+# /var/lib/apt written.
 APT=$CACHE/apt
 mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/parts"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -36,14 +37,18 @@ apt_private() {
 
 SRC=$CACHE/src
 if [ ! -x "$BIN/kubectl" ]; then
-	(cd "$CACHE" && apt_private download kubernetes-client >/dev/null)
+	(cd "$CACHE" && apt_private download kubernetes-client >/dev/null) ||
+		{ apt_private update >/dev/null && (cd "$CACHE" && apt_private download kubernetes-client >/dev/null); }
 	rm -rf "$CACHE/client" && dpkg-deb -x "$(ls "$CACHE"/kubernetes-client_*.deb | tail -1)" "$CACHE/client"
 	install -m 0755 "$CACHE/client/usr/bin/kubectl" "$BIN/kubectl"
 fi
 
 if [ ! -d "$SRC/tree" ]; then
 	rm -rf "$SRC" && mkdir -p "$SRC"
-	(cd "$SRC" && apt_private source --download-only kubernetes >/dev/null)
+	# Lists cached by an earlier run may name a version the archive has
+	# since replaced (a security update): refresh once and retry.
+	(cd "$SRC" && apt_private source --download-only kubernetes >/dev/null) ||
+		{ apt_private update >/dev/null && (cd "$SRC" && apt_private source --download-only kubernetes >/dev/null); }
 	dpkg-source --no-check -x "$(ls "$SRC"/kubernetes_*.dsc | tail -1)" "$SRC/tree.partial" >/dev/null
 	mv "$SRC/tree.partial" "$SRC/tree"
 fi

@@ -15,7 +15,6 @@
 #   cluster.sh start-kubelet NAME           to start its kubelet later
 #   cluster.sh remove-node NAME  the machine gone (its Node object stays)
 #   cluster.sh exec NAME CMD...  CMD inside a node (all its namespaces)
-#   cluster.sh import NAME|all ARCHIVE...  images into nodes' containerd
 #   cluster.sh down              every process, mount, cgroup, namespace and
 #                                file `up` made; also after a killed run
 #
@@ -43,9 +42,17 @@ FEATURES=IPv6DualStack=true
 # own bound over them.
 GUARDED_SYSCTLS="vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes"
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# What build-kubernetes.sh leaves in the cache and the machines run.
+BINARIES="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl pause e2e.test ginkgo agnhost"
+# `up` leaves this in the directory; `down` removes no directory without it.
+MARKER=.cni-suite-cluster
 
 say() { echo "cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
+
+# Machine names become paths, namespace names and `v-NAME` interfaces (15
+# characters at most).
+valid_name() { [[ "$1" =~ ^[a-z][a-z0-9-]{0,12}$ ]] || die "not a machine name: '$1'"; }
 
 wait_for() { # SECONDS WHAT CMD...: polls CMD every 0.2 s
 	local deadline=$((SECONDS + $1)) what=$2
@@ -161,15 +168,19 @@ boot() {
 	# the API relay on loopback; its components enter their own.
 	local enter=(nsenter "--net=$netns")
 	[ "$role" = control-plane ] && enter=()
-	"${enter[@]}" unshare --mount --pid --uts --fork --kill-child --mount-proc --propagation private \
+	CNI_CLUSTER_MACHINE=$dir "${enter[@]}" unshare --mount --pid --uts --fork --kill-child --mount-proc --propagation private \
 		env -i PATH="$PATH" MACHINE="$name" ROLE="$role" INDEX="$index" MACHINE_DIR="$dir" \
 		CLUSTER_DIR="$CLUSTER_DIR" NETNS="$netns" API_PORT="$API_PORT" HERE="$HERE" \
 		CONTROL_PLANE_IP="$CONTROL_PLANE_IP" POD_CIDRS="$POD_CIDRS" SERVICE_CIDRS="$SERVICE_CIDRS" \
 		FEATURES="$FEATURES" GUARDED_SYSCTLS="$GUARDED_SYSCTLS" \
 		bash "$HERE/machine-init.sh" >"$dir/log/init.log" 2>&1 </dev/null &
+	# Recorded at once: unshare's --kill-child takes pid 1 along when it is
+	# killed, so a run stopped before pid 1 is known still leaves a handle.
+	local unshare=$!
+	echo "$unshare" >"$dir/unshare.pid"
 	local child=""
 	for _ in $(seq 100); do
-		child=$(cat "/proc/$!/task/$!/children" 2>/dev/null | awk '{print $1}')
+		child=$(awk '{print $1}' "/proc/$unshare/task/$unshare/children" 2>/dev/null || true)
 		[ -n "$child" ] && break
 		sleep 0.05
 	done
@@ -315,7 +326,7 @@ node_up() { # NAME INDEX [--no-kubelet]
 # /var is its own, so the cache under /var/cache is invisible inside it.
 stage_binaries() {
 	mkdir -p "$CLUSTER_DIR/bin"
-	for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl pause e2e.test ginkgo agnhost; do
+	for b in $BINARIES; do
 		ln -f "$K8S_BIN/$b" "$CLUSTER_DIR/bin/$b" 2>/dev/null || cp "$K8S_BIN/$b" "$CLUSTER_DIR/bin/$b"
 	done
 	python3 "$HERE/images.py" "$CLUSTER_DIR/images" "$K8S_BIN"
@@ -346,11 +357,12 @@ cmd_up() {
 	# One cluster per machine (fixed names and port): whatever an earlier or
 	# killed run left goes first.
 	cmd_down
-	for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy kubectl pause; do
+	for b in $BINARIES; do
 		[ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b missing: run integration/cluster/build-kubernetes.sh"
 	done
 	local start=$SECONDS
 	mkdir -p "$CLUSTER_DIR/machines"
+	touch "$CLUSTER_DIR/$MARKER"
 	stage_binaries
 	make_pki
 	kubeconfig "$CLUSTER_DIR/kubeconfig" "https://127.0.0.1:$API_PORT" admin
@@ -372,25 +384,10 @@ cmd_up() {
 
 cmd_add_node() { # NAME [--no-kubelet]
 	local name=$1
+	valid_name "$name"
 	node_up "$name" "$(next_index)"
 	wait_for 120 "$name's containerd and images" machine_ready "$name"
 	[ "${2:-}" = --no-kubelet ] || start_kubelet "$name"
-}
-
-cmd_import() { # NAME|all ARCHIVE...
-	local target=$1 names
-	shift
-	if [ "$target" = all ]; then
-		names=$(ls "$CLUSTER_DIR/machines" | grep -vx control-plane)
-	else
-		names=$target
-	fi
-	for name in $names; do
-		for archive in "$@"; do
-			in_machine "$name" ctr -n k8s.io images import "$(realpath "$archive")" >/dev/null &
-		done
-	done
-	wait
 }
 
 # Ends one machine: its pid 1 (only while it is still this cluster's: its
@@ -399,14 +396,18 @@ cmd_import() { # NAME|all ARCHIVE...
 machine_down() { # NAME
 	local name=$1 dir pid
 	dir=$(machine_dir "$name")
-	if [ -f "$dir/init.pid" ]; then
-		pid=$(cat "$dir/init.pid")
-		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "CLUSTER_DIR=$CLUSTER_DIR"; then
+	# Only processes still this machine's: their environment names it (a
+	# recycled pid is left alone). unshare first: --kill-child ends pid 1.
+	for record in "unshare.pid CNI_CLUSTER_MACHINE=$dir" "init.pid MACHINE_DIR=$dir"; do
+		set -- $record
+		[ -f "$dir/$1" ] || continue
+		pid=$(cat "$dir/$1")
+		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "$2"; then
 			kill -KILL "$pid" 2>/dev/null || true
 			for _ in $(seq 100); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
 		fi
-	fi
-	cgroups_down "$PREFIX-$name"
+	done
+	cgroups_down "$PREFIX-$name" || return 1
 	ip netns del "$(netns_of "$name")" 2>/dev/null || true
 	[ -d "$dir" ] && rm -rf --one-file-system "$dir"
 	return 0
@@ -429,19 +430,25 @@ cgroups_down() { # PATTERN
 		sleep 0.1
 	done
 	say "cgroups $1 still in use"
+	return 1
 }
 
 # Ends every machine, then removes what is left by name (a killed run's
 # namespaces and cgroups) and the cluster's directory.
 cmd_down() {
-	local dir
+	local dir failed=0
+	if [ -d "$CLUSTER_DIR" ] && [ ! -e "$CLUSTER_DIR/$MARKER" ]; then
+		die "$CLUSTER_DIR is not a cluster directory (no $MARKER): not removing it"
+	fi
 	for dir in "$CLUSTER_DIR"/machines/*; do
-		[ -d "$dir" ] && machine_down "$(basename "$dir")"
+		[ -d "$dir" ] || continue
+		machine_down "$(basename "$dir")" || failed=1
 	done
-	cgroups_down "$PREFIX-*"
+	cgroups_down "$PREFIX-*" || failed=1
 	for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-" || true); do
 		ip netns del "$ns" 2>/dev/null || true
 	done
+	[ $failed = 0 ] || die "not everything could be removed (above); nothing of $CLUSTER_DIR was deleted"
 	if [ -d "$CLUSTER_DIR" ]; then
 		rm -rf --one-file-system "$CLUSTER_DIR"
 	fi
@@ -452,9 +459,8 @@ case "${1:-}" in
 up) shift; cmd_up "$@" ;;
 down) cmd_down ;;
 add-node) shift; cmd_add_node "$@" ;;
-remove-node) shift; machine_down "$1" ;;
+remove-node) shift; valid_name "$1"; machine_down "$1" ;;
 start-kubelet) shift; start_kubelet "$1" ;;
 exec) shift; name=$1; shift; in_machine "$name" "$@" ;;
-import) shift; cmd_import "$@" ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2 ;;
 esac

@@ -56,7 +56,9 @@ python3 "$HERE/internet_standin.py" "$REPORT/standin.port" &
 standin=$!
 trap 'kill $standin 2>/dev/null' EXIT
 for _ in $(seq 50); do [ -s "$REPORT/standin.port" ] && break; sleep 0.1; done
-export HTTP_PROXY=http://127.0.0.1:$(cat "$REPORT/standin.port") NO_PROXY=127.0.0.1,localhost
+# The cluster's node, pod and Service ranges (cluster.sh) never go through it.
+export HTTP_PROXY=http://127.0.0.1:$(cat "$REPORT/standin.port") \
+	NO_PROXY=127.0.0.1,localhost,172.18.0.0/16,fc00:f853:ccd:e793::/64,10.244.0.0/16,fd00:10:244::/56,10.96.0.0/16,fd00:10:96::/112
 unset HTTPS_PROXY https_proxy http_proxy
 # Only ginkgo's first process counts the nodes when --num-nodes is not
 # given; the others then skip every spec that needs two nodes (the

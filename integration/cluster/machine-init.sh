@@ -65,6 +65,15 @@ node() {
 }
 
 control_plane() {
+	# Its network namespace held where the tmpfs over /run cannot hide it.
+	touch "$MACHINE_DIR/netns"
+	mount --bind "$NETNS" "$MACHINE_DIR/netns"
+	NETNS=$MACHINE_DIR/netns
+	# /run and /var of its own, so that no component's default path lands on
+	# this machine's.
+	mount -t tmpfs -o mode=0755 tmpfs /run
+	mkdir -p "$MACHINE_DIR/var"
+	mount --bind "$MACHINE_DIR/var" /var
 	# The API server on this machine's loopback, relayed into the control
 	# plane's network namespace.
 	keep "forward" python3 "$HERE/forward.py" 127.0.0.1 "$API_PORT" "$NETNS" 127.0.0.1 6443
