@@ -22,6 +22,28 @@ AGNHOST = "k8s.gcr.io/e2e-test-images/agnhost:2.21"
 NGINX = "docker.io/library/nginx:1.14-alpine"
 
 
+WGET = """#!/bin/sh
+# busybox wget without -T (Debian's busybox 1.35 segfaults on it), the
+# timeout given to timeout(1); images.py writes this.
+n=$#
+seconds=
+while [ "$n" -gt 0 ]; do
+	arg=$1
+	shift
+	n=$((n - 1))
+	case $arg in
+	-T) seconds=$1; shift; n=$((n - 1)) ;;
+	-T*) seconds=${arg#-T} ;;
+	*) set -- "$@" "$arg" ;;
+	esac
+done
+if [ -n "$seconds" ]; then
+	exec timeout "$seconds" busybox wget "$@"
+fi
+exec busybox wget "$@"
+"""
+
+
 def pause(out, k8s_bin):
     layer = oci.Layer()
     with open(os.path.join(k8s_bin, "pause"), "rb") as f:
@@ -49,6 +71,9 @@ def agnhost(out, k8s_bin):
     layer.symlink("usr/bin/nc", "/usr/bin/nc.openbsd")
     layer.host_binary("/usr/bin/bash")
     layer.symlink("bin/bash", "/usr/bin/bash")
+    # Debian's busybox 1.35 wget segfaults on -T (its timeout), which the
+    # e2e specs' exec pods pass: the timeout by timeout(1) instead.
+    layer.file("usr/bin/wget", WGET.encode(), 0o755)
     # Debian's busybox-static prefers its own applets over PATH, so its sh
     # would run busybox's nc (no -u) whatever PATH says: dash is the shell.
     layer.host_binary("/usr/bin/dash")
