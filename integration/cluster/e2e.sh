@@ -40,7 +40,9 @@ mkdir -p "$(dirname "$REPORT")"
 cat >"$EXCLUDED" <<'LIST'
 \[Disruptive\]|\[Serial\]	[Disruptive] or [Serial]: left out by the issue (one shared cluster)
 SCTP	no SCTP sockets in this kernel (CONFIG_IP_SCTP unset)
-DNS|ExternalName|externalname|should create endpoints for unready pods	needs cluster DNS (Debian has no CoreDNS package)
+DNS|ExternalName|externalname|should create endpoints for unready pods|Services should (have|be able to switch) session affinity|listening on same port number but different protocols|be rejected when no endpoints exist|create a functioning NodePort service	needs cluster DNS (Debian has no CoreDNS package): dials the Service by name
+KubeProxy should set TCP CLOSE_WAIT timeout	kube-proxy here leaves the machine's conntrack timeouts alone (tcpCloseWaitTimeout 0)
+resolve connection reset issue #74839	its regression-issue-74839 image is not built here
 [Ll]oad ?[Bb]alancer|change the type and ports of a service|ESIPP|\[Feature:NEG\]|\[Feature:kubemci\]|\[Feature:Ingress\]|Loadbalancing: L7|Firewall rule|\[Provider:	needs a cloud provider
 \[Feature:Networking-IPv[46]\]	needs the internet from pods (this machine has none)
 \[Feature:NetworkPolicy\]	NetworkPolicy is issue 35's
