@@ -170,12 +170,16 @@ fn installed() -> &'static Install {
 
 /// (status, message) of the node's Ready condition.
 fn ready_condition(cluster: &Cluster, node: &str) -> (String, String) {
-    let node = cluster.get_json(&["node", node]);
-    node["status"]["conditions"]
+    condition_of(&cluster.get_json(&["node", node]), "Ready")
+}
+
+/// (status, message) of an object's condition `kind`.
+fn condition_of(object: &Value, kind: &str) -> (String, String) {
+    object["status"]["conditions"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|c| c["type"] == "Ready")
+        .find(|c| c["type"] == kind)
         .map(|c| {
             (
                 c["status"].as_str().unwrap_or_default().to_owned(),
@@ -586,11 +590,7 @@ fn agent_on(cluster: &Cluster, node: &str) -> Option<(String, bool)> {
         .as_array()?
         .iter()
         .find(|p| p["metadata"]["deletionTimestamp"].is_null())?;
-    let ready = pod["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let ready = condition_of(pod, "Ready").0 == "True";
     Some((pod["metadata"]["name"].as_str()?.to_owned(), ready))
 }
 
@@ -903,10 +903,14 @@ fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
 
 /// The nodes whose Ready condition is not True.
 fn not_ready(cluster: &Cluster) -> Vec<String> {
-    cluster
-        .nodes()
+    // One listing, not a request per node: this is polled.
+    let nodes = cluster.get_json(&["nodes"]);
+    nodes["items"]
+        .as_array()
         .into_iter()
-        .filter(|node| ready_condition(cluster, node).0 != "True")
+        .flatten()
+        .filter(|node| condition_of(node, "Ready").0 != "True")
+        .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
         .collect()
 }
 
