@@ -212,12 +212,15 @@ cluster: image kubernetes
 cluster-down:
 	$(CLUSTER) down
 
-# The cluster tier of `make test`: a fresh cluster without the suite (the
-# tests apply it), the tests, Kubernetes' e2e subset, and the cluster gone
+# The cluster tier of `make test`: an `up` killed at a random moment, then
+# a fresh cluster without the suite (the tests apply it) made over what the
+# killed one left, the tests, Kubernetes' e2e subset, and the cluster gone
 # afterwards whatever happened.
 cluster-test: image kubernetes
 	@trap '$(CLUSTER) down' EXIT; \
-	CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) $(CLUSTER) up && \
+	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR); \
+	integration/cluster/interrupted-up.sh && \
+	$(CLUSTER) up && \
 	cargo test --locked -p integration --test real_cluster -- --ignored --nocapture && \
 	integration/cluster/e2e.sh subset
 

@@ -13,6 +13,12 @@ BIN=$CACHE/bin
 WANT="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost pause kubectl"
 
 missing() { for b in $WANT; do [ -x "$BIN/$b" ] || echo "$b"; done; }
+# A binary lands under its name whole or not at all: a run killed while
+# writing one must not leave a file the next run takes as built.
+place() { # SOURCE NAME
+	install -m 0755 "$1" "$BIN/$2.partial"
+	mv -f "$BIN/$2.partial" "$BIN/$2"
+}
 [ -z "$(missing)" ] && { echo "kubernetes: cached in $BIN"; exit 0; }
 mkdir -p "$BIN"
 
@@ -40,7 +46,7 @@ if [ ! -x "$BIN/kubectl" ]; then
 	(cd "$CACHE" && apt_private download kubernetes-client >/dev/null) ||
 		{ apt_private update >/dev/null && (cd "$CACHE" && apt_private download kubernetes-client >/dev/null); }
 	rm -rf "$CACHE/client" && dpkg-deb -x "$(ls "$CACHE"/kubernetes-client_*.deb | tail -1)" "$CACHE/client"
-	install -m 0755 "$CACHE/client/usr/bin/kubectl" "$BIN/kubectl"
+	place "$CACHE/client/usr/bin/kubectl" kubectl
 fi
 
 if [ ! -d "$SRC/tree" ]; then
@@ -54,8 +60,9 @@ if [ ! -d "$SRC/tree" ]; then
 fi
 
 if [ ! -x "$BIN/pause" ]; then
-	gcc -Os -static -o "$BIN/pause" "$SRC/tree/build/pause/linux/pause.c"
-	strip "$BIN/pause"
+	gcc -Os -static -o "$CACHE/pause" "$SRC/tree/build/pause/linux/pause.c"
+	strip "$CACHE/pause"
+	place "$CACHE/pause" pause
 fi
 
 # The tree's own Makefile (a plain `go build` wants go.mod updates); its
@@ -76,7 +83,7 @@ if need agnhost; then
 	nice make WHAT=test/images/agnhost
 fi
 for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost; do
-	[ -x "$BIN/$b" ] || install -m 0755 "_output/bin/$b" "$BIN/$b"
+	[ -x "$BIN/$b" ] || place "_output/bin/$b" "$b"
 done
 left=$(missing)
 [ -z "$left" ] || { echo "kubernetes: not built: $left" >&2; exit 1; }

@@ -15,6 +15,8 @@
 #   cluster.sh start-kubelet NAME           to start its kubelet later
 #   cluster.sh remove-node NAME  the machine gone (its Node object stays)
 #   cluster.sh exec NAME CMD...  CMD inside a node (all its namespaces)
+#   cluster.sh facts             the cluster's names and ranges as KEY=VALUE
+#                                lines, for the tests and e2e.sh
 #   cluster.sh down              every process, mount, cgroup, namespace and
 #                                file `up` made; also after a killed run
 #
@@ -174,10 +176,7 @@ boot() {
 		CONTROL_PLANE_IP="$CONTROL_PLANE_IP" POD_CIDRS="$POD_CIDRS" SERVICE_CIDRS="$SERVICE_CIDRS" \
 		FEATURES="$FEATURES" GUARDED_SYSCTLS="$GUARDED_SYSCTLS" \
 		bash "$HERE/machine-init.sh" >"$dir/log/init.log" 2>&1 </dev/null &
-	# Recorded at once: unshare's --kill-child takes pid 1 along when it is
-	# killed, so a run stopped before pid 1 is known still leaves a handle.
 	local unshare=$!
-	echo "$unshare" >"$dir/unshare.pid"
 	local child=""
 	for _ in $(seq 100); do
 		child=$(awk '{print $1}' "/proc/$unshare/task/$unshare/children" 2>/dev/null || true)
@@ -342,6 +341,33 @@ api_ready() { kubectl get --raw /readyz; }
 
 node_registered() { kubectl get node "$1"; }
 
+# "CIDR NEXTHOP" for each of node NAME's pod CIDRs, via its InternalIP of the
+# same family; nothing until the controller-manager has given it both.
+pod_routes_of() { # NAME
+	kubectl get node "$1" -o json | jq -r '
+		[.status.addresses[] | select(.type == "InternalIP") | .address] as $ips
+		| (.spec.podCIDRs // []) as $cidrs | select($cidrs | length == 2)
+		| $cidrs[] as $cidr
+		| $ips[] | select(contains(":") == ($cidr | contains(":")))
+		| "\($cidr) \(.)"'
+}
+
+has_pod_cidrs() { [ -n "$(pod_routes_of "$1")" ]; }
+
+# The control plane is no Node here (kind's is one, with kindnetd on it), so
+# nothing of the suite routes its traffic to pods; the API server needs
+# that for its proxy to pods and Services' endpoints. Each node's pod CIDRs
+# are routed to it here, as a cloud's route table does for clusters whose
+# control plane runs no pods.
+route_from_control_plane() { # NAME
+	local routes
+	wait_for 60 "$1's pod CIDRs" has_pod_cidrs "$1"
+	routes=$(pod_routes_of "$1")
+	while read -r cidr via; do
+		ip -n "$(netns_of control-plane)" route replace "$cidr" via "$via"
+	done <<<"$routes"
+}
+
 # ---- commands -------------------------------------------------------------------
 
 next_index() { # the lowest machine index not in use
@@ -357,6 +383,9 @@ cmd_up() {
 	# One cluster per machine (fixed names and port): whatever an earlier or
 	# killed run left goes first.
 	cmd_down
+	# Every process this run starts carries it: `down` finds what a killed
+	# run left running by it.
+	export CNI_CLUSTER_UP=$CLUSTER_DIR/
 	for b in $BINARIES; do
 		[ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b missing: run integration/cluster/build-kubernetes.sh"
 	done
@@ -378,6 +407,7 @@ cmd_up() {
 	for name in "${names[@]}"; do wait_for 120 "$name's containerd and images" machine_ready "$name"; done
 	for name in "${names[@]}"; do start_kubelet "$name"; done
 	for name in "${names[@]}"; do wait_for 120 "$name to register" node_registered "$name"; done
+	for name in "${names[@]}"; do route_from_control_plane "$name"; done
 	say "${#names[@]} nodes registered after $((SECONDS - start)) s (NotReady until a CNI configuration exists)"
 	say "KUBECONFIG=$CLUSTER_DIR/kubeconfig $CLUSTER_DIR/bin/kubectl get nodes"
 }
@@ -387,28 +417,51 @@ cmd_add_node() { # NAME [--no-kubelet]
 	valid_name "$name"
 	node_up "$name" "$(next_index)"
 	wait_for 120 "$name's containerd and images" machine_ready "$name"
-	[ "${2:-}" = --no-kubelet ] || start_kubelet "$name"
+	if [ "${2:-}" = --no-kubelet ]; then return; fi
+	start_kubelet "$name"
+	wait_for 120 "$name to register" node_registered "$name"
+	route_from_control_plane "$name"
 }
 
-# Ends one machine: its pid 1 (only while it is still this cluster's: its
-# environment names this cluster) takes every process and mount of the
-# machine along; then its cgroups, network namespace and files go.
-machine_down() { # NAME
-	local name=$1 dir pid
-	dir=$(machine_dir "$name")
-	# Only processes still this machine's: their environment names it (a
-	# recycled pid is left alone). unshare first: --kill-child ends pid 1.
-	for record in "unshare.pid CNI_CLUSTER_MACHINE=$dir" "init.pid MACHINE_DIR=$dir"; do
-		set -- $record
-		[ -f "$dir/$1" ] || continue
-		pid=$(cat "$dir/$1")
-		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "$2"; then
-			kill -KILL "$pid" 2>/dev/null || true
-			for _ in $(seq 100); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
-		fi
+# A process neither gone nor a zombie waiting to be reaped.
+running() { # PID
+	local state
+	state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+	[ -n "$state" ] && [ "$state" != Z ]
+}
+
+# Kills every process whose environment has an entry GREP-ARGS match
+# (`grep -z` arguments), each checked again just before its kill (a pid
+# freed and reused meanwhile is someone else's), and waits until they are
+# gone. Processes are found by their environment, not by pid files: a run
+# killed between starting one and recording it leaves no file.
+kill_by_env() { # GREP-ARGS...
+	local pids pid
+	pids=$(grep -lsz "$@" /proc/[0-9]*/environ | cut -d/ -f3 || true)
+	for pid in $pids; do
+		[ "$pid" != $$ ] || continue
+		if grep -qsz "$@" "/proc/$pid/environ"; then kill -KILL "$pid" 2>/dev/null || true; fi
 	done
+	for pid in $pids; do
+		for _ in $(seq 100); do running "$pid" || break; sleep 0.1; done
+	done
+}
+
+# Ends one machine: its unshare (--kill-child ends pid 1) and pid 1 take
+# every process and mount of the machine along; then its cgroups, network
+# namespace, files and the control plane's routes to its pods go.
+machine_down() { # NAME
+	local name=$1 dir index
+	dir=$(machine_dir "$name")
+	kill_by_env -xF "CNI_CLUSTER_MACHINE=$dir"
+	kill_by_env -xF "MACHINE_DIR=$dir"
 	cgroups_down "$PREFIX-$name" || return 1
 	ip netns del "$(netns_of "$name")" 2>/dev/null || true
+	index=$(cat "$dir/index" 2>/dev/null || true)
+	if [ -n "$index" ] && [ "$name" != control-plane ]; then
+		ip -n "$(netns_of control-plane)" route flush via "$NODE_NET4.$index" 2>/dev/null || true
+		ip -n "$(netns_of control-plane)" -6 route flush via "$NODE_NET6:$index" 2>/dev/null || true
+	fi
 	[ -d "$dir" ] && rm -rf --one-file-system "$dir"
 	return 0
 }
@@ -436,27 +489,53 @@ cgroups_down() { # PATTERN
 # Ends every machine, then removes what is left by name (a killed run's
 # namespaces and cgroups) and the cluster's directory.
 cmd_down() {
-	local dir failed=0
+	local failed=0
 	if [ -d "$CLUSTER_DIR" ] && [ ! -e "$CLUSTER_DIR/$MARKER" ]; then
 		die "$CLUSTER_DIR is not a cluster directory (no $MARKER): not removing it"
 	fi
-	for dir in "$CLUSTER_DIR"/machines/*; do
-		[ -d "$dir" ] || continue
-		machine_down "$(basename "$dir")" || failed=1
-	done
+	# Every entry ends with / so that no other directory's name matches.
+	local tags=(-e "CNI_CLUSTER_UP=$CLUSTER_DIR/" -e "CNI_CLUSTER_MACHINE=$CLUSTER_DIR/machines/"
+		-e "MACHINE_DIR=$CLUSTER_DIR/machines/")
+	# What a killed `up` left running (images.py, openssl, a machine's
+	# unshare), then every machine, its directory there or not.
+	kill_by_env -F "${tags[@]}"
 	cgroups_down "$PREFIX-*" || failed=1
 	for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-" || true); do
 		ip netns del "$ns" 2>/dev/null || true
 	done
 	[ $failed = 0 ] || die "not everything could be removed (above); nothing of $CLUSTER_DIR was deleted"
 	if [ -d "$CLUSTER_DIR" ]; then
+		# The marker last: a `down` killed meanwhile leaves a directory the
+		# next one still knows as a cluster's.
+		find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name "$MARKER" -exec rm -rf --one-file-system {} +
 		rm -rf --one-file-system "$CLUSTER_DIR"
 	fi
+	# Checked, not assumed: what a killed run leaves must not outlive this.
+	local left
+	left=$({
+		ip netns list | awk '{print $1}' | grep "^$PREFIX-"
+		grep -lszF "${tags[@]}" /proc/[0-9]*/environ
+		awk -v d="$CLUSTER_DIR" '$5 == d || index($5, d "/") == 1' /proc/self/mountinfo
+	} || true)
+	[ -z "$left" ] || die "left after down: $left"
 	say "down"
+}
+
+# What the tests and e2e.sh need to know of the cluster's shape, said once:
+# here.
+cmd_facts() {
+	cat <<-FACTS
+	UNDERLAY_NETNS=$UNDERLAY
+	OUTSIDE_ADDRESSES=$NODE_NET4.1,$NODE_NET6:1
+	NODE_NETWORKS=$NODE_NET4.0/16,$NODE_NET6:/64
+	POD_CIDRS=$POD_CIDRS
+	SERVICE_CIDRS=$SERVICE_CIDRS
+	FACTS
 }
 
 case "${1:-}" in
 up) shift; cmd_up "$@" ;;
+facts) cmd_facts ;;
 down) cmd_down ;;
 add-node) shift; cmd_add_node "$@" ;;
 remove-node) shift; valid_name "$1"; machine_down "$1" ;;

@@ -40,7 +40,7 @@ mkdir -p "$(dirname "$REPORT")"
 cat >"$EXCLUDED" <<'LIST'
 \[Disruptive\]|\[Serial\]	[Disruptive] or [Serial]: left out by the issue (one shared cluster)
 SCTP	no SCTP sockets in this kernel (CONFIG_IP_SCTP unset)
-DNS|ExternalName|externalname|should create endpoints for unready pods|Services should (have|be able to switch) session affinity|listening on same port number but different protocols|be rejected when no endpoints exist|create a functioning NodePort service	needs cluster DNS (Debian has no CoreDNS package): dials the Service by name
+DNS|ExternalName|externalname|should create endpoints for unready pods|Services should (have|be able to switch) session affinity|listening on same port number but different protocols|be rejected when no endpoints exist|create a functioning NodePort service|hairpin back to themselves through services	needs cluster DNS (Debian has no CoreDNS package): dials the Service by name
 KubeProxy should set TCP CLOSE_WAIT timeout	kube-proxy here leaves the machine's conntrack timeouts alone (tcpCloseWaitTimeout 0)
 resolve connection reset issue #74839	its regression-issue-74839 image is not built here
 [Ll]oad ?[Bb]alancer|change the type and ports of a service|ESIPP|\[Feature:NEG\]|\[Feature:kubemci\]|\[Feature:Ingress\]|Loadbalancing: L7|Firewall rule|\[Provider:	needs a cloud provider
@@ -58,9 +58,11 @@ python3 "$HERE/internet_standin.py" "$REPORT/standin.port" &
 standin=$!
 trap 'kill $standin 2>/dev/null' EXIT
 for _ in $(seq 50); do [ -s "$REPORT/standin.port" ] && break; sleep 0.1; done
-# The cluster's node, pod and Service ranges (cluster.sh) never go through it.
+# The cluster's node, pod and Service ranges never go through it.
+facts=$("$HERE/cluster.sh" facts)
+eval "$facts"
 export HTTP_PROXY=http://127.0.0.1:$(cat "$REPORT/standin.port") \
-	NO_PROXY=127.0.0.1,localhost,172.18.0.0/16,fc00:f853:ccd:e793::/64,10.244.0.0/16,fd00:10:244::/56,10.96.0.0/16,fd00:10:96::/112
+	NO_PROXY=127.0.0.1,localhost,$NODE_NETWORKS,$POD_CIDRS,$SERVICE_CIDRS
 unset HTTPS_PROXY https_proxy http_proxy
 # Only ginkgo's first process counts the nodes when --num-nodes is not
 # given; the others then skip every spec that needs two nodes (the

@@ -11,7 +11,9 @@ Writes OUT-DIR/<short>.tar for each image (OCI archives that
 `ctr -n k8s.io images import` reads).
 """
 import os
+import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
 import oci  # noqa: E402
@@ -81,7 +83,28 @@ def agnhost(out, k8s_bin):
     for certs in ["/etc/ssl/certs/ca-certificates.crt"]:
         if os.path.exists(certs):
             layer.host_path(certs)
+    # porter serves TLS with /localhost.crt and /localhost.key (its
+    # Dockerfile adds a pair from the tree): a pair made here, as nothing
+    # checks it (the API server's proxy to a pod does not verify).
+    for name, data in localhost_tls_pair().items():
+        layer.file(name, data)
     oci.write_archive(out, AGNHOST, layer, ["pause"], entrypoint=["/agnhost"])
+
+
+def localhost_tls_pair():
+    """{"localhost.crt": PEM, "localhost.key": PEM}, self-signed for localhost."""
+    with tempfile.TemporaryDirectory() as tmp:
+        crt, key = os.path.join(tmp, "localhost.crt"), os.path.join(tmp, "localhost.key")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", key, "-out", crt, "-days", "3650", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+            check=True, capture_output=True)
+        pair = {}
+        for path in (crt, key):
+            with open(path, "rb") as f:
+                pair[os.path.basename(path)] = f.read()
+        return pair
 
 
 def nginx(out):

@@ -19,7 +19,7 @@ use crate::Run;
 const DEFAULT_DIR: &str = "/tmp/cni-suite-cluster";
 
 /// The checkout's `integration/cluster/cluster.sh`.
-pub fn script() -> PathBuf {
+fn cluster_script_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/cluster.sh")
 }
 
@@ -31,6 +31,8 @@ pub fn deploy_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Cluster {
     dir: PathBuf,
+    /// `cluster.sh facts`: its names and ranges, said there once.
+    facts: std::collections::BTreeMap<String, String>,
 }
 
 /// Tests that change what every node runs (the DaemonSet, the nodes
@@ -49,7 +51,13 @@ impl Cluster {
                 "no cluster at {} (make cluster-test brings one up for these tests)",
                 dir.display()
             );
-            Cluster { dir }
+            let facts = crate::run(cluster_script_path(), &["facts"]).success().stdout;
+            let facts = facts
+                .lines()
+                .filter_map(|line| line.split_once('='))
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect();
+            Cluster { dir, facts }
         })
     }
 
@@ -117,18 +125,30 @@ impl Cluster {
     pub fn on_node(&self, node: &str, args: &[&str]) -> Run {
         let mut full = vec!["exec", node];
         full.extend_from_slice(args);
-        crate::run(script(), &full)
+        crate::run(cluster_script_path(), &full)
+    }
+
+    fn fact(&self, key: &str) -> &str {
+        self.facts
+            .get(key)
+            .unwrap_or_else(|| panic!("cluster.sh facts says nothing of {key}"))
     }
 
     /// The underlay's network namespace (the nodes' network and the
     /// cluster's outside), a name under /run/netns.
-    pub fn underlay_netns(&self) -> &'static str {
-        "cnik-underlay"
+    pub fn underlay_netns(&self) -> &str {
+        self.fact("UNDERLAY_NETNS")
     }
 
-    /// The cluster script itself (`add-node`, `start-kubelet`, ...).
-    pub fn script(&self, args: &[&str]) -> Run {
-        crate::run(script(), args)
+    /// The underlay's own addresses (IPv4, IPv6): the cluster's outside,
+    /// where traffic leaving the cluster goes.
+    pub fn outside_addresses(&self) -> Vec<&str> {
+        self.fact("OUTSIDE_ADDRESSES").split(',').collect()
+    }
+
+    /// `cluster.sh args` (`add-node`, `start-kubelet`, ...).
+    pub fn run_script(&self, args: &[&str]) -> Run {
+        crate::run(cluster_script_path(), args)
     }
 
     /// The worker nodes' names as the API server lists them.
