@@ -360,6 +360,22 @@ fn every_node_shows(
     None
 }
 
+/// The destinations the agent's masquerade chain on `node` returns for as
+/// the cluster's pods, IPv4 then IPv6.
+fn cluster_returns(node: &LabNode) -> Vec<String> {
+    let mut returns = Vec::new();
+    for save in ["iptables-save", "ip6tables-save"] {
+        let rules = node.node.run(save, &["-t", "nat"]).success().stdout;
+        returns.extend(
+            rules
+                .lines()
+                .filter(|l| l.starts_with("-A CNI-SUITE-EGRESS -d ") && l.contains("to pods of the cluster"))
+                .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned)),
+        );
+    }
+    returns
+}
+
 #[test]
 fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     require_root();
@@ -479,6 +495,13 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
         ));
     }
 
+    // One rule per family for the whole cluster (the smallest prefix
+    // holding 10.244.1-3.0/24 and fd00:10:244:1-3::/64), not one per Node.
+    assert_eq!(
+        cluster_returns(&lab.nodes[0]),
+        ["10.244.0.0/22", "fd00:10:244::/62"]
+    );
+
     // A fourth Node: every node routes to it within 2 s, and stops when it
     // goes.
     let [n4_v4, n4_v6] = LabNode::pod_cidrs(4);
@@ -494,6 +517,12 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     };
     let took = every_node_shows(&lab.nodes, Duration::from_secs(2), routed);
     assert!(took.is_some(), "every node routes to n4 within 2 s");
+    // Still one rule per family: the prefix grew to hold 10.244.4.0/24 and
+    // fd00:10:244:4::/64.
+    let grown = every_node_shows(&lab.nodes, Duration::from_secs(2), |n| {
+        cluster_returns(n) == ["10.244.0.0/21", "fd00:10:244::/61"]
+    });
+    assert!(grown.is_some(), "{:?}", cluster_returns(&lab.nodes[0]));
     say(&format!(
         "a fourth Node: every node routed to its pod CIDRs within {took:?}"
     ));

@@ -208,7 +208,7 @@ async fn sync(
             .get(&settings.node_name)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default(),
-        cluster_range(settings, nodes),
+        cluster_range(settings, nodes, &api_service_address()),
     );
     if synced.masqueraded.as_ref() != Some(&masquerade) {
         let (sources, cluster) = masquerade.clone();
@@ -239,14 +239,85 @@ async fn sync(
     }
 }
 
-/// The cluster's pod range: as set, else every Node's pod CIDRs.
-fn cluster_range(settings: &Settings, nodes: &BTreeMap<String, NodeInfo>) -> Vec<IpNetwork> {
+/// The cluster's pod range: as set, else per family the smallest prefix
+/// holding every Node's pod CIDRs. The controller-manager gives each Node
+/// its CIDRs from one range per family, so that prefix lies inside the
+/// range: the masquerade chain stays one rule per family however many
+/// Nodes come, where a rule per Node would grow with the cluster. When the
+/// prefix holds an address no pod range can (a Node's own, or one of
+/// `not_pods`: the API server's Service address), the CIDRs are not from
+/// one such range (set by hand, or several ranges), and each is kept as it
+/// is.
+fn cluster_range(
+    settings: &Settings,
+    nodes: &BTreeMap<String, NodeInfo>,
+    not_pods: &[IpAddr],
+) -> Vec<IpNetwork> {
     if !settings.cluster_cidrs.is_empty() {
         return settings.cluster_cidrs.clone();
     }
-    let all: std::collections::BTreeSet<IpNetwork> =
-        nodes.values().flat_map(|n| n.pod_cidrs.iter().copied()).collect();
-    all.into_iter().collect()
+    let mut outside: Vec<IpAddr> = nodes
+        .values()
+        .flat_map(|n| n.internal_ips.iter().copied())
+        .collect();
+    outside.extend_from_slice(not_pods);
+    let mut range = Vec::new();
+    for ipv4 in [true, false] {
+        let cidrs: std::collections::BTreeSet<IpNetwork> = nodes
+            .values()
+            .flat_map(|n| n.pod_cidrs.iter().copied())
+            .filter(|c| c.is_ipv4() == ipv4)
+            .collect();
+        let cidrs: Vec<IpNetwork> = cidrs.into_iter().collect();
+        match covering_prefix(&cidrs) {
+            Some(prefix) if !outside.iter().any(|ip| prefix.contains(*ip)) => range.push(prefix),
+            _ => range.extend(cidrs),
+        }
+    }
+    range
+}
+
+/// The address of the `kubernetes` Service, which the kubelet gives every
+/// pod as `KUBERNETES_SERVICE_HOST`: inside the Service range, never a
+/// pod's.
+fn api_service_address() -> Vec<IpAddr> {
+    std::env::var("KUBERNETES_SERVICE_HOST")
+        .ok()
+        .and_then(|host| host.parse().ok())
+        .into_iter()
+        .collect()
+}
+
+/// The smallest prefix that holds each of `cidrs` (all of one family).
+fn covering_prefix(cidrs: &[IpNetwork]) -> Option<IpNetwork> {
+    let (first, rest) = cidrs.split_first()?;
+    let width: u32 = if first.is_ipv4() { 32 } else { 128 };
+    let bits = |net: &IpNetwork| -> u128 {
+        match net.network() {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        }
+    };
+    let base = bits(first);
+    let mut length = u32::from(first.prefix());
+    for net in rest {
+        // The leading bits the two networks share, counted within the
+        // family's width.
+        let shared = (base ^ bits(net)).leading_zeros() - (128 - width);
+        length = length.min(u32::from(net.prefix())).min(shared);
+    }
+    let host_bits = width - length;
+    let network = if host_bits >= 128 {
+        0
+    } else {
+        (base >> host_bits) << host_bits
+    };
+    let address = if first.is_ipv4() {
+        IpAddr::V4(std::net::Ipv4Addr::from(u32::try_from(network).ok()?))
+    } else {
+        IpAddr::V6(std::net::Ipv6Addr::from(network))
+    };
+    IpNetwork::new(address, u8::try_from(length).ok()?).ok()
 }
 
 /// Runs netlink or iptables work off the async threads.
@@ -299,4 +370,117 @@ async fn write_own(
     }
     health.set_configured(true);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(index: u32, pod_cidrs: &[&str]) -> (String, NodeInfo) {
+        let name = format!("node-{index}");
+        let info = NodeInfo {
+            name: name.clone(),
+            pod_cidrs: pod_cidrs.iter().map(|c| c.parse().expect("a CIDR")).collect(),
+            internal_ips: vec![
+                format!("172.18.{}.{}", index / 250, index % 250 + 2)
+                    .parse()
+                    .expect("an address"),
+                format!("fc00::{index:x}").parse().expect("an address"),
+            ],
+        };
+        (name, info)
+    }
+
+    /// Nodes as the controller-manager numbers them from 10.0.0.0/8 and
+    /// fd00:10:244::/48 (kind's 10.244.0.0/16 holds only 256 of them).
+    fn cluster(count: u32) -> BTreeMap<String, NodeInfo> {
+        (0..count)
+            .map(|i| {
+                node(
+                    i,
+                    &[
+                        &format!("10.{}.{}.0/24", i / 256, i % 256),
+                        &format!("fd00:10:244:{i:x}::/64"),
+                    ],
+                )
+            })
+            .collect()
+    }
+
+    fn settings() -> Settings {
+        <Settings as clap::Parser>::try_parse_from(["cni-node-agent", "--node-name", "n"]).expect("settings")
+    }
+
+    fn shown(range: &[IpNetwork]) -> Vec<String> {
+        range.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn the_range_is_one_prefix_per_family_at_three_nodes_and_at_five_thousand() {
+        assert_eq!(
+            shown(&cluster_range(&settings(), &cluster(3), &[])),
+            ["10.0.0.0/22", "fd00:10:244::/62"]
+        );
+        assert_eq!(
+            shown(&cluster_range(&settings(), &cluster(5000), &[])),
+            ["10.0.0.0/11", "fd00:10:244::/51"]
+        );
+        assert_eq!(
+            shown(&cluster_range(&settings(), &cluster(1), &[])),
+            ["10.0.0.0/24", "fd00:10:244::/64"]
+        );
+    }
+
+    #[test]
+    fn cidrs_whose_prefix_would_hold_a_node_address_are_kept_each() {
+        // 10.0.0.0/24 and 172.19.0.0/24 share only 0.0.0.0/0, which holds
+        // the nodes' own addresses: masquerading nothing would be wrong.
+        let nodes: BTreeMap<String, NodeInfo> = [node(0, &["10.0.0.0/24"]), node(1, &["172.19.0.0/24"])]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            shown(&cluster_range(&settings(), &nodes, &[])),
+            ["10.0.0.0/24", "172.19.0.0/24"]
+        );
+    }
+
+    #[test]
+    fn cidrs_whose_prefix_would_hold_the_service_range_are_kept_each() {
+        // Two ranges far apart: their prefix 10.0.0.0/8 holds the API
+        // server's Service address.
+        let nodes: BTreeMap<String, NodeInfo> = [node(0, &["10.0.0.0/24"]), node(1, &["10.128.0.0/24"])]
+            .into_iter()
+            .collect();
+        let service = ["10.96.0.1".parse().expect("an address")];
+        assert_eq!(
+            shown(&cluster_range(&settings(), &nodes, &service)),
+            ["10.0.0.0/24", "10.128.0.0/24"]
+        );
+        assert_eq!(shown(&cluster_range(&settings(), &nodes, &[])), ["10.0.0.0/8"]);
+    }
+
+    #[test]
+    fn a_set_range_wins() {
+        let mut settings = settings();
+        settings.cluster_cidrs = vec!["10.244.0.0/16".parse().expect("a CIDR")];
+        assert_eq!(
+            shown(&cluster_range(&settings, &cluster(3), &[])),
+            ["10.244.0.0/16"]
+        );
+    }
+
+    #[test]
+    fn the_covering_prefix_of_one_cidr_is_itself_and_of_none_nothing() {
+        let one: IpNetwork = "10.244.7.0/24".parse().expect("a CIDR");
+        assert_eq!(covering_prefix(&[one]), Some(one));
+        assert_eq!(covering_prefix(&[]), None);
+        let everything: Vec<IpNetwork> = ["0.0.0.0/1", "128.0.0.0/1"]
+            .iter()
+            .map(|c| c.parse().expect("a CIDR"))
+            .collect();
+        assert_eq!(
+            covering_prefix(&everything).map(|p| p.to_string()),
+            Some("0.0.0.0/0".to_owned())
+        );
+    }
 }
