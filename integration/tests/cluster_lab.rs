@@ -495,11 +495,16 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
         ));
     }
 
-    // One rule per family for the whole cluster (the smallest prefix
-    // holding 10.244.1-3.0/24 and fd00:10:244:1-3::/64), not one per Node.
+    // The Nodes' CIDRs merged (10.244.1-3.0/24: 10.244.1.0/24 and
+    // 10.244.2.0/23), not a rule per Node.
     assert_eq!(
         cluster_returns(&lab.nodes[0]),
-        ["10.244.0.0/22", "fd00:10:244::/62"]
+        [
+            "10.244.1.0/24",
+            "10.244.2.0/23",
+            "fd00:10:244:1::/64",
+            "fd00:10:244:2::/63"
+        ]
     );
 
     // A fourth Node: every node routes to it within 2 s, and stops when it
@@ -517,10 +522,17 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     };
     let took = every_node_shows(&lab.nodes, Duration::from_secs(2), routed);
     assert!(took.is_some(), "every node routes to n4 within 2 s");
-    // Still one rule per family: the prefix grew to hold 10.244.4.0/24 and
-    // fd00:10:244:4::/64.
+    // Its CIDRs join the merged ones (10.244.4.0/24 has no sibling here).
     let grown = every_node_shows(&lab.nodes, Duration::from_secs(2), |n| {
-        cluster_returns(n) == ["10.244.0.0/21", "fd00:10:244::/61"]
+        cluster_returns(n)
+            == [
+                "10.244.1.0/24",
+                "10.244.2.0/23",
+                "10.244.4.0/24",
+                "fd00:10:244:1::/64",
+                "fd00:10:244:2::/63",
+                "fd00:10:244:4::/64",
+            ]
     });
     assert!(grown.is_some(), "{:?}", cluster_returns(&lab.nodes[0]));
     say(&format!(

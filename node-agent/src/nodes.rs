@@ -208,7 +208,7 @@ async fn sync(
             .get(&settings.node_name)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default(),
-        cluster_range(settings, nodes, &api_service_address()),
+        cluster_range(settings, nodes),
     );
     if synced.masqueraded.as_ref() != Some(&masquerade) {
         let (sources, cluster) = masquerade.clone();
@@ -239,85 +239,86 @@ async fn sync(
     }
 }
 
-/// The cluster's pod range: as set, else per family the smallest prefix
-/// holding every Node's pod CIDRs. The controller-manager gives each Node
-/// its CIDRs from one range per family, so that prefix lies inside the
-/// range: the masquerade chain stays one rule per family however many
-/// Nodes come, where a rule per Node would grow with the cluster. When the
-/// prefix holds an address no pod range can (a Node's own, or one of
-/// `not_pods`: the API server's Service address), the CIDRs are not from
-/// one such range (set by hand, or several ranges), and each is kept as it
-/// is.
-fn cluster_range(
-    settings: &Settings,
-    nodes: &BTreeMap<String, NodeInfo>,
-    not_pods: &[IpAddr],
-) -> Vec<IpNetwork> {
+/// The cluster's pod range: as set, else every Node's pod CIDRs, merged
+/// into the fewest prefixes that hold exactly their addresses (nested ones
+/// dropped, sibling halves joined). The controller-manager hands Nodes
+/// their CIDRs from one range one after the other, so the masquerade chain
+/// holds a rule per set bit of the Node count (5 at 5000 Nodes), not one
+/// per Node; nothing outside the Nodes' CIDRs is ever taken for a pod.
+fn cluster_range(settings: &Settings, nodes: &BTreeMap<String, NodeInfo>) -> Vec<IpNetwork> {
     if !settings.cluster_cidrs.is_empty() {
         return settings.cluster_cidrs.clone();
     }
-    let mut outside: Vec<IpAddr> = nodes
-        .values()
-        .flat_map(|n| n.internal_ips.iter().copied())
-        .collect();
-    outside.extend_from_slice(not_pods);
     let mut range = Vec::new();
     for ipv4 in [true, false] {
-        let cidrs: std::collections::BTreeSet<IpNetwork> = nodes
+        let cidrs: Vec<IpNetwork> = nodes
             .values()
             .flat_map(|n| n.pod_cidrs.iter().copied())
             .filter(|c| c.is_ipv4() == ipv4)
             .collect();
-        let cidrs: Vec<IpNetwork> = cidrs.into_iter().collect();
-        match covering_prefix(&cidrs) {
-            Some(prefix) if !outside.iter().any(|ip| prefix.contains(*ip)) => range.push(prefix),
-            _ => range.extend(cidrs),
-        }
+        range.extend(merged(&cidrs));
     }
     range
 }
 
-/// The address of the `kubernetes` Service, which the kubelet gives every
-/// pod as `KUBERNETES_SERVICE_HOST`: inside the Service range, never a
-/// pod's.
-fn api_service_address() -> Vec<IpAddr> {
-    std::env::var("KUBERNETES_SERVICE_HOST")
-        .ok()
-        .and_then(|host| host.parse().ok())
-        .into_iter()
-        .collect()
-}
+/// A prefix as (network bits, prefix length) within a family's `width`.
+type Prefix = (u128, u32);
 
-/// The smallest prefix that holds each of `cidrs` (all of one family).
-fn covering_prefix(cidrs: &[IpNetwork]) -> Option<IpNetwork> {
-    let (first, rest) = cidrs.split_first()?;
-    let width: u32 = if first.is_ipv4() { 32 } else { 128 };
-    let bits = |net: &IpNetwork| -> u128 {
-        match net.network() {
-            IpAddr::V4(a) => u128::from(u32::from(a)),
-            IpAddr::V6(a) => u128::from(a),
+/// The fewest prefixes holding exactly the addresses of `cidrs`, all of
+/// one family, in address order.
+fn merged(cidrs: &[IpNetwork]) -> Vec<IpNetwork> {
+    let Some(first) = cidrs.first() else {
+        return Vec::new();
+    };
+    let ipv4 = first.is_ipv4();
+    let width: u32 = if ipv4 { 32 } else { 128 };
+    let mut prefixes: Vec<Prefix> = cidrs
+        .iter()
+        .filter(|c| c.is_ipv4() == ipv4)
+        .map(|c| {
+            let network = match c.network() {
+                IpAddr::V4(a) => u128::from(u32::from(a)),
+                IpAddr::V6(a) => u128::from(a),
+            };
+            (network, u32::from(c.prefix()))
+        })
+        .collect();
+    // By address, and a wider prefix before the ones it holds.
+    prefixes.sort_unstable();
+    prefixes.dedup();
+    let holds = |(outer, outer_len): Prefix, (inner, inner_len): Prefix| {
+        outer_len <= inner_len && (outer_len == 0 || (outer ^ inner) >> (width - outer_len) == 0)
+    };
+    // The two halves of one prefix one length shorter.
+    let siblings = |(low, low_len): Prefix, (high, high_len): Prefix| {
+        low_len == high_len
+            && low_len > 0
+            && (low >> (width - low_len)) & 1 == 0
+            && high == low | (1u128 << (width - low_len))
+    };
+    let mut kept: Vec<Prefix> = Vec::new();
+    for prefix in prefixes {
+        if kept.last().is_some_and(|&last| holds(last, prefix)) {
+            continue;
         }
-    };
-    let base = bits(first);
-    let mut length = u32::from(first.prefix());
-    for net in rest {
-        // The leading bits the two networks share, counted within the
-        // family's width.
-        let shared = (base ^ bits(net)).leading_zeros() - (128 - width);
-        length = length.min(u32::from(net.prefix())).min(shared);
+        kept.push(prefix);
+        while kept.len() >= 2 && siblings(kept[kept.len() - 2], kept[kept.len() - 1]) {
+            kept.pop();
+            if let Some(low) = kept.last_mut() {
+                low.1 -= 1;
+            }
+        }
     }
-    let host_bits = width - length;
-    let network = if host_bits >= 128 {
-        0
-    } else {
-        (base >> host_bits) << host_bits
-    };
-    let address = if first.is_ipv4() {
-        IpAddr::V4(std::net::Ipv4Addr::from(u32::try_from(network).ok()?))
-    } else {
-        IpAddr::V6(std::net::Ipv6Addr::from(network))
-    };
-    IpNetwork::new(address, u8::try_from(length).ok()?).ok()
+    kept.into_iter()
+        .filter_map(|(network, length)| {
+            let address = if ipv4 {
+                IpAddr::V4(std::net::Ipv4Addr::from(u32::try_from(network).ok()?))
+            } else {
+                IpAddr::V6(std::net::Ipv6Addr::from(network))
+            };
+            IpNetwork::new(address, u8::try_from(length).ok()?).ok()
+        })
+        .collect()
 }
 
 /// Runs netlink or iptables work off the async threads.
@@ -381,12 +382,7 @@ mod tests {
         let info = NodeInfo {
             name: name.clone(),
             pod_cidrs: pod_cidrs.iter().map(|c| c.parse().expect("a CIDR")).collect(),
-            internal_ips: vec![
-                format!("172.18.{}.{}", index / 250, index % 250 + 2)
-                    .parse()
-                    .expect("an address"),
-                format!("fc00::{index:x}").parse().expect("an address"),
-            ],
+            internal_ips: Vec::new(),
         };
         (name, info)
     }
@@ -415,72 +411,70 @@ mod tests {
         range.iter().map(ToString::to_string).collect()
     }
 
+    fn nets(cidrs: &[&str]) -> Vec<IpNetwork> {
+        cidrs.iter().map(|c| c.parse().expect("a CIDR")).collect()
+    }
+
     #[test]
-    fn the_range_is_one_prefix_per_family_at_three_nodes_and_at_five_thousand() {
+    fn the_range_is_a_rule_per_set_bit_of_the_node_count_not_per_node() {
         assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(3), &[])),
+            shown(&cluster_range(&settings(), &cluster(3))),
+            [
+                "10.0.0.0/23",
+                "10.0.2.0/24",
+                "fd00:10:244::/63",
+                "fd00:10:244:2::/64"
+            ]
+        );
+        assert_eq!(
+            shown(&cluster_range(&settings(), &cluster(4))),
             ["10.0.0.0/22", "fd00:10:244::/62"]
         );
+        // 5000 = 4096 + 512 + 256 + 128 + 8: five prefixes per family.
         assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(5000), &[])),
-            ["10.0.0.0/11", "fd00:10:244::/51"]
-        );
-        assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(1), &[])),
-            ["10.0.0.0/24", "fd00:10:244::/64"]
-        );
-    }
-
-    #[test]
-    fn cidrs_whose_prefix_would_hold_a_node_address_are_kept_each() {
-        // 10.0.0.0/24 and 172.19.0.0/24 share only 0.0.0.0/0, which holds
-        // the nodes' own addresses: masquerading nothing would be wrong.
-        let nodes: BTreeMap<String, NodeInfo> = [node(0, &["10.0.0.0/24"]), node(1, &["172.19.0.0/24"])]
-            .into_iter()
-            .collect();
-        assert_eq!(
-            shown(&cluster_range(&settings(), &nodes, &[])),
-            ["10.0.0.0/24", "172.19.0.0/24"]
+            shown(&cluster_range(&settings(), &cluster(5000))),
+            [
+                "10.0.0.0/12",
+                "10.16.0.0/15",
+                "10.18.0.0/16",
+                "10.19.0.0/17",
+                "10.19.128.0/21",
+                "fd00:10:244::/52",
+                "fd00:10:244:1000::/55",
+                "fd00:10:244:1200::/56",
+                "fd00:10:244:1300::/57",
+                "fd00:10:244:1380::/61",
+            ]
         );
     }
 
     #[test]
-    fn cidrs_whose_prefix_would_hold_the_service_range_are_kept_each() {
-        // Two ranges far apart: their prefix 10.0.0.0/8 holds the API
-        // server's Service address.
-        let nodes: BTreeMap<String, NodeInfo> = [node(0, &["10.0.0.0/24"]), node(1, &["10.128.0.0/24"])]
-            .into_iter()
-            .collect();
-        let service = ["10.96.0.1".parse().expect("an address")];
+    fn nothing_outside_the_cidrs_is_taken_for_a_pod() {
+        // Far apart, unaligned or nested: only what they hold.
         assert_eq!(
-            shown(&cluster_range(&settings(), &nodes, &service)),
-            ["10.0.0.0/24", "10.128.0.0/24"]
+            shown(&merged(&nets(&["10.200.0.0/24", "10.1.0.0/24"]))),
+            ["10.1.0.0/24", "10.200.0.0/24"]
         );
-        assert_eq!(shown(&cluster_range(&settings(), &nodes, &[])), ["10.0.0.0/8"]);
+        assert_eq!(
+            shown(&merged(&nets(&["10.0.1.0/24", "10.0.2.0/24"]))),
+            ["10.0.1.0/24", "10.0.2.0/24"]
+        );
+        assert_eq!(
+            shown(&merged(&nets(&["10.0.0.0/16", "10.0.3.0/24", "10.0.0.0/16"]))),
+            ["10.0.0.0/16"]
+        );
+        assert_eq!(
+            shown(&merged(&nets(&["0.0.0.0/1", "128.0.0.0/1"]))),
+            ["0.0.0.0/0"]
+        );
+        assert_eq!(shown(&merged(&nets(&["::/1", "8000::/1"]))), ["::/0"]);
+        assert!(merged(&[]).is_empty());
     }
 
     #[test]
     fn a_set_range_wins() {
         let mut settings = settings();
         settings.cluster_cidrs = vec!["10.244.0.0/16".parse().expect("a CIDR")];
-        assert_eq!(
-            shown(&cluster_range(&settings, &cluster(3), &[])),
-            ["10.244.0.0/16"]
-        );
-    }
-
-    #[test]
-    fn the_covering_prefix_of_one_cidr_is_itself_and_of_none_nothing() {
-        let one: IpNetwork = "10.244.7.0/24".parse().expect("a CIDR");
-        assert_eq!(covering_prefix(&[one]), Some(one));
-        assert_eq!(covering_prefix(&[]), None);
-        let everything: Vec<IpNetwork> = ["0.0.0.0/1", "128.0.0.0/1"]
-            .iter()
-            .map(|c| c.parse().expect("a CIDR"))
-            .collect();
-        assert_eq!(
-            covering_prefix(&everything).map(|p| p.to_string()),
-            Some("0.0.0.0/0".to_owned())
-        );
+        assert_eq!(shown(&cluster_range(&settings, &cluster(3))), ["10.244.0.0/16"]);
     }
 }

@@ -64,8 +64,8 @@ pub struct Settings {
 
     /// The cluster's pod range: traffic from this node's pods to it keeps
     /// its source address, the rest is masqueraded (comma-separated CIDRs;
-    /// unset: per family the smallest prefix holding every Node's pod
-    /// CIDRs).
+    /// unset: every Node's pod CIDRs, merged into the fewest prefixes that
+    /// hold exactly them).
     #[arg(long, env = "CLUSTER_CIDRS", value_delimiter = ',')]
     pub cluster_cidrs: Vec<ipnetwork::IpNetwork>,
 
