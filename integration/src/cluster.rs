@@ -183,19 +183,46 @@ pub fn poll(
     what: &str,
     limit: Duration,
     every: Duration,
-    mut ready: impl FnMut() -> Result<(), String>,
+    ready: impl FnMut() -> Result<(), String>,
 ) -> Duration {
+    try_poll(what, limit, every, ready).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`poll`] that never panics (for guards that run while a test unwinds):
+/// the time it took, or after `limit` what `ready` last reported.
+pub fn try_poll(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> Result<(), String>,
+) -> Result<Duration, String> {
     let started = Instant::now();
     loop {
         match ready() {
-            Ok(()) => return started.elapsed(),
-            Err(last) => assert!(
-                started.elapsed() < limit,
-                "timed out after {limit:?} waiting for {what}: {last}"
-            ),
+            Ok(()) => return Ok(started.elapsed()),
+            Err(last) if started.elapsed() >= limit => {
+                return Err(format!("timed out after {limit:?} waiting for {what}: {last}"));
+            }
+            Err(_) => std::thread::sleep(every),
         }
-        std::thread::sleep(every);
     }
+}
+
+/// (status, message) of an API object's condition `kind` (empty when it
+/// has none).
+pub fn condition_of(object: &Value, kind: &str) -> (String, String) {
+    object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == kind)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// A namespace of one test's objects, deleted (without waiting) on drop.
@@ -302,11 +329,7 @@ impl Namespace {
                     .flatten()
                     .filter_map(|ip| ip["ip"].as_str().map(str::to_owned))
                     .collect(),
-                ready: pod["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+                ready: condition_of(pod, "Ready").0 == "True",
             })
             .collect()
     }

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use integration::cluster::{Cluster, Namespace, Pod, deploy_dir, host_port, poll};
+use integration::cluster::{Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll, try_poll};
 use serde_json::Value;
 
 const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
@@ -147,14 +147,7 @@ fn installed() -> &'static Install {
             "every node Ready",
             Duration::from_secs(180),
             Duration::from_millis(200),
-            || {
-                let waiting = not_ready(cluster);
-                if waiting.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("not Ready: {waiting:?}"))
-                }
-            },
+            || every_node_ready(cluster),
         );
         eprintln!("suite applied: every node Ready after {ready_after:?}");
         Install {
@@ -168,22 +161,6 @@ fn installed() -> &'static Install {
 /// (status, message) of the node's Ready condition.
 fn ready_condition(cluster: &Cluster, node: &str) -> (String, String) {
     condition_of(&cluster.get_json(&["node", node]), "Ready")
-}
-
-/// (status, message) of an object's condition `kind`.
-fn condition_of(object: &Value, kind: &str) -> (String, String) {
-    object["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == kind)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or_default().to_owned(),
-                c["message"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .unwrap_or_default()
 }
 
 /// A Deployment of agnhost's netexec (HTTP 8080, UDP 8081), `replicas`
@@ -886,17 +863,28 @@ fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
     (codes, status["restartCount"].as_u64().unwrap_or(0))
 }
 
-/// The nodes whose Ready condition is not True.
-fn not_ready(cluster: &Cluster) -> Vec<String> {
+/// Ok when every node's Ready condition is True, else the ones whose is
+/// not (or why the nodes could not be listed). Never panics: guards poll
+/// it while a test unwinds.
+fn every_node_ready(cluster: &Cluster) -> Result<(), String> {
     // One listing, not a request per node: this is polled.
-    let nodes = cluster.get_json(&["nodes"]);
-    nodes["items"]
+    let list = cluster.kubectl(&["get", "nodes", "-o", "json"]);
+    if !list.ok() {
+        return Err(format!("{list:?}"));
+    }
+    let nodes: Value = serde_json::from_str(&list.stdout).map_err(|e| format!("{e}: {}", list.stdout))?;
+    let waiting: Vec<&str> = nodes["items"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|node| condition_of(node, "Ready").0 != "True")
-        .filter_map(|node| node["metadata"]["name"].as_str().map(str::to_owned))
-        .collect()
+        .filter_map(|node| node["metadata"]["name"].as_str())
+        .collect();
+    if waiting.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("not Ready: {waiting:?}"))
+    }
 }
 
 /// `kubectl apply` of a manifest of `deploy/`, then its DaemonSet's rollout
@@ -916,17 +904,13 @@ fn apply_manifest(cluster: &Cluster, file: &str) -> Result<(), String> {
     if !apply.ok() || !rollout.ok() {
         return Err(format!("{apply:?}\n{rollout:?}"));
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let waiting = not_ready(cluster);
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(format!("not Ready after applying {file}: {waiting:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    try_poll(
+        &format!("every node Ready after applying {file}"),
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        || every_node_ready(cluster),
+    )
+    .map(drop)
 }
 
 /// `kubectl delete` of the base manifest, then its agents gone from every
@@ -944,25 +928,28 @@ fn uninstall(cluster: &Cluster) -> Result<(), String> {
     if !delete.ok() {
         return Err(format!("{delete:?}"));
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let left = cluster.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=cni-suite-node-agent",
-            "--no-headers",
-        ]);
-        if left.ok() && left.stdout.trim().is_empty() {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(format!("agents left: {left:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    try_poll(
+        "the agents to be gone",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let left = cluster.kubectl(&[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=cni-suite-node-agent",
+                "--no-headers",
+            ]);
+            if left.ok() && left.stdout.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
+    .map(drop)
 }
 
 /// Installs the suite afresh when the uninstall test ends, whichever way:
