@@ -28,7 +28,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	rsync jq dpkg-dev etcd-server openssl netcat-openbsd conntrack
 
 .PHONY: kubernetes cluster cluster-down cluster-test conformance
-.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-readme bench-smoke soak test unit integration lint demo demo-cluster image manifests validate-manifest clean
+.PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-cluster bench-readme bench-smoke soak test unit integration lint demo demo-cluster image manifests validate-manifest clean
 
 all: build
 
@@ -161,14 +161,31 @@ bench: build
 		echo "bench: perf is not installable here; its profiles are skipped"
 	cargo build --release --locked -p integration --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
+	$(MAKE) bench-cluster
 
-# The README's bench table, generated from the run it shows: `make bench`,
-# then this, which keeps that run's report, chart and JSON line in docs/bench.
+# The cluster half of `make bench`: the node agent at 5000 Nodes and the
+# masquerade chain at 3 and 5000, on a real cluster brought up for it (pod
+# ranges holding 5000 node CIDRs) and taken down afterwards.
+CLUSTER_BENCH_ARGS ?=
+bench-cluster: image kubernetes
+	cargo build --release --locked -p integration --bin cluster-bench
+	@trap '$(CLUSTER) down' EXIT; \
+	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) CNI_CLUSTER_POD_CIDRS=10.224.0.0/11,fd00:10:224::/48; \
+	$(CLUSTER) up && \
+	$(CLUSTER_KUBECTL) apply -f $(K8S_MANIFEST) && \
+	$(CLUSTER_KUBECTL) wait --for=condition=Ready node --all --timeout=180s && \
+	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cluster-bench --out bench-results $(CLUSTER_BENCH_ARGS)
+
+# The README's bench tables, generated from the runs they show: `make
+# bench`, then this, which keeps those runs' reports, chart and JSON in
+# docs/bench.
 bench-readme:
-	cargo build --release --locked -p integration --bin cni-bench
+	cargo build --release --locked -p integration --bin cni-bench --bin cluster-bench
 	install -d docs/bench
 	cp bench-results/run.json bench-results/report.md bench-results/latency.svg docs/bench/
+	cp bench-results/cluster.json bench-results/cluster.md docs/bench/
 	target/release/cni-bench --update-readme README.md --from docs/bench/run.json
+	target/release/cluster-bench --update-readme README.md --from docs/bench/cluster.json
 
 # The same program, tiny, so the bench keeps working (no timing is judged).
 bench-smoke: build

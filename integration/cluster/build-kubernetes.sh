@@ -12,6 +12,16 @@ CACHE=${K8S_CACHE:-/var/cache/cni-suite/kubernetes-1.20.2}
 BIN=$CACHE/bin
 WANT="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost pause kubectl"
 
+# The tree vendors github.com/modern-go/reflect2 v1.0.1, which mirrors the
+# Go runtime's map iterator as it was before Go 1.18: built with Debian 12's
+# Go 1.19, JSON-encoding any map (a Node's labels in a LIST) can write past
+# it, and the API server dies of `unexpected fault address` in
+# mapiterinit (seen listing 200 Nodes with curl). v1.0.2 (Debian's
+# golang-github-modern-go-reflect2-dev) is the fix. Binaries built before
+# the fix carry no stamp and are built again.
+FIXED=$BIN/.reflect2-v1.0.2
+GO_BUILT="kube-apiserver kubelet kube-controller-manager kube-scheduler kube-proxy e2e.test ginkgo agnhost"
+if [ ! -e "$FIXED" ]; then for b in $GO_BUILT; do rm -f "$BIN/$b"; done; fi
 missing() { for b in $WANT; do [ -x "$BIN/$b" ] || echo "$b"; done; }
 # A binary lands under its name whole or not at all: a run killed while
 # writing one must not leave a file the next run takes as built.
@@ -65,6 +75,21 @@ if [ ! -x "$BIN/pause" ]; then
 	place "$CACHE/pause" pause
 fi
 
+if [ ! -e "$SRC/tree/.reflect2-v1.0.2" ]; then
+	(cd "$CACHE" && apt_private download golang-github-modern-go-reflect2-dev >/dev/null) ||
+		{ apt_private update >/dev/null && (cd "$CACHE" && apt_private download golang-github-modern-go-reflect2-dev >/dev/null); }
+	rm -rf "$CACHE/reflect2" && dpkg-deb -x "$(ls "$CACHE"/golang-github-modern-go-reflect2-dev_1.0.2*.deb | tail -1)" "$CACHE/reflect2"
+	vendored=$SRC/tree/vendor/github.com/modern-go/reflect2
+	rm -f "$vendored"/*.go "$vendored"/*.s
+	cp "$CACHE"/reflect2/usr/share/gocode/src/github.com/modern-go/reflect2/*.go "$vendored/"
+	cp "$CACHE"/reflect2/usr/share/gocode/src/github.com/modern-go/reflect2/*.s "$vendored/" 2>/dev/null || true
+	sed -i 's|^\(\s*github.com/modern-go/reflect2 => github.com/modern-go/reflect2\) v1.0.1$|\1 v1.0.2|' "$SRC/tree/go.mod"
+	sed -i 's|^\(# github.com/modern-go/reflect2\) v1.0.1 => \(github.com/modern-go/reflect2\) v1.0.1$|\1 v1.0.2 => \2 v1.0.2|; s|^\(# github.com/modern-go/reflect2 => github.com/modern-go/reflect2\) v1.0.1$|\1 v1.0.2|' \
+		"$SRC/tree/vendor/modules.txt"
+	grep -q 'modern-go/reflect2 v1.0.2' "$SRC/tree/go.mod" || { echo "kubernetes: reflect2 not replaced in go.mod" >&2; exit 1; }
+	touch "$SRC/tree/.reflect2-v1.0.2"
+fi
+
 # The tree's own Makefile (a plain `go build` wants go.mod updates); its
 # GOPATH layout and a Go build cache inside the cache directory.
 cd "$SRC/tree"
@@ -87,4 +112,5 @@ for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kube-prox
 done
 left=$(missing)
 [ -z "$left" ] || { echo "kubernetes: not built: $left" >&2; exit 1; }
+touch "$FIXED"
 echo "kubernetes: built into $BIN"

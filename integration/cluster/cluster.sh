@@ -35,7 +35,11 @@ UNDERLAY=$PREFIX-underlay
 # kind's defaults: node network, pod ranges, service ranges.
 NODE_NET4=172.18.0
 NODE_NET6=fc00:f853:ccd:e793:
-POD_CIDRS=10.244.0.0/16,fd00:10:244::/56
+# kind's, unless `up` is given others (CNI_CLUSTER_POD_CIDRS: the scale
+# bench needs room for 5000 node CIDRs); `up` keeps them for the commands
+# after it.
+POD_CIDRS_FILE=$CLUSTER_DIR/pod-cidrs
+POD_CIDRS=$(cat "$POD_CIDRS_FILE" 2>/dev/null || echo "${CNI_CLUSTER_POD_CIDRS:-10.244.0.0/16,fd00:10:244::/56}")
 SERVICE_CIDRS=10.96.0.0/16,fd00:10:96::/112
 API_SERVICE_IPS="10.96.0.1 fd00:10:96::1"
 CONTROL_PLANE_IP=$NODE_NET4.2
@@ -368,6 +372,21 @@ route_from_control_plane() { # NAME
 	done <<<"$routes"
 }
 
+# What `kubeadm init` records for the tools that read it (kind and
+# minikube clusters have it): the pod range given to the controller-manager.
+record_cluster_configuration() {
+	wait_for 60 "the kube-system namespace" kubectl get namespace kube-system
+	kubectl -n kube-system create configmap kubeadm-config --from-literal=ClusterConfiguration="apiVersion: kubeadm.k8s.io/v1beta2
+kind: ClusterConfiguration
+kubernetesVersion: v1.20.2
+controlPlaneEndpoint: $CONTROL_PLANE_IP:6443
+networking:
+  dnsDomain: cluster.local
+  podSubnet: $POD_CIDRS
+  serviceSubnet: $SERVICE_CIDRS
+" >/dev/null
+}
+
 # ---- commands -------------------------------------------------------------------
 
 next_index() { # the lowest machine index not in use
@@ -392,6 +411,8 @@ cmd_up() {
 	local start=$SECONDS
 	mkdir -p "$CLUSTER_DIR/machines"
 	touch "$CLUSTER_DIR/$MARKER"
+	POD_CIDRS=${CNI_CLUSTER_POD_CIDRS:-10.244.0.0/16,fd00:10:244::/56}
+	echo "$POD_CIDRS" >"$POD_CIDRS_FILE"
 	stage_binaries
 	make_pki
 	kubeconfig "$CLUSTER_DIR/kubeconfig" "https://127.0.0.1:$API_PORT" admin
@@ -403,6 +424,7 @@ cmd_up() {
 		node_up "$(worker_name "$i")" $((i + 2))
 	done
 	wait_for 120 "the API server" api_ready
+	record_cluster_configuration
 	say "control plane ready after $((SECONDS - start)) s"
 	for name in "${names[@]}"; do wait_for 120 "$name's containerd and images" machine_ready "$name"; done
 	for name in "${names[@]}"; do start_kubelet "$name"; done
@@ -530,6 +552,7 @@ cmd_facts() {
 	NODE_NETWORKS=$NODE_NET4.0/16,$NODE_NET6:/64
 	POD_CIDRS=$POD_CIDRS
 	SERVICE_CIDRS=$SERVICE_CIDRS
+	CONTROL_PLANE_IP=$CONTROL_PLANE_IP
 	FACTS
 }
 

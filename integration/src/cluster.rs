@@ -14,6 +14,9 @@ use serde_json::Value;
 
 use crate::Run;
 
+/// The e2e image the cluster's nodes hold (built by `images.py`).
+pub const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
+
 /// Where `cluster.sh` keeps the running cluster unless `CNI_CLUSTER_DIR`
 /// says otherwise (the same default as the script's).
 const DEFAULT_DIR: &str = "/tmp/cni-suite-cluster";
@@ -128,7 +131,8 @@ impl Cluster {
         crate::run(cluster_script_path(), &full)
     }
 
-    fn fact(&self, key: &str) -> &str {
+    /// One line of `cluster.sh facts` (`CONTROL_PLANE_IP`, `NODE_NETWORKS`, ...).
+    pub fn fact(&self, key: &str) -> &str {
         self.facts
             .get(key)
             .unwrap_or_else(|| panic!("cluster.sh facts says nothing of {key}"))
@@ -144,6 +148,12 @@ impl Cluster {
     /// where traffic leaving the cluster goes.
     pub fn outside_addresses(&self) -> Vec<&str> {
         self.fact("OUTSIDE_ADDRESSES").split(',').collect()
+    }
+
+    /// The controller-manager's pod ranges (IPv4, IPv6), as kubeadm's
+    /// `kubeadm-config` records them.
+    pub fn pod_cidrs(&self) -> Vec<&str> {
+        self.fact("POD_CIDRS").split(',').collect()
     }
 
     /// `cluster.sh args` (`add-node`, `start-kubelet`, ...).

@@ -227,3 +227,13 @@ pub fn agent_routes(node: &Node) -> Vec<String> {
     routes.sort();
     routes
 }
+
+/// The destinations the agent's masquerade chain returns for as the
+/// cluster's pods, from `iptables-save -t nat` (or ip6tables-save) output.
+pub fn egress_returns(nat_rules: &str) -> Vec<String> {
+    nat_rules
+        .lines()
+        .filter(|l| l.starts_with("-A CNI-SUITE-EGRESS -d ") && l.contains("to pods of the cluster"))
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        .collect()
+}

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use integration::api_server::ApiServer;
 use integration::containerd::Containerd;
 use integration::node_agent::{
-    Agent, SUITE, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
+    Agent, SUITE, agent_routes, egress_returns, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
 use integration::{Netns, Node, bin_dir, require_root, run_in, wait_for};
 use serde_json::Value;
@@ -365,13 +365,9 @@ fn every_node_shows(
 fn cluster_returns(node: &LabNode) -> Vec<String> {
     let mut returns = Vec::new();
     for save in ["iptables-save", "ip6tables-save"] {
-        let rules = node.node.run(save, &["-t", "nat"]).success().stdout;
-        returns.extend(
-            rules
-                .lines()
-                .filter(|l| l.starts_with("-A CNI-SUITE-EGRESS -d ") && l.contains("to pods of the cluster"))
-                .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned)),
-        );
+        returns.extend(egress_returns(
+            &node.node.run(save, &["-t", "nat"]).success().stdout,
+        ));
     }
     returns
 }

@@ -10,10 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use integration::cluster::{Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll, try_poll};
+use integration::cluster::{
+    AGNHOST, Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll, try_poll,
+};
+use integration::node_agent::egress_returns;
 use serde_json::Value;
 
-const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
 const CONFLIST: &str = "/etc/cni/net.d/10-cni-suite.conflist";
 
 /// What installing the suite changed, observed once by whichever test
@@ -302,6 +304,17 @@ fn traffic_leaving_the_cluster_is_masqueraded_to_the_node() {
     let _shared = cluster.shared();
     installed();
     let _outside = Outside::start(cluster);
+    // One rule per family whatever the Nodes: the controller-manager's
+    // range, read from kubeadm's record of it.
+    for node in cluster.nodes() {
+        let mut returns = Vec::new();
+        for save in ["iptables-save", "ip6tables-save"] {
+            returns.extend(egress_returns(
+                &cluster.on_node(&node, &[save, "-t", "nat"]).success().stdout,
+            ));
+        }
+        assert_eq!(returns, cluster.pod_cidrs(), "{node}'s masquerade chain");
+    }
     let ns = Namespace::new(cluster, "egress");
     ns.apply(&netexec_deployment("netexec", 3, None, None));
     let pods = ns.ready_pods("app=netexec", 3, Duration::from_secs(120));

@@ -8,7 +8,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use k8s_openapi::api::core::v1::Node;
 
 mod atomic;
 mod changes;
@@ -25,6 +24,7 @@ mod lease;
 mod logging;
 mod nodes;
 mod pod_netns;
+mod pod_range;
 mod record;
 mod repair;
 mod routes;
@@ -80,7 +80,6 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
     let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
-    let api: kube::Api<Node> = kube::Api::all(client.clone());
     let repair_label = repair::label(&settings.istio_repair_label)?;
     let istio_entry = if settings.istio_chained {
         let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
@@ -126,7 +125,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
         .filter(|_| settings.istio_repair != repair::Mode::Off)
         .map(|entry| {
             tokio::spawn(repair::follow(
-                client,
+                client.clone(),
                 settings.clone(),
                 entry.clone(),
                 repair_label,
@@ -146,7 +145,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
         settings.conflist_path().display()
     );
     let outcome = tokio::select! {
-        outcome = nodes::follow(api, settings.clone(), chain, health) => outcome,
+        outcome = nodes::follow(client, settings.clone(), chain, health) => outcome,
         _ = terminate.recv() => {
             log::info!("SIGTERM: stopping");
             Ok(())

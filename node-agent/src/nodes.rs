@@ -16,6 +16,7 @@ use kube::runtime::watcher::{self, Event};
 use crate::Error;
 use crate::conflist::{self, NodeNetwork};
 use crate::health::Health;
+use crate::pod_range::{self, PodRange};
 use crate::settings::Settings;
 use crate::{changes, routes};
 
@@ -71,11 +72,12 @@ impl NodeInfo {
 /// retried with backoff), writing this node's configuration whenever what
 /// it is made of changes.
 pub async fn follow(
-    api: Api<Node>,
+    client: kube::Client,
     settings: Settings,
     chained: conflist::Chain,
     health: Health,
 ) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -84,6 +86,7 @@ pub async fn follow(
     let mut synced = Synced::default();
     let mut skips = routes::Skips::default();
     let mut listed_once = false;
+    let mut pod_range = pod_range::Reader::new(client.clone(), !settings.cluster_cidrs.is_empty());
     let mut resync = tokio::time::interval(RESYNC);
     loop {
         let event = tokio::select! {
@@ -98,7 +101,8 @@ pub async fn follow(
                 // list the agent had.
                 synced = Synced::default();
                 if listed_once {
-                    sync(&settings, &nodes, &chained, &mut synced, &mut skips, &health).await;
+                    let range = pod_range.current().await;
+                    sync(&settings, range, &nodes, &chained, &mut synced, &mut skips, &health).await;
                 }
                 continue;
             }
@@ -121,13 +125,21 @@ pub async fn follow(
                 listed_once = true;
             }
             Ok(Event::Apply(node)) => {
-                if let Some(info) = NodeInfo::from_node(&node) {
-                    nodes.insert(info.name.clone(), info);
+                let Some(info) = NodeInfo::from_node(&node) else {
+                    continue;
+                };
+                // Most updates are heartbeats, conditions and taints: what
+                // the agent reads is the same, and nothing is looked at
+                // (no netlink, no iptables, no file) until the resync.
+                if nodes.get(&info.name) == Some(&info) {
+                    continue;
                 }
+                nodes.insert(info.name.clone(), info);
             }
             Ok(Event::Delete(node)) => {
-                if let Some(name) = node.metadata.name {
-                    nodes.remove(&name);
+                let known = node.metadata.name.and_then(|name| nodes.remove(&name));
+                if known.is_none() {
+                    continue;
                 }
             }
             Err(e) => {
@@ -138,7 +150,16 @@ pub async fn follow(
         if relisted.is_some() {
             continue;
         }
-        sync(&settings, &nodes, &chained, &mut synced, &mut skips, &health).await;
+        sync(
+            &settings,
+            pod_range.current().await,
+            &nodes,
+            &chained,
+            &mut synced,
+            &mut skips,
+            &health,
+        )
+        .await;
     }
     Err(Error::Watch("the Node watch ended".into()))
 }
@@ -159,6 +180,7 @@ struct Synced {
 /// Brings the conflist, the routes and the masquerade in line with `nodes`.
 async fn sync(
     settings: &Settings,
+    pod_range: &PodRange,
     nodes: &BTreeMap<String, NodeInfo>,
     chained: &conflist::Chain,
     synced: &mut Synced,
@@ -171,9 +193,25 @@ async fn sync(
     }
     let wanted = routes::wanted(&settings.node_name, nodes);
     if synced.routed.as_ref() != Some(&wanted.routes) {
-        let target = wanted.routes.clone();
-        match blocking(move || changes::change(|| routes::reconcile(&target))).await {
-            Ok(changes) => {
+        // What the last reconciliation left in place, when it all went in:
+        // then only the difference is applied.
+        let before = synced.routed.take();
+        let target = wanted.routes;
+        let applied = blocking(move || {
+            changes::change(|| {
+                let changes = match before
+                    .as_ref()
+                    .and_then(|before| routes::apply_changes(before, &target))
+                {
+                    Some(changes) => (changes?, true),
+                    None => (routes::reconcile(&target)?, false),
+                };
+                Ok((changes, target))
+            })
+        })
+        .await;
+        match applied {
+            Ok(((changes, only_differences), target)) => {
                 for (dst, gateway) in &changes.set {
                     log::info!("route {dst} via {gateway}");
                 }
@@ -185,19 +223,22 @@ async fn sync(
                         "put back the connected route to {subnet}, which an earlier agent had replaced"
                     );
                 }
-                skips.found = changes.skipped;
+                if only_differences {
+                    skips.found.retain(|skip| target.contains_key(&skip.cidr));
+                    skips.found.extend(changes.skipped);
+                } else {
+                    skips.found = changes.skipped;
+                }
                 if changes.failed.is_empty() {
-                    synced.routed = Some(wanted.routes);
+                    synced.routed = Some(target);
                     health.set_routed(true);
                 } else {
                     log::error!("{}", routes::failure(&changes.failed));
-                    synced.routed = None;
                     health.set_routed(false);
                 }
             }
             Err(e) => {
                 log::error!("{e}");
-                synced.routed = None;
                 health.set_routed(false);
             }
         }
@@ -208,7 +249,7 @@ async fn sync(
             .get(&settings.node_name)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default(),
-        cluster_range(settings, nodes),
+        cluster_range(settings, pod_range, nodes),
     );
     if synced.masqueraded.as_ref() != Some(&masquerade) {
         let (sources, cluster) = masquerade.clone();
@@ -239,21 +280,41 @@ async fn sync(
     }
 }
 
-/// The cluster's pod range: as set, else every Node's pod CIDRs, merged
-/// into the fewest prefixes that hold exactly their addresses (nested ones
-/// dropped, sibling halves joined). The controller-manager hands Nodes
-/// their CIDRs from one range one after the other, so the masquerade chain
-/// holds a rule per set bit of the Node count (5 at 5000 Nodes), not one
-/// per Node; nothing outside the Nodes' CIDRs is ever taken for a pod.
-fn cluster_range(settings: &Settings, nodes: &BTreeMap<String, NodeInfo>) -> Vec<IpNetwork> {
+/// The cluster's pod range: as set; else kubeadm's podSubnet and every
+/// Node's pod CIDR, merged into the fewest prefixes that hold exactly
+/// their addresses (nested ones dropped, sibling halves joined). With
+/// kubeadm's range every Node's CIDR is inside it: one rule per family at
+/// any size. Without, the controller-manager's CIDRs handed out one after
+/// the other merge into a rule per set bit of the Node count (5 at 5000
+/// Nodes), not one per Node. Nothing outside the Nodes' CIDRs and the
+/// recorded range is ever taken for a pod.
+fn cluster_range(
+    settings: &Settings,
+    pod_range: &PodRange,
+    nodes: &BTreeMap<String, NodeInfo>,
+) -> Vec<IpNetwork> {
     if !settings.cluster_cidrs.is_empty() {
         return settings.cluster_cidrs.clone();
     }
+    let recorded = pod_range.prefixes();
+    let outside_recorded = |cidr: &&IpNetwork| {
+        !recorded
+            .iter()
+            .any(|r| r.contains(cidr.network()) && r.prefix() <= cidr.prefix())
+    };
     let mut range = Vec::new();
     for ipv4 in [true, false] {
-        let cidrs: Vec<IpNetwork> = nodes
-            .values()
-            .flat_map(|n| n.pod_cidrs.iter().copied())
+        // Only the CIDRs outside kubeadm's range are sorted and merged: at
+        // 5000 Nodes, none.
+        let cidrs: Vec<IpNetwork> = recorded
+            .iter()
+            .chain(
+                nodes
+                    .values()
+                    .flat_map(|n| n.pod_cidrs.iter())
+                    .filter(outside_recorded),
+            )
+            .copied()
             .filter(|c| c.is_ipv4() == ipv4)
             .collect();
         range.extend(merged(&cidrs));
@@ -418,7 +479,7 @@ mod tests {
     #[test]
     fn the_range_is_a_rule_per_set_bit_of_the_node_count_not_per_node() {
         assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(3))),
+            shown(&cluster_range(&settings(), &PodRange::Absent, &cluster(3))),
             [
                 "10.0.0.0/23",
                 "10.0.2.0/24",
@@ -427,12 +488,12 @@ mod tests {
             ]
         );
         assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(4))),
+            shown(&cluster_range(&settings(), &PodRange::Absent, &cluster(4))),
             ["10.0.0.0/22", "fd00:10:244::/62"]
         );
         // 5000 = 4096 + 512 + 256 + 128 + 8: five prefixes per family.
         assert_eq!(
-            shown(&cluster_range(&settings(), &cluster(5000))),
+            shown(&cluster_range(&settings(), &PodRange::Absent, &cluster(5000))),
             [
                 "10.0.0.0/12",
                 "10.16.0.0/15",
@@ -472,9 +533,35 @@ mod tests {
     }
 
     #[test]
+    fn kubeadms_range_holds_every_node_in_one_rule_per_family_and_an_outlier_is_added() {
+        let kubeadm = PodRange::Known(nets(&["10.0.0.0/11", "fd00:10:244::/48"]));
+        for count in [3, 5000] {
+            assert_eq!(
+                shown(&cluster_range(&settings(), &kubeadm, &cluster(count))),
+                ["10.0.0.0/11", "fd00:10:244::/48"]
+            );
+        }
+        // A CIDR set by hand outside the range still keeps pods' addresses.
+        let mut nodes = cluster(3);
+        nodes.extend([node(9, &["192.168.7.0/24"])]);
+        assert_eq!(
+            shown(&cluster_range(&settings(), &kubeadm, &nodes)),
+            ["10.0.0.0/11", "192.168.7.0/24", "fd00:10:244::/48"]
+        );
+        // Unknown yet: the Nodes' own, as without kubeadm.
+        assert_eq!(
+            cluster_range(&settings(), &PodRange::Unknown, &cluster(4)),
+            cluster_range(&settings(), &PodRange::Absent, &cluster(4))
+        );
+    }
+
+    #[test]
     fn a_set_range_wins() {
         let mut settings = settings();
         settings.cluster_cidrs = vec!["10.244.0.0/16".parse().expect("a CIDR")];
-        assert_eq!(shown(&cluster_range(&settings, &cluster(3))), ["10.244.0.0/16"]);
+        assert_eq!(
+            shown(&cluster_range(&settings, &PodRange::Absent, &cluster(3))),
+            ["10.244.0.0/16"]
+        );
     }
 }

@@ -242,6 +242,96 @@ pub fn reconcile(wanted: &BTreeMap<IpNetwork, Via>) -> Result<Changes, Error> {
     Ok(changes)
 }
 
+/// Applies what changed from `before` (every route of it in place, as the
+/// last reconciliation left them) to `after` when that is only routes
+/// added or removed: no dump of the table, so a Node joining a 5000-Node
+/// cluster costs its own routes, not the table's. A route added is checked
+/// against the node's addresses as [`reconcile`] checks it, and never
+/// replaces a route someone else has to the same destination; a removed
+/// one is deleted only if the agent added it. None when a gateway changed:
+/// that takes the whole [`reconcile`]. Runs on a blocking thread.
+pub fn apply_changes(
+    before: &BTreeMap<IpNetwork, Via>,
+    after: &BTreeMap<IpNetwork, Via>,
+) -> Option<Result<Changes, Error>> {
+    let (removed, added) = differences(before, after)?;
+    Some(apply_additions_and_removals(&removed, &added))
+}
+
+/// Routes by destination, borrowed from a map.
+type Entries<'a> = Vec<(&'a IpNetwork, &'a Via)>;
+
+/// The routes of `before` not in `after` and those of `after` not in
+/// `before`, found in one walk of both (each is sorted by destination);
+/// None when a destination's gateway differs.
+fn differences<'a>(
+    before: &'a BTreeMap<IpNetwork, Via>,
+    after: &'a BTreeMap<IpNetwork, Via>,
+) -> Option<(Entries<'a>, Entries<'a>)> {
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let (mut old, mut new) = (before.iter().peekable(), after.iter().peekable());
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => return Some((removed, added)),
+            (Some(_), None) => removed.extend(old.by_ref()),
+            (None, Some(_)) => added.extend(new.by_ref()),
+            (Some((was, was_via)), Some((is, is_via))) => match was.cmp(is) {
+                std::cmp::Ordering::Less => removed.extend(old.next()),
+                std::cmp::Ordering::Greater => added.extend(new.next()),
+                std::cmp::Ordering::Equal => {
+                    if was_via.gateway != is_via.gateway {
+                        return None;
+                    }
+                    old.next();
+                    new.next();
+                }
+            },
+        }
+    }
+}
+
+fn apply_additions_and_removals(
+    removed: &[(&IpNetwork, &Via)],
+    added: &[(&IpNetwork, &Via)],
+) -> Result<Changes, Error> {
+    let nl = Netlink::connect().map_err(netlink_error)?;
+    let mut changes = Changes::default();
+    for (dst, via) in removed {
+        match nl.del_route(&route_to(**dst, via), PROTOCOL) {
+            Ok(()) => changes.removed.push(**dst),
+            Err(e) => changes.failed.push(e.to_string()),
+        }
+    }
+    if added.is_empty() {
+        return Ok(changes);
+    }
+    let local: Vec<IpAddr> = nl
+        .all_addresses()
+        .map_err(netlink_error)?
+        .iter()
+        .map(|(_, address)| address.ip())
+        .collect();
+    for (dst, via) in added {
+        let skip = |reason| Skip {
+            node: via.node.clone(),
+            cidr: **dst,
+            reason,
+        };
+        if let Some(reason) = conflict(**dst, via.gateway, &local, &[]) {
+            changes.skipped.insert(skip(reason));
+            continue;
+        }
+        match nl.create_route(&route_to(**dst, via), PROTOCOL) {
+            Ok(true) => changes.set.push((**dst, via.gateway)),
+            Ok(false) => {
+                changes.skipped.insert(skip(Reason::Appeared));
+            }
+            Err(e) => changes.failed.push(e.to_string()),
+        }
+    }
+    Ok(changes)
+}
+
 fn route_to(dst: IpNetwork, via: &Via) -> RouteInfo {
     RouteInfo {
         oif: None,
@@ -574,6 +664,31 @@ mod tests {
         assert_eq!(skips.news(wanted()), []);
         skips.found = BTreeSet::from([holds.clone()]);
         assert_eq!(skips.news(BTreeSet::new()), [holds]);
+    }
+
+    #[test]
+    fn differences_are_additions_and_removals_or_none_when_a_gateway_moved() {
+        let map = |entries: &[(&str, &str)]| -> BTreeMap<IpNetwork, Via> {
+            entries.iter().map(|(dst, gw)| (net(dst), via("n", gw))).collect()
+        };
+        let before = map(&[("10.0.1.0/24", "192.168.0.1"), ("10.0.2.0/24", "192.168.0.2")]);
+        let after = map(&[("10.0.2.0/24", "192.168.0.2"), ("10.0.3.0/24", "192.168.0.3")]);
+        let (removed, added) = differences(&before, &after).expect("no gateway moved");
+        assert_eq!(
+            removed.iter().map(|(d, _)| d.to_string()).collect::<Vec<_>>(),
+            ["10.0.1.0/24"]
+        );
+        assert_eq!(
+            added.iter().map(|(d, _)| d.to_string()).collect::<Vec<_>>(),
+            ["10.0.3.0/24"]
+        );
+        let (removed, added) = differences(&before, &before).expect("nothing moved");
+        assert!(removed.is_empty() && added.is_empty());
+        let empty = BTreeMap::new();
+        let (removed, added) = differences(&empty, &after).expect("all new");
+        assert!(removed.is_empty() && added.len() == 2);
+        let moved = map(&[("10.0.1.0/24", "192.168.0.9"), ("10.0.2.0/24", "192.168.0.2")]);
+        assert!(differences(&before, &moved).is_none());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod measure;
 pub mod report;
+pub mod scale;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
