@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use integration::{bin, run};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -107,6 +107,8 @@ fn every_document_round_trips_through_its_kubernetes_type() {
                 "ServiceAccount",
                 "ClusterRole",
                 "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
                 "ConfigMap",
                 "DaemonSet"
             ],
@@ -117,6 +119,8 @@ fn every_document_round_trips_through_its_kubernetes_type() {
                 Some("ServiceAccount") => drop(round_trip::<ServiceAccount>(file, document)),
                 Some("ClusterRole") => drop(round_trip::<ClusterRole>(file, document)),
                 Some("ClusterRoleBinding") => drop(round_trip::<ClusterRoleBinding>(file, document)),
+                Some("Role") => drop(round_trip::<Role>(file, document)),
+                Some("RoleBinding") => drop(round_trip::<RoleBinding>(file, document)),
                 Some("ConfigMap") => drop(round_trip::<ConfigMap>(file, document)),
                 Some("DaemonSet") => drop(round_trip::<DaemonSet>(file, document)),
                 other => panic!("{file}: unexpected kind {other:?}"),
@@ -140,6 +144,29 @@ fn the_role_grants_reading_nodes_and_in_istio_mode_pods_and_events() {
         assert_eq!(
             serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
             Value::Array(expected),
+            "{file}"
+        );
+        // In kube-system, the one ConfigMap holding kubeadm's pod range,
+        // read only, bound to the agent's account.
+        let role: Role = round_trip(file, of_kind(&documents, "Role"));
+        assert_eq!(role.metadata.namespace.as_deref(), Some("kube-system"), "{file}");
+        assert_eq!(
+            serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
+            json!([{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kubeadm-config"], "verbs": ["get"]}]),
+            "{file}"
+        );
+        let binding: RoleBinding = round_trip(file, of_kind(&documents, "RoleBinding"));
+        assert_eq!(binding.role_ref.kind, "Role", "{file}");
+        assert_eq!(
+            binding.role_ref.name,
+            role.metadata.name.expect("a name"),
+            "{file}"
+        );
+        let subjects = binding.subjects.expect("subjects");
+        assert_eq!(subjects.len(), 1, "{file}");
+        assert_eq!(
+            (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+            ("cni-suite-node-agent", Some("kube-system")),
             "{file}"
         );
     }
