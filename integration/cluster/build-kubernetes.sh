@@ -87,6 +87,8 @@ if [ ! -e "$SRC/tree/.reflect2-v1.0.2" ]; then
 	sed -i 's|^\(# github.com/modern-go/reflect2\) v1.0.1 => \(github.com/modern-go/reflect2\) v1.0.1$|\1 v1.0.2 => \2 v1.0.2|; s|^\(# github.com/modern-go/reflect2 => github.com/modern-go/reflect2\) v1.0.1$|\1 v1.0.2|' \
 		"$SRC/tree/vendor/modules.txt"
 	grep -q 'modern-go/reflect2 v1.0.2' "$SRC/tree/go.mod" || { echo "kubernetes: reflect2 not replaced in go.mod" >&2; exit 1; }
+	grep -q '^# github.com/modern-go/reflect2 v1.0.2 => ' "$SRC/tree/vendor/modules.txt" ||
+		{ echo "kubernetes: reflect2 not replaced in vendor/modules.txt" >&2; exit 1; }
 	touch "$SRC/tree/.reflect2-v1.0.2"
 fi
 

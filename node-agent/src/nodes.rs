@@ -296,7 +296,19 @@ fn cluster_range(
     if !settings.cluster_cidrs.is_empty() {
         return settings.cluster_cidrs.clone();
     }
-    let recorded = pod_range.prefixes();
+    // A recorded range holding a Node's address is no pod range (a
+    // podSubnet set over the node LAN): pods reaching the nodes and hosts
+    // in it must still be masqueraded, so it is not trusted.
+    let node_ips: Vec<IpAddr> = nodes
+        .values()
+        .flat_map(|n| n.internal_ips.iter().copied())
+        .collect();
+    let recorded: Vec<IpNetwork> = pod_range
+        .prefixes()
+        .iter()
+        .copied()
+        .filter(|r| !node_ips.iter().any(|ip| r.contains(*ip)))
+        .collect();
     let outside_recorded = |cidr: &&IpNetwork| {
         !recorded
             .iter()
@@ -547,6 +559,16 @@ mod tests {
         assert_eq!(
             shown(&cluster_range(&settings(), &kubeadm, &nodes)),
             ["10.0.0.0/11", "192.168.7.0/24", "fd00:10:244::/48"]
+        );
+        // A podSubnet over the nodes' own LAN is not trusted: the Nodes'
+        // CIDRs alone for that family.
+        let mut on_lan = cluster(3);
+        if let Some(info) = on_lan.get_mut("node-1") {
+            info.internal_ips = vec!["10.0.200.1".parse().expect("an address")];
+        }
+        assert_eq!(
+            shown(&cluster_range(&settings(), &kubeadm, &on_lan)),
+            ["10.0.0.0/23", "10.0.2.0/24", "fd00:10:244::/48"]
         );
         // Unknown yet: the Nodes' own, as without kubeadm.
         assert_eq!(

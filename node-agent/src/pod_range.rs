@@ -74,13 +74,18 @@ impl Reader {
 /// Reads the range from the API server, saying what it found.
 async fn read(client: kube::Client) -> PodRange {
     let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, NAMESPACE);
-    let found = match api.get_opt(CONFIG_MAP).await {
-        Ok(found) => found,
-        Err(kube::Error::Api(status)) if status.code == 403 => {
+    // Never long: every sync of the Node loop waits for it.
+    let found = match tokio::time::timeout(RETRY, api.get_opt(CONFIG_MAP)).await {
+        Err(_) => {
+            log::warn!("reading {NAMESPACE}/{CONFIG_MAP}: no answer in {RETRY:?}; trying again later");
+            return PodRange::Unknown;
+        }
+        Ok(Ok(found)) => found,
+        Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
             log::info!("{NAMESPACE}/{CONFIG_MAP} may not be read: the pod range is the Nodes' pod CIDRs");
             return PodRange::Absent;
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             log::warn!("reading {NAMESPACE}/{CONFIG_MAP}: {e}; trying again later");
             return PodRange::Unknown;
         }
@@ -116,6 +121,7 @@ pub fn pod_subnet(configuration: &str) -> Result<Vec<IpNetwork>, String> {
     else {
         return Ok(Vec::new());
     };
+    let value = value.split(" #").next().unwrap_or_default();
     let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
     value
         .split(',')
@@ -150,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_quoted_or_host_bit_value_is_its_network() {
-        let text = "networking:\n  podSubnet: \"10.244.1.7/16\"\n";
+        let text = "networking:\n  podSubnet: \"10.244.1.7/16\" # kind's\n";
         assert_eq!(shown(&pod_subnet(text).expect("parses")), ["10.244.0.0/16"]);
     }
 

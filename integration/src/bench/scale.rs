@@ -281,11 +281,12 @@ impl Api {
     fn delete_fakes(&self) {
         let api = self.nodes();
         let selector = ListParams::default().labels(&format!("{FAKE_LABEL}=fake"));
-        self.call(async {
-            let _ = api.delete_collection(&DeleteParams::default(), &selector).await;
-        });
         let deadline = Instant::now() + LIMIT;
         while Instant::now() < deadline {
+            // Again each time: one call may end before all 5000 are gone.
+            self.call(async {
+                let _ = api.delete_collection(&DeleteParams::default(), &selector).await;
+            });
             let left = self.call(api.list_metadata(&selector.clone().limit(1)));
             if left.is_ok_and(|list| list.items.is_empty()) {
                 return;
@@ -345,7 +346,13 @@ impl RouteMonitor {
             .ip(&["route", "add", "blackhole", "198.51.100.1/32"])
             .success();
         let monitor = RouteMonitor { child, lines };
-        monitor.wait_for(&["198.51.100.1".to_owned()], Duration::from_secs(5));
+        // `ip monitor` prints it as `blackhole 198.51.100.1 …`.
+        if monitor
+            .wait_for(&["blackhole 198.51.100.1".to_owned()], Duration::from_secs(5))
+            .is_none()
+        {
+            eprintln!("bench: ip monitor showed no route within 5 s");
+        }
         netns
             .ip(&["route", "del", "blackhole", "198.51.100.1/32"])
             .success();
@@ -384,14 +391,16 @@ fn route_counts(pid: u32) -> (usize, usize) {
     (count("route"), count("ipv6_route"))
 }
 
-/// CPU time (user + system, every thread ever) of `pid`, in ms.
+/// CPU time (user + system, every thread ever, and the programs it ran
+/// and waited for) of `pid`, in ms.
 fn cpu_ms(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // utime and stime are fields 14 and 15; `after_name` starts at 3.
+    // utime, stime, cutime and cstime (its programs, such as
+    // iptables-restore) are fields 14 to 17; `after_name` starts at 3.
     let ticks: f64 = fields
-        .get(11..13)
+        .get(11..15)
         .map_or(0.0, |t| t.iter().filter_map(|v| v.parse::<f64>().ok()).sum());
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
@@ -439,7 +448,9 @@ struct BenchAgent {
 }
 
 impl BenchAgent {
-    fn start(cluster: &Cluster, node: &BenchNode) -> Self {
+    /// Prepares its files, then starts it; returns it and when it was
+    /// started (after the preparation, which no DaemonSet pod pays).
+    fn start(cluster: &Cluster, node: &BenchNode) -> (Self, Instant) {
         let dir = tempfile::tempdir().expect("a directory for the bench agent");
         let account = dir.path().join("serviceaccount");
         std::fs::create_dir_all(&account).expect("the service account directory");
@@ -472,9 +483,9 @@ impl BenchAgent {
             ("CNI_LEASE_DIR", path("leases")),
             ("CNI_INSTALL_PLUGINS", String::new()),
             ("LEASE_SERVICE", "false".to_owned()),
-            ("RUST_LOG", "warn".to_owned()),
         ];
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let started = Instant::now();
         let mut child = crate::spawn_in(node.netns.path(), &crate::bin("cni-node-agent"), &[], &env, "");
         drop(child.stdout.take());
         let said = Arc::new(Mutex::new(VecDeque::new()));
@@ -490,11 +501,12 @@ impl BenchAgent {
                 }
             });
         }
-        BenchAgent {
+        let agent = BenchAgent {
             child,
             said,
             _dir: dir,
-        }
+        };
+        (agent, started)
     }
 
     fn pid(&self) -> u32 {
@@ -681,7 +693,7 @@ struct Paths {
     client: Netns,
     other_pod: String,
     outside: String,
-    _listener: Child,
+    listener: Child,
 }
 
 impl Paths {
@@ -726,7 +738,7 @@ impl Paths {
             client,
             other_pod: format!("{server_ip}:8080"),
             outside: format!("{outside_ip}:18081"),
-            _listener: listener,
+            listener,
         };
         // Both answer before anything is timed (the listener starting, the
         // node's masquerade going in).
@@ -755,6 +767,13 @@ impl Paths {
     }
 }
 
+impl Drop for Paths {
+    fn drop(&mut self) {
+        let _ = self.listener.kill();
+        let _ = self.listener.wait();
+    }
+}
+
 /// The chain and new connections at the cluster's size now.
 struct EgressAtSize {
     rules: usize,
@@ -779,13 +798,18 @@ fn egress_at_size(
     })
 }
 
+/// The IPv4 routes of a node's main table.
+fn ipv4_routes(cluster: &Cluster, node: &str) -> usize {
+    let shown = cluster.on_node(node, &["sh", "-c", "ip -4 route | wc -l"]);
+    shown.stdout.trim().parse().unwrap_or(0)
+}
+
 /// Waits until the real nodes' agents route to every bench Node, so the
 /// bench agent's start is timed on a quiet cluster.
 fn wait_for_real_agents(cluster: &Cluster, node: &str, at_least: usize) -> Result<(), String> {
     let deadline = Instant::now() + LIMIT;
     loop {
-        let shown = cluster.on_node(node, &["sh", "-c", "ip -4 route | wc -l"]);
-        let count: usize = shown.stdout.trim().parse().unwrap_or(0);
+        let count = ipv4_routes(cluster, node);
         if count >= at_least {
             return Ok(());
         }
@@ -931,6 +955,7 @@ fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutco
     let watched = real_nodes.first().ok_or("no node")?.clone();
     let paths = Paths::new(cluster)?;
     let small = egress_at_size(cluster, &paths, &watched, options.connects)?;
+    let real_routes = ipv4_routes(cluster, &watched);
 
     // The bench Nodes, and the real agents done routing to them.
     let fakes: Vec<Value> = (0..options.nodes)
@@ -939,7 +964,7 @@ fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutco
     let created = Instant::now();
     api.create(fakes.clone(), 32)?;
     eprintln!("bench: {} Nodes created in {:?}", fakes.len(), created.elapsed());
-    wait_for_real_agents(cluster, &watched, options.nodes)?;
+    wait_for_real_agents(cluster, &watched, options.nodes + real_routes)?;
     let large = egress_at_size(cluster, &paths, &watched, options.connects)?;
     egress_rows(out, options, &small, &large);
 
@@ -974,8 +999,7 @@ fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutco
     let routes = expected_routes(&all_nodes, &format!("{PREFIX}-0"));
     let wanted_v4 = routes.iter().filter(|(dst, _)| !dst.contains(':')).count();
     let wanted_v6 = routes.len() - wanted_v4;
-    let started = Instant::now();
-    let mut agent = BenchAgent::start(cluster, &node);
+    let (mut agent, started) = BenchAgent::start(cluster, &node);
     let routed = loop {
         let (v4, v6) = route_counts(agent.pid());
         if v4 >= baseline.0 + wanted_v4 && v6 >= baseline.1 + wanted_v6 {

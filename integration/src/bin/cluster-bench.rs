@@ -115,6 +115,8 @@ fn main() -> ExitCode {
         (None, None) => {}
         _ => usage(),
     }
+    // Bench Node i's IPv4 pod CIDR is 10.(225 + i / 256).(i % 256).0/24.
+    options.additions = options.additions.min(7900 - options.nodes);
     integration::require_root();
     let cluster = Cluster::get();
     if cluster.fact("POD_CIDRS") != WIDE_POD_CIDRS {
