@@ -779,11 +779,15 @@ fn network_failures(ns: &Namespace) -> Vec<String> {
         }
         let reason = event["reason"].as_str().unwrap_or_default();
         let message = event["message"].as_str().unwrap_or_default();
+        // Whole words: the machines' names start with `cnik`, and a
+        // runtime error naming a node's cgroup path is no network failure.
         let lower = message.to_lowercase();
-        if ["network", "cni", "plugin"]
-            .iter()
-            .any(|word| lower.contains(word))
-        {
+        let words: Vec<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+        if ["network", "cni", "plugin", "networkplugin"].iter().any(|word| {
+            words
+                .iter()
+                .any(|w| w == word || w.strip_suffix('s') == Some(word))
+        }) {
             failures.push(format!("{reason}: {message}"));
         } else {
             others
