@@ -454,17 +454,8 @@ impl BenchAgent {
         let dir = tempfile::tempdir().expect("a directory for the bench agent");
         let account = dir.path().join("serviceaccount");
         std::fs::create_dir_all(&account).expect("the service account directory");
-        let sa = cluster.get_json(&["-n", "kube-system", "serviceaccount", "cni-suite-node-agent"]);
-        let secret_name = sa["secrets"][0]["name"]
-            .as_str()
-            .expect("the agent's token secret")
-            .to_owned();
-        let secret = cluster.get_json(&["-n", "kube-system", "secret", &secret_name]);
-        for key in ["token", "ca.crt", "namespace"] {
-            let encoded = secret["data"][key].as_str().unwrap_or_default();
-            let decoded = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded)
-                .expect("base64 in a secret");
-            std::fs::write(account.join(key), decoded).expect("write the service account");
+        for (key, value) in service_account(cluster) {
+            std::fs::write(account.join(key), value).expect("write the service account");
         }
         let path = |name: &str| dir.path().join(name).to_str().expect("UTF-8").to_owned();
         for sub in ["conf", "bin", "leases"] {
@@ -531,6 +522,25 @@ impl Drop for BenchAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The DaemonSet's service account as its pods get it: `token`, `ca.crt`
+/// and `namespace` from its token secret (1.20 makes one per account).
+fn service_account(cluster: &Cluster) -> Vec<(&'static str, Vec<u8>)> {
+    let sa = cluster.get_json(&["-n", "kube-system", "serviceaccount", "cni-suite-node-agent"]);
+    let secret_name = sa["secrets"][0]["name"]
+        .as_str()
+        .expect("the agent's token secret");
+    let secret = cluster.get_json(&["-n", "kube-system", "secret", secret_name]);
+    ["token", "ca.crt", "namespace"]
+        .into_iter()
+        .map(|key| {
+            let encoded = secret["data"][key].as_str().unwrap_or_default();
+            let decoded = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded)
+                .expect("base64 in a secret");
+            (key, decoded)
+        })
+        .collect()
 }
 
 /// What a process did while traced: netlink messages it sent and programs
@@ -831,19 +841,8 @@ fn start_floor(
     routes: &[(String, String)],
 ) -> Result<(f64, f64), String> {
     let token_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let sa = cluster.get_json(&["-n", "kube-system", "serviceaccount", "cni-suite-node-agent"]);
-    let secret_name = sa["secrets"][0]["name"]
-        .as_str()
-        .ok_or("no token secret")?
-        .to_owned();
-    let secret = cluster.get_json(&["-n", "kube-system", "secret", &secret_name]);
-    let decode = |key: &str| {
-        base64::Engine::decode(
-            &base64::engine::general_purpose::STANDARD,
-            secret["data"][key].as_str().unwrap_or_default(),
-        )
-        .unwrap_or_default()
-    };
+    let account: BTreeMap<&str, Vec<u8>> = service_account(cluster).into_iter().collect();
+    let decode = |key: &str| account.get(key).cloned().unwrap_or_default();
     let ca = token_dir.path().join("ca.crt");
     std::fs::write(&ca, decode("ca.crt")).map_err(|e| e.to_string())?;
     let token = String::from_utf8(decode("token")).map_err(|e| e.to_string())?;
