@@ -231,14 +231,17 @@ cluster-down:
 
 # The cluster tier of `make test`: an `up` killed at a random moment, then
 # a fresh cluster without the suite (the tests apply it) made over what the
-# killed one left, the tests, Kubernetes' e2e subset, and the cluster gone
-# afterwards whatever happened.
+# killed one left, the tests, the sandbox bench tiny (it swaps the suite for
+# the reference plugins and back; no timing is judged), Kubernetes' e2e
+# subset, and the cluster gone afterwards whatever happened.
 cluster-test: image kubernetes
+	cargo build --release --locked -p integration --bin cluster-bench
 	@trap '$(CLUSTER) down' EXIT; \
 	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR); \
 	integration/cluster/interrupted-up.sh && \
 	$(CLUSTER) up && \
 	cargo test --locked -p integration --test real_cluster -- --ignored --nocapture && \
+	target/release/cluster-bench --only sandbox --burst-pods 6 --burst-rounds 1 --out target/cluster-bench-smoke > /dev/null && \
 	integration/cluster/e2e.sh subset
 
 # Every [sig-network] e2e spec this cluster can run (e2e.sh says which are

@@ -14,8 +14,13 @@ use serde_json::Value;
 
 use crate::Run;
 
+/// The sandbox image the cluster's nodes hold (built by `images.py`).
+pub const PAUSE: &str = "k8s.gcr.io/pause:3.2";
 /// The e2e image the cluster's nodes hold (built by `images.py`).
 pub const AGNHOST: &str = "k8s.gcr.io/e2e-test-images/agnhost:2.21";
+
+/// The suite's DaemonSet (in kube-system) and its pods' name label.
+pub const AGENT: &str = "cni-suite-node-agent";
 
 /// Where `cluster.sh` keeps the running cluster unless `CNI_CLUSTER_DIR`
 /// says otherwise (the same default as the script's).
@@ -159,6 +164,103 @@ impl Cluster {
     /// `cluster.sh args` (`add-node`, `start-kubelet`, ...).
     pub fn run_script(&self, args: &[&str]) -> Run {
         crate::run(cluster_script_path(), args)
+    }
+
+    /// Ok when every node's Ready condition is True, else the ones whose is
+    /// not (or why the nodes could not be listed). Never panics: guards poll
+    /// it while a test unwinds.
+    pub fn every_node_ready(&self) -> Result<(), String> {
+        // One listing, not a request per node: this is polled.
+        let list = self.kubectl(&["get", "nodes", "-o", "json"]);
+        if !list.ok() {
+            return Err(format!("{list:?}"));
+        }
+        let nodes: Value = serde_json::from_str(&list.stdout).map_err(|e| format!("{e}: {}", list.stdout))?;
+        let waiting: Vec<&str> = nodes["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|node| condition_of(node, "Ready").0 != "True")
+            .filter_map(|node| node["metadata"]["name"].as_str())
+            .collect();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not Ready: {waiting:?}"))
+        }
+    }
+
+    /// `kubectl apply` of a manifest of `deploy/`, then its DaemonSet's
+    /// rollout and every node Ready (3 minutes at most). Never panics:
+    /// guards call it while a test unwinds.
+    pub fn apply_manifest(&self, file: &str) -> Result<(), String> {
+        let manifest = deploy_dir().join(file);
+        let apply = self.kubectl(&["apply", "-f", &manifest.to_string_lossy()]);
+        let rollout = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            &format!("daemonset/{AGENT}"),
+            "--timeout=180s",
+        ]);
+        if !apply.ok() || !rollout.ok() {
+            return Err(format!("{apply:?}\n{rollout:?}"));
+        }
+        try_poll(
+            &format!("every node Ready after applying {file}"),
+            Duration::from_secs(180),
+            Duration::from_millis(500),
+            || self.every_node_ready(),
+        )
+        .map(drop)
+    }
+
+    /// `kubectl delete` of the base manifest, then its agents gone from
+    /// every node. Never panics: a guard calls it while a test unwinds.
+    pub fn uninstall(&self) -> Result<(), String> {
+        let manifest = deploy_dir().join("cni-suite.yaml");
+        self.delete_then_wait_for_agents(&["-f", &manifest.to_string_lossy()])
+    }
+
+    /// Only the suite's DaemonSet deleted (the manifest does not uninstall
+    /// on stop: every file and route stays), then its agents gone.
+    pub fn delete_agents(&self) -> Result<(), String> {
+        self.delete_then_wait_for_agents(&["-n", "kube-system", "daemonset", AGENT])
+    }
+
+    /// `kubectl delete what`, then no agent pod left (2 minutes at most).
+    fn delete_then_wait_for_agents(&self, what: &[&str]) -> Result<(), String> {
+        let mut args = vec!["delete"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["--wait=true", "--ignore-not-found"]);
+        let delete = self.kubectl(&args);
+        if !delete.ok() {
+            return Err(format!("{delete:?}"));
+        }
+        let selector = format!("app.kubernetes.io/name={AGENT}");
+        try_poll(
+            "the agents to be gone",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || {
+                let left = self.kubectl(&[
+                    "-n",
+                    "kube-system",
+                    "get",
+                    "pods",
+                    "-l",
+                    &selector,
+                    "--no-headers",
+                ]);
+                if left.ok() && left.stdout.trim().is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}"))
+                }
+            },
+        )
+        .map(drop)
     }
 
     /// The worker nodes' names as the API server lists them.

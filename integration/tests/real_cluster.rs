@@ -10,9 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use integration::cluster::{
-    AGNHOST, Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll, try_poll,
-};
+use integration::cluster::{AGNHOST, Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll};
 use integration::node_agent::egress_returns;
 use serde_json::Value;
 
@@ -149,7 +147,7 @@ fn installed() -> &'static Install {
             "every node Ready",
             Duration::from_secs(180),
             Duration::from_millis(200),
-            || every_node_ready(cluster),
+            || cluster.every_node_ready(),
         );
         eprintln!("suite applied: every node Ready after {ready_after:?}");
         Install {
@@ -833,7 +831,7 @@ fn the_agent_rolls_to_a_new_tag_failing_no_pod_and_its_uninstall_leaves_every_no
         .success();
     rolling_update_with_churn(cluster, "rolled");
     settled(cluster);
-    uninstall(cluster).expect("the manifest deleted");
+    cluster.uninstall().expect("the manifest deleted");
     for (node, before) in &install.state_before {
         let after = node_state(cluster, node);
         let left: Vec<&String> = after.difference(before).collect();
@@ -880,95 +878,6 @@ fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
     (codes, status["restartCount"].as_u64().unwrap_or(0))
 }
 
-/// Ok when every node's Ready condition is True, else the ones whose is
-/// not (or why the nodes could not be listed). Never panics: guards poll
-/// it while a test unwinds.
-fn every_node_ready(cluster: &Cluster) -> Result<(), String> {
-    // One listing, not a request per node: this is polled.
-    let list = cluster.kubectl(&["get", "nodes", "-o", "json"]);
-    if !list.ok() {
-        return Err(format!("{list:?}"));
-    }
-    let nodes: Value = serde_json::from_str(&list.stdout).map_err(|e| format!("{e}: {}", list.stdout))?;
-    let waiting: Vec<&str> = nodes["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|node| condition_of(node, "Ready").0 != "True")
-        .filter_map(|node| node["metadata"]["name"].as_str())
-        .collect();
-    if waiting.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("not Ready: {waiting:?}"))
-    }
-}
-
-/// `kubectl apply` of a manifest of `deploy/`, then its DaemonSet's rollout
-/// and every node Ready (3 minutes at most). Never panics: guards call it
-/// while a test unwinds.
-fn apply_manifest(cluster: &Cluster, file: &str) -> Result<(), String> {
-    let manifest = deploy_dir().join(file);
-    let apply = cluster.kubectl(&["apply", "-f", &manifest.to_string_lossy()]);
-    let rollout = cluster.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "daemonset/cni-suite-node-agent",
-        "--timeout=180s",
-    ]);
-    if !apply.ok() || !rollout.ok() {
-        return Err(format!("{apply:?}\n{rollout:?}"));
-    }
-    try_poll(
-        &format!("every node Ready after applying {file}"),
-        Duration::from_secs(180),
-        Duration::from_millis(500),
-        || every_node_ready(cluster),
-    )
-    .map(drop)
-}
-
-/// `kubectl delete` of the base manifest, then its agents gone from every
-/// node (2 minutes at most). Never panics: a guard calls it while a test
-/// unwinds.
-fn uninstall(cluster: &Cluster) -> Result<(), String> {
-    let manifest = deploy_dir().join("cni-suite.yaml");
-    let delete = cluster.kubectl(&[
-        "delete",
-        "-f",
-        &manifest.to_string_lossy(),
-        "--wait=true",
-        "--ignore-not-found",
-    ]);
-    if !delete.ok() {
-        return Err(format!("{delete:?}"));
-    }
-    try_poll(
-        "the agents to be gone",
-        Duration::from_secs(120),
-        Duration::from_millis(500),
-        || {
-            let left = cluster.kubectl(&[
-                "-n",
-                "kube-system",
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/name=cni-suite-node-agent",
-                "--no-headers",
-            ]);
-            if left.ok() && left.stdout.trim().is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    )
-    .map(drop)
-}
-
 /// Installs the suite afresh when the uninstall test ends, whichever way:
 /// deleted (nothing to do when the test got that far) and applied again,
 /// all nodes at once rather than a rollout node by node; agents that were
@@ -978,7 +887,10 @@ struct Reinstalled;
 impl Drop for Reinstalled {
     fn drop(&mut self) {
         let cluster = Cluster::get();
-        if let Err(e) = uninstall(cluster).and_then(|()| apply_manifest(cluster, "cni-suite.yaml")) {
+        if let Err(e) = cluster
+            .uninstall()
+            .and_then(|()| cluster.apply_manifest("cni-suite.yaml"))
+        {
             eprintln!("installing the suite again: {e}");
         }
     }
@@ -990,7 +902,7 @@ struct BaseManifest;
 
 impl Drop for BaseManifest {
     fn drop(&mut self) {
-        if let Err(e) = apply_manifest(Cluster::get(), "cni-suite.yaml") {
+        if let Err(e) = Cluster::get().apply_manifest("cni-suite.yaml") {
             eprintln!("restoring the base manifest: {e}");
         }
     }
@@ -1023,7 +935,9 @@ fn the_istio_manifest_captures_injected_pods_repairs_one_that_lost_the_race_and_
         },
     );
     let _base = BaseManifest;
-    apply_manifest(cluster, "cni-suite-istio.yaml").expect("the Istio manifest");
+    cluster
+        .apply_manifest("cni-suite-istio.yaml")
+        .expect("the Istio manifest");
     // Created with the chain in place: captured from its first start.
     ns.apply(&injected_pod("late"));
     ns.ready_pods("app=late", 1, Duration::from_secs(120));

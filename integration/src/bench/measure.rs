@@ -103,6 +103,16 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Stops a tracer the bench started (strace, perf) as Ctrl-C would, so
+/// it writes out what it holds, and waits for it.
+pub fn interrupt(tracer: &mut std::process::Child) {
+    if let Ok(pid) = libc::pid_t::try_from(tracer.id()) {
+        // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+    let _ = tracer.wait();
+}
+
 /// The `q`-quantile (0..=1) of `values`, nearest rank.
 pub fn quantile(values: &[f64], q: f64) -> f64 {
     if values.is_empty() {

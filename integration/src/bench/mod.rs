@@ -9,6 +9,7 @@
 
 pub mod measure;
 pub mod report;
+pub mod sandbox;
 pub mod scale;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +34,14 @@ pub struct Options {
     pub repeats: usize,
     pub full_leases: usize,
     pub out: PathBuf,
+    /// One phase of [`PHASES`] alone (no profiles), to work on it.
+    pub only: Option<String>,
 }
+
+/// The phases of a round, as `--only` names them.
+pub const PHASES: [&str; 9] = [
+    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "floors", "cri",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Side {
@@ -1134,33 +1142,55 @@ fn floors(out: &mut Outcome, n: usize) {
 /// Pods per side and round in the CRI phase (each costs a pause container).
 const CRI_PODS: usize = 30;
 
-/// containerd's CRI as kubelet drives it: RunPodSandbox per pod, through
-/// ours (the drop-in configuration) and through the reference, with the
+/// minikube's `--cni=bridge` network as it writes it to
+/// `/etc/cni/net.d/1-k8s.conflist` (its `addIf`, which the bridge ignores,
+/// included): host-local keeps its leases in its default `dataDir`,
+/// `/var/lib/cni/networks`, on disk.
+fn minikube_bridge_conflist() -> Value {
+    json!({"cniVersion": "0.4.0", "name": "bridge", "plugins": [
+        {"type": "bridge", "bridge": "bridge", "addIf": "true", "isDefaultGateway": true,
+         "forceAddress": false, "ipMasq": true, "hairpinMode": true,
+         "ipam": {"type": "host-local", "subnet": "10.244.0.0/16"}},
+        {"type": "portmap", "capabilities": {"portMappings": true}},
+        {"type": "firewall"}]})
+}
+
+/// The addresses the reference's host-local still holds under `dir` (a
+/// file named after each).
+fn reference_lease_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.parse::<std::net::IpAddr>().is_ok())
+        .map(|name| format!("lease file {name}"))
+        .collect()
+}
+
+/// containerd's CRI as kubelet drives it, with minikube's conflist:
+/// RunPodSandbox per pod, through ours and through the reference, with the
 /// same containerd build, one daemon at a time; beside each pod a
 /// `hostNetwork` sandbox on the same daemon, which calls no CNI plugin:
-/// what a pod costs besides its network.
+/// what a pod costs besides its network. containerd sees the node's
+/// directory as `/var/lib`, so the default `dataDir` is on this machine's
+/// disk and the node's own.
 fn cri(out: &mut Outcome, pods: usize, round: usize) {
     let n = pods.min(CRI_PODS);
     let sides = [
-        (Side::Ours, bin_dir(), "10.75.0.0/16"),
-        (Side::Reference, PathBuf::from(REFERENCE_DIR), "10.76.0.0/16"),
+        (Side::Ours, bin_dir()),
+        (Side::Reference, PathBuf::from(REFERENCE_DIR)),
     ];
     for k in 0..sides.len() {
-        let (side, bins, subnet) = &sides[(round + k) % sides.len()];
+        let (side, bins) = &sides[(round + k) % sides.len()];
         let setup = if *side == Side::Ours {
             Setup::DropIn
         } else {
             Setup::Reference
         };
         let node = Node::new();
-        let data_dir = node.path("ipam");
-        node.write_conf(
-            "10-cri.conflist",
-            &json!({"cniVersion": "1.0.0", "name": "cri-net", "plugins": [
-                {"type": "bridge", "bridge": "cnicri0", "isGateway": true, "ipMasq": true,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir,
-                          "routes": [{"dst": "0.0.0.0/0"}]}}]}),
-        );
+        let data_dir = node.var_lib().join("cni/networks");
+        node.write_conf("1-k8s.conflist", &minikube_bridge_conflist());
         let settings = Cri {
             conf_dir: node.conf_dir(),
             bin_dir: bins.clone(),
@@ -1218,8 +1248,10 @@ fn cri(out: &mut Outcome, pods: usize, round: usize) {
                 .map(|e| format!("cache entry {e}")),
         );
         if setup == Setup::DropIn {
-            let leases = node.lease_records("cri-net", &data_dir, "");
+            let leases = node.lease_records("bridge", &data_dir, "");
             left.extend(leases.iter().map(|l| format!("lease {l}")));
+        } else {
+            left.extend(reference_lease_files(&data_dir.join("bridge")));
         }
         if !left.is_empty() {
             out.problem(format!("cri ({}) left behind: {left:?}", setup.label()));
@@ -1317,28 +1349,51 @@ pub fn run(options: &Options) -> Outcome {
         Suite::new(Setup::DropIn, "full-ours", "cnifull0", "10.72.0.0/16"),
         Suite::new(Setup::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
     ];
+    let wanted = |phase: &str| options.only.as_deref().is_none_or(|only| only == phase);
     out.repeats.push(BTreeMap::new());
     // First, on a quiet node: writing the full phase's lease files leaves
     // the disk busy for a while.
     warm_up(&mut out, &suites);
-    prepare_full(&mut out, &full_suites, options.full_leases);
+    if wanted("full") {
+        prepare_full(&mut out, &full_suites, options.full_leases);
+    }
     for round in 0..options.repeats {
         eprintln!("bench: round {}/{}", round + 1, options.repeats);
         if round > 0 {
             out.repeats.push(BTreeMap::new());
         }
-        seq(&mut out, &suites, options.pods);
-        burst(&mut out, &suites, options.pods, round);
-        full_round(&mut out, &full_suites, round, options.full_leases);
-        loopback(&mut out, &suites[..2], options.pods);
-        chained(&mut out, &suites[..2], options.pods, &PORTMAP_PHASE);
-        chained(&mut out, &suites[..2], options.pods, &FIREWALL_PHASE);
-        istio(&mut out, &suites[0], options.pods, false);
-        istio(&mut out, &suites[0], options.pods, true);
-        floors(&mut out, options.pods.min(20));
-        cri(&mut out, options.pods, round);
+        if wanted("seq") {
+            seq(&mut out, &suites, options.pods);
+        }
+        if wanted("burst") {
+            burst(&mut out, &suites, options.pods, round);
+        }
+        if wanted("full") {
+            full_round(&mut out, &full_suites, round, options.full_leases);
+        }
+        if wanted("loopback") {
+            loopback(&mut out, &suites[..2], options.pods);
+        }
+        if wanted("portmap") {
+            chained(&mut out, &suites[..2], options.pods, &PORTMAP_PHASE);
+        }
+        if wanted("firewall") {
+            chained(&mut out, &suites[..2], options.pods, &FIREWALL_PHASE);
+        }
+        if wanted("istio") {
+            istio(&mut out, &suites[0], options.pods, false);
+            istio(&mut out, &suites[0], options.pods, true);
+        }
+        if wanted("floors") {
+            floors(&mut out, options.pods.min(20));
+        }
+        if wanted("cri") {
+            cri(&mut out, options.pods, round);
+        }
     }
-    profile(&mut out, &suites[..2]);
+    if options.only.is_none() {
+        profile(&mut out, &suites[..2]);
+    }
     out
 }
 

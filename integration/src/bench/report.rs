@@ -22,7 +22,7 @@ pub enum Floor {
 
 /// The targets for the drop-in setup: metric, ratio
 /// ours/reference, and the floor that may stand in for the ratio.
-pub const TARGETS: [(&str, f64, Floor); 25] = [
+pub const TARGETS: [(&str, f64, Floor); 27] = [
     ("seq ADD p50", 0.15, Floor::None),
     ("seq ADD p95", 0.5, Floor::None),
     ("seq ADD cpu p50", 0.15, Floor::None),
@@ -70,6 +70,9 @@ pub const TARGETS: [(&str, f64, Floor); 25] = [
         Floor::Above("portmap DEL floor p50", 2.0),
     ),
     ("firewall ADD p50", 0.25, Floor::None),
+    // A pod's sandbox through containerd's CRI, minikube's conflist.
+    ("cri RunPodSandbox p50", 0.8, Floor::None),
+    ("cri RunPodSandbox p99", 1.0, Floor::None),
     (
         "firewall DEL p50",
         0.25,
@@ -440,7 +443,9 @@ pub fn markdown(options: &Options, outcome: &Outcome, figures: &Figures, machine
          runs in a private mount namespace with a fresh tmpfs on /run, so nothing left on the machine (a \
          socket, a lock) is found. Same configuration shape (bridge with isGateway and ipMasq, host-local over \
          a /16), each suite in its own node namespace, plugins executed directly as libcni does, calls \
-         alternating between the suites.\n\n\
+         alternating between the suites. The `cri` rows: containerd's CRI driven as kubelet drives it, with \
+         minikube's own `1-k8s.conflist` (bridge, portmap, firewall; host-local's default `dataDir`, on disk), \
+         beside a `hostNetwork` sandbox on the same daemon, which calls no plugin.\n\n\
          Per-call rows (`p50`, `p95`, `p99`, `max`, `cpu p50`) pool every call of all repeats; once-per-repeat \
          rows (a burst's wall time) are medians of the repeats. Floors are measured in the same run, beside \
          the calls they bound, never taken from our own logs: a `… DEL floor` is one `ip -n <pod> link del \
@@ -550,6 +555,7 @@ mod tests {
                 repeats: 1,
                 full_leases: 1,
                 out: "x".into(),
+                only: None,
             },
             &Outcome::default(),
             &f,

@@ -27,6 +27,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use netns::NetNs;
 use serde_json::{Value, json};
 
+use super::sandbox::BurstOptions;
 use crate::Netns;
 use crate::cluster::{Cluster, Namespace};
 use crate::node_agent::egress_returns;
@@ -64,7 +65,14 @@ pub struct ScaleOutcome {
 }
 
 impl ScaleOutcome {
-    fn row(&mut self, metric: &str, ours: f64, other: Option<(&str, f64)>, goal: &str, met: Option<bool>) {
+    pub(crate) fn row(
+        &mut self,
+        metric: &str,
+        ours: f64,
+        other: Option<(&str, f64)>,
+        goal: &str,
+        met: Option<bool>,
+    ) {
         eprintln!(
             "bench: {metric}: {ours:.2}{}",
             other.map_or(String::new(), |(n, v)| format!(" ({n} {v:.2})"))
@@ -78,7 +86,7 @@ impl ScaleOutcome {
         });
     }
 
-    fn problem(&mut self, text: String) {
+    pub(crate) fn problem(&mut self, text: String) {
         eprintln!("bench: {text}");
         self.problems.push(text);
     }
@@ -573,9 +581,7 @@ impl Trace {
 
     /// (netlink messages sent, programs executed).
     fn detach(mut self) -> (usize, usize) {
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let _ = self.child.wait();
+        super::measure::interrupt(&mut self.child);
         let text = std::fs::read_to_string(self.file.path()).unwrap_or_default();
         netlink_and_exec(&text)
     }
@@ -937,12 +943,11 @@ fn expected_routes(nodes: &[Value], own: &str) -> Vec<(String, String)> {
     routes
 }
 
-pub fn run(cluster: &'static Cluster, options: &ScaleOptions) -> ScaleOutcome {
-    let mut out = ScaleOutcome::default();
-    if let Err(e) = scale(cluster, options, &mut out) {
+/// Runs the scale half and adds its rows (or what went wrong) to `out`.
+pub fn run(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutcome) {
+    if let Err(e) = scale(cluster, options, out) {
         out.problem(e);
     }
-    out
 }
 
 fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutcome) -> Result<(), String> {
@@ -1231,9 +1236,11 @@ pub fn markdown_table(rows: &[Row]) -> String {
 }
 
 /// The run as one JSON document: what was asked, where, every row.
-pub fn json(options: &ScaleOptions, outcome: &ScaleOutcome, machine: &str) -> Value {
+pub fn json(options: &ScaleOptions, bursts: &BurstOptions, outcome: &ScaleOutcome, machine: &str) -> Value {
     json!({
         "machine": machine,
+        "burst_pods": bursts.pods,
+        "burst_rounds": bursts.rounds,
         "nodes": options.nodes,
         "additions": options.additions,
         "no_op_updates": options.no_op_updates,

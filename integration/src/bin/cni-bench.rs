@@ -21,7 +21,7 @@ const README_END: &str = "<!-- bench-table:end -->";
 
 fn usage() -> ! {
     eprintln!(
-        "usage: cni-bench [--pods N] [--repeats N] [--full-leases N] [--out DIR]\n       \
+        "usage: cni-bench [--pods N] [--repeats N] [--full-leases N] [--only PHASE] [--out DIR]\n       \
          cni-bench --update-readme README.md --from RUN.json"
     );
     std::process::exit(2)
@@ -38,6 +38,7 @@ fn parse() -> Mode {
         repeats: 3,
         full_leases: 60000,
         out: PathBuf::from("bench-results"),
+        only: None,
     };
     let (mut readme, mut from) = (None, None);
     let mut args = std::env::args().skip(1);
@@ -48,6 +49,7 @@ fn parse() -> Mode {
             "--pods" => options.pods = number().max(1),
             "--repeats" => options.repeats = number().max(1),
             "--full-leases" => options.full_leases = number().min(65000),
+            "--only" if bench::PHASES.contains(&value.as_str()) => options.only = Some(value.clone()),
             "--out" => options.out = PathBuf::from(&value),
             "--update-readme" => readme = Some(PathBuf::from(&value)),
             "--from" => from = Some(PathBuf::from(&value)),
