@@ -113,6 +113,48 @@ pub fn interrupt(tracer: &mut std::process::Child) {
     let _ = tracer.wait();
 }
 
+/// The machine's (busy, total) CPU time in jiffies, from /proc/stat.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    let total: u64 = fields.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+/// Waits (at most `limit`) until the machine's CPUs were at least half
+/// idle over a whole 5-second window: what an earlier phase left running
+/// (a cluster's garbage collection, deletions) must not land in the next
+/// phase's figures. Says how long it waited, or that it gave up.
+pub fn wait_until_quiet(limit: Duration) {
+    let window = Duration::from_secs(5);
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let before = cpu_jiffies();
+        std::thread::sleep(window);
+        let (Some((busy0, total0)), Some((busy1, total1))) = (before, cpu_jiffies()) else {
+            return;
+        };
+        let busy = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+        if busy <= 0.5 {
+            eprintln!(
+                "bench: the machine is quiet ({:.0}% busy) after {:?}",
+                busy * 100.0,
+                started.elapsed()
+            );
+            return;
+        }
+    }
+    eprintln!("bench: the machine was still busy after {limit:?}; measuring anyway");
+}
+
 /// The `q`-quantile (0..=1) of `values`, nearest rank.
 pub fn quantile(values: &[f64], q: f64) -> f64 {
     if values.is_empty() {

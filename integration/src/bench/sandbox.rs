@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
-use super::measure::{interrupt, quantile};
+use super::measure::{interrupt, quantile, wait_until_quiet};
 use super::scale::ScaleOutcome;
 use crate::cluster::{Cluster, Namespace, try_poll};
 
@@ -45,6 +45,8 @@ const SUITE_BRIDGE: &str = "cni0";
 const PARALLEL_CREATES: usize = 25;
 /// How long any one step may take.
 const LIMIT: Duration = Duration::from_secs(300);
+/// How long a burst waits for the machine to settle after the last.
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct BurstOptions {
@@ -182,6 +184,7 @@ fn bursts(
         for wiring in order {
             switch_to(cluster, wiring)?;
             let label = format!("{}-{round}", wiring.label());
+            wait_until_quiet(QUIET_LIMIT);
             let baseline = all_veths(cluster)?;
             let burst = burst(cluster, &namespace, wiring, &label, &baseline, options.pods, out);
             // Cleared even after a failed burst: the next wiring must not

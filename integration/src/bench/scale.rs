@@ -951,6 +951,7 @@ pub fn run(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOut
 }
 
 fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutcome) -> Result<(), String> {
+    super::measure::wait_until_quiet(Duration::from_secs(180));
     let node = BenchNode::new(cluster);
     let api = Api::new(cluster, &node);
     api.delete_fakes();
