@@ -489,7 +489,10 @@ machine_down() { # NAME
 }
 
 # Removes every cgroup under the roots matching PATTERN, depth first,
-# waiting a moment for the kernel to finish reaping their processes.
+# waiting a moment for the kernel to finish reaping their processes. A
+# cgroup left FROZEN (runc freezes a container's to kill all of it, and
+# can itself be killed before it thaws) keeps its processes, SIGKILL
+# pending, until thawed.
 cgroups_down() { # PATTERN
 	local h d
 	for _ in $(seq 50); do
@@ -497,6 +500,7 @@ cgroups_down() { # PATTERN
 		for h in $(hierarchies); do
 			for d in "$h"/$1; do
 				[ -d "$d" ] || continue
+				find "$d" -name freezer.state -exec sh -c 'for f; do echo THAWED >"$f"; done' _ {} + 2>/dev/null || true
 				find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
 				[ -d "$d" ] && left=1
 			done

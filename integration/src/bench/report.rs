@@ -70,14 +70,14 @@ pub const TARGETS: [(&str, f64, Floor); 27] = [
         Floor::Above("portmap DEL floor p50", 2.0),
     ),
     ("firewall ADD p50", 0.25, Floor::None),
-    // A pod's sandbox through containerd's CRI, minikube's conflist.
-    ("cri RunPodSandbox p50", 0.8, Floor::None),
-    ("cri RunPodSandbox p99", 1.0, Floor::None),
     (
         "firewall DEL p50",
         0.25,
         Floor::Above("firewall DEL floor p50", 2.0),
     ),
+    // A pod's sandbox through containerd's CRI, minikube's conflist.
+    ("cri RunPodSandbox p50", 0.8, Floor::None),
+    ("cri RunPodSandbox p99", 1.0, Floor::None),
 ];
 
 /// istio-redirect's rows: its ADD against one bare apply of the same rules.

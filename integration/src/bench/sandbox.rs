@@ -88,12 +88,17 @@ struct Samples {
 /// Runs the bursts and adds their rows (or what went wrong) to `out`. The
 /// suite is installed again afterwards, whatever happened.
 pub fn run(cluster: &'static Cluster, options: &BurstOptions, out: &mut ScaleOutcome) {
-    let restore = SuiteRestored(cluster);
+    let namespace = Namespace::new(cluster, "sandbox-bench");
+    let restore = SuiteRestored {
+        cluster,
+        namespace: &namespace,
+    };
     let mut samples: BTreeMap<Wiring, Samples> = BTreeMap::new();
-    if let Err(e) = bursts(cluster, options, &mut samples, out) {
+    if let Err(e) = bursts(cluster, &namespace, options, &mut samples, out) {
         out.problem(format!("sandbox bursts: {e}"));
     }
     drop(restore);
+    drop(namespace);
     let (Some(ours), Some(reference), Some(floor)) = (
         samples.get(&Wiring::Suite),
         samples.get(&Wiring::Reference),
@@ -129,7 +134,8 @@ pub fn run(cluster: &'static Cluster, options: &BurstOptions, out: &mut ScaleOut
                 goal.map(|g| mine <= g * theirs),
             );
         }
-        // What the network adds: the same quantile less the floor's.
+        // The network's share, roughly: the same quantile less the floor's
+        // (a difference of quantiles, not the quantile of a difference).
         for (name, q) in &quantiles[..2] {
             let base = quantile(floor, *q);
             out.row(
@@ -170,11 +176,11 @@ pub fn run(cluster: &'static Cluster, options: &BurstOptions, out: &mut ScaleOut
 
 fn bursts(
     cluster: &'static Cluster,
+    namespace: &Namespace,
     options: &BurstOptions,
     samples: &mut BTreeMap<Wiring, Samples>,
     out: &mut ScaleOutcome,
 ) -> Result<(), String> {
-    let namespace = Namespace::new(cluster, "sandbox-bench");
     for round in 0..options.rounds {
         let order = if round % 2 == 0 {
             [Wiring::Suite, Wiring::HostNetwork, Wiring::Reference]
@@ -186,12 +192,15 @@ fn bursts(
             let label = format!("{}-{round}", wiring.label());
             wait_until_quiet(QUIET_LIMIT);
             let baseline = all_veths(cluster)?;
-            let burst = burst(cluster, &namespace, wiring, &label, &baseline, options.pods, out);
+            let burst = burst(cluster, namespace, wiring, &label, &baseline, options.pods, out);
             // Cleared even after a failed burst: the next wiring must not
             // tear down this one's pods.
-            let cleared = clear(cluster, &namespace, wiring, &label, &baseline);
-            let burst = burst?;
-            cleared?;
+            let cleared = clear(cluster, namespace, wiring, &label, &baseline);
+            let burst = match (burst, cleared) {
+                (Ok(burst), Ok(())) => burst,
+                (Err(e), Ok(())) | (Ok(_), Err(e)) => return Err(e),
+                (Err(e), Err(also)) => return Err(format!("{e}; then {also}")),
+            };
             let entry = samples.entry(wiring).or_default();
             entry.sandbox.extend(burst.sandbox);
             entry.running.extend(burst.running);
@@ -225,9 +234,18 @@ fn remove_if_present(path: &Path) -> Result<(), String> {
     }
 }
 
-/// kindnetd's conflist for a node with these pod CIDRs and MTU.
+/// kindnetd's conflist for a node with these pod CIDRs and MTU, with one
+/// departure: each range starts in its upper half, so the reference never
+/// hands out an address the suite leased to a pod still running (its own
+/// data directory knows nothing of the suite's).
 fn kindnet_conflist(pod_cidrs: &[String], mtu: u32) -> Value {
-    let ranges: Vec<Value> = pod_cidrs.iter().map(|cidr| json!([{"subnet": cidr}])).collect();
+    let ranges: Vec<Value> = pod_cidrs
+        .iter()
+        .map(|cidr| match upper_half(cidr) {
+            Some(start) => json!([{"subnet": cidr, "rangeStart": start}]),
+            None => json!([{"subnet": cidr}]),
+        })
+        .collect();
     let routes: Vec<Value> = pod_cidrs
         .iter()
         .map(|cidr| json!({"dst": if cidr.contains(':') { "::/0" } else { "0.0.0.0/0" }}))
@@ -240,6 +258,21 @@ fn kindnet_conflist(pod_cidrs: &[String], mtu: u32) -> Value {
              "ipam": {"type": "host-local", "dataDir": KINDNET_DATA_DIR, "routes": routes, "ranges": ranges}},
             {"type": "portmap", "capabilities": {"portMappings": true}},
         ]
+    })
+}
+
+/// The first address of the upper half of `cidr`.
+fn upper_half(cidr: &str) -> Option<String> {
+    let network: ipnetwork::IpNetwork = cidr.parse().ok()?;
+    let host_bits = u32::from(if network.is_ipv4() { 32u8 } else { 128 } - network.prefix());
+    let half = 1u128.checked_shl(host_bits.checked_sub(1)?)?;
+    Some(match network.network() {
+        std::net::IpAddr::V4(base) => {
+            std::net::Ipv4Addr::from(u32::from(base).checked_add(u32::try_from(half).ok()?)?).to_string()
+        }
+        std::net::IpAddr::V6(base) => {
+            std::net::Ipv6Addr::from(u128::from(base).checked_add(half)?).to_string()
+        }
     })
 }
 
@@ -274,6 +307,11 @@ fn switch_to(cluster: &Cluster, wiring: Wiring) -> Result<(), String> {
                     .map_err(|e| format!("{node}'s eth0 MTU: {e}"))?;
                 let conflist = kindnet_conflist(&pod_cidrs(cluster, &node), mtu);
                 let text = serde_json::to_string_pretty(&conflist).map_err(|e| e.to_string())?;
+                // Leases a failed run left behind would be counted as this run's.
+                cluster.on_node(
+                    &node,
+                    &["rm", "-rf", &format!("{KINDNET_DATA_DIR}/{KINDNET_NAME}")],
+                );
                 replace_file(
                     &machine.join("cni-conf").join(KINDNET_CONFLIST),
                     text.as_bytes(),
@@ -330,14 +368,40 @@ fn install_suite(cluster: &Cluster) -> Result<(), String> {
     .map(drop)
 }
 
-/// Puts the suite back on drop (after a failure too): the cluster half
-/// that follows, and anyone using the cluster afterwards, expect it.
-struct SuiteRestored(&'static Cluster);
+/// Puts the suite back on drop (after a failure or a panic too): the
+/// cluster half that follows, and anyone using the cluster afterwards,
+/// expect it. A burst's pods left by a failure are torn down first, by the
+/// network that set them up. Never panics (it runs while unwinding).
+struct SuiteRestored<'a> {
+    cluster: &'static Cluster,
+    namespace: &'a Namespace,
+}
 
-impl Drop for SuiteRestored {
+impl Drop for SuiteRestored<'_> {
     fn drop(&mut self) {
-        if let Err(e) = switch_to(self.0, Wiring::Suite) {
-            eprintln!("bench: the suite could not be installed again: {e}");
+        let (cluster, namespace) = (self.cluster, self.namespace);
+        let restored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            namespace.kubectl(&["delete", "pods", "--all", "--wait=false"]);
+            try_poll(
+                "the bench's containers to be gone",
+                LIMIT,
+                Duration::from_secs(1),
+                || {
+                    for node in cluster.nodes() {
+                        let left = containers_of(cluster, &node, &namespace.name)?;
+                        if left > 0 {
+                            return Err(format!("{node}: {left} containers left"));
+                        }
+                    }
+                    Ok(())
+                },
+            )?;
+            switch_to(cluster, Wiring::Suite)
+        }));
+        match restored {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("bench: the suite could not be installed again: {e}"),
+            Err(_) => eprintln!("bench: the suite could not be installed again (see the panic above)"),
         }
     }
 }
@@ -521,7 +585,7 @@ impl ExecTrace {
     /// Stops recording; per plugin binary (`/opt/cni/bin/<name>`), each
     /// run's milliseconds.
     fn plugin_runs(mut self) -> BTreeMap<String, Vec<f64>> {
-        interrupt(&mut self.perf);
+        self.stop();
         let script = std::process::Command::new("perf")
             .args(["script", "-F", "pid,time,event,trace", "-i"])
             .arg(&self.data)
@@ -534,6 +598,21 @@ impl ExecTrace {
                 BTreeMap::new()
             }
         }
+    }
+}
+
+impl ExecTrace {
+    fn stop(&mut self) {
+        if matches!(self.perf.try_wait(), Ok(None)) {
+            interrupt(&mut self.perf);
+        }
+    }
+}
+
+/// A system-wide recorder never outlives the bench.
+impl Drop for ExecTrace {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -656,8 +735,10 @@ fn create_and_watch(
                         running.len()
                     ));
                 };
-                let (WatchEvent::Added(pod) | WatchEvent::Modified(pod)) = event else {
-                    continue;
+                let pod = match event {
+                    WatchEvent::Added(pod) | WatchEvent::Modified(pod) => pod,
+                    WatchEvent::Error(e) => return Err(format!("the watch: {e}")),
+                    WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => continue,
                 };
                 let is_running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
                 if let (true, Some(name)) = (is_running, pod.metadata.name) {
@@ -666,8 +747,8 @@ fn create_and_watch(
             }
             Ok(running)
         };
-        let (sent, running) = futures::join!(creates, watched);
-        let (sent, running) = (sent?, running?);
+        // A failed create ends the wait for the others at once.
+        let (sent, running) = futures::try_join!(creates, watched)?;
         Ok(running
             .into_iter()
             .filter_map(|(name, seen)| {
@@ -803,7 +884,7 @@ time="2026-11-27T20:46:57.050000000Z" level=info msg="RunPodSandbox for &PodSand
         let script =
             " 8612 36201.427963: sched:sched_process_exec: filename=/opt/cni/bin/bridge pid=8612 old_pid=8612
  8614 36201.431765: sched:sched_process_exec: filename=/opt/cni/bin/host-local pid=8614 old_pid=8614
- 8615 36201.433000: sched:sched_process_exit: comm=host-local pid=8615 prio=120 group_dead=false
+ 8614 36201.433000: sched:sched_process_exit: comm=host-local pid=8615 prio=120 group_dead=false
  8614 36201.436765: sched:sched_process_exit: comm=host-local pid=8614 prio=120 group_dead=true
  8620 36201.437000: sched:sched_process_exec: filename=/usr/sbin/iptables pid=8620 old_pid=8620
  8620 36201.438000: sched:sched_process_exit: comm=iptables pid=8620 prio=120 group_dead=true
@@ -816,12 +897,15 @@ time="2026-11-27T20:46:57.050000000Z" level=info msg="RunPodSandbox for &PodSand
     }
 
     #[test]
-    fn kindnets_conflist_has_a_range_and_a_default_route_per_family() {
+    fn kindnets_conflist_has_a_range_in_the_upper_half_and_a_default_route_per_family() {
         let conflist = kindnet_conflist(&["10.244.1.0/24".into(), "fd00:10:244:1::/64".into()], 1500);
         let ipam = &conflist["plugins"][0]["ipam"];
         assert_eq!(
             ipam["ranges"],
-            json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]])
+            json!([
+                [{"subnet": "10.244.1.0/24", "rangeStart": "10.244.1.128"}],
+                [{"subnet": "fd00:10:244:1::/64", "rangeStart": "fd00:10:244:1:8000::"}]
+            ])
         );
         assert_eq!(ipam["routes"], json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]));
         assert_eq!(ipam["dataDir"], "/run/cni-ipam-state");

@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             "--connects" => options.connects = number().max(1),
             "--burst-pods" => bursts.pods = number().clamp(1, 300),
             "--burst-rounds" => bursts.rounds = number().max(1),
-            "--only" => match value.as_str() {
+            "--only" if run_sandbox && run_scale => match value.as_str() {
                 "sandbox" => run_scale = false,
                 "scale" => run_sandbox = false,
                 _ => usage(),
