@@ -27,6 +27,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use netns::NetNs;
 use serde_json::{Value, json};
 
+use super::measure::{ms, quantile};
 use super::sandbox::BurstOptions;
 use crate::Netns;
 use crate::cluster::{Cluster, Namespace};
@@ -429,20 +430,6 @@ fn memory_mib(pid: u32, field: &str) -> f64 {
                 .ok()
         })
         .map_or(0.0, |kib| kib / 1024.0)
-}
-
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let index = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1000.0
 }
 
 /// The bench's agent: the release binary in the bench node, as Node 0,
