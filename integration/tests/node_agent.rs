@@ -365,6 +365,38 @@ fn the_agent_routes_to_every_other_nodes_pods_and_removes_what_it_made() {
         ["10.244.4.0/24 via 10.250.0.99 dev uplink0"]
     );
 
+    // A routing daemon's route to a pod range, with a metric of its own,
+    // before the Node joins: the agent's route (metric 0) would go in
+    // beside it and win, so the Node's addition leaves it alone at once,
+    // not at the next full resync (30 s on).
+    node.netns
+        .ip(&[
+            "route",
+            "add",
+            "10.244.8.0/24",
+            "via",
+            "10.250.0.98",
+            "metric",
+            "32",
+            "proto",
+            "bird",
+        ])
+        .success();
+    server.apply_node(node_object("n8", &["10.244.8.0/24"], &["10.250.0.18"]));
+    server.apply_node(node_object("n9", &["10.244.9.0/24"], &["10.250.0.19"]));
+    wait_for("n9's route, after n8's addition", Duration::from_secs(2), || {
+        agent_routes(&node).contains(&"10.244.9.0/24 via 10.250.0.19".to_owned())
+    });
+    assert_eq!(
+        routes_to(&node, "10.244.8.0/24"),
+        ["10.244.8.0/24 via 10.250.0.98 dev uplink0 proto bird metric 32"]
+    );
+    server.delete_node("n8");
+    server.delete_node("n9");
+    wait_for("n9's route gone", Duration::from_secs(2), || {
+        agent_routes(&node) == expected(&["10.244.3.0/24 via 10.250.0.23", "10.244.5.0/24 via 10.250.0.15"])
+    });
+
     // A Node whose InternalIP is not on-link: its route fails, every other
     // change still happens, and the agent is not ready until it is gone.
     server.apply_node(node_object("n6", &["10.244.6.0/24"], &["192.0.2.66"]));

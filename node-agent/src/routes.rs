@@ -246,8 +246,9 @@ pub fn reconcile(wanted: &BTreeMap<IpNetwork, Via>) -> Result<Changes, Error> {
 /// last reconciliation left them) to `after` when that is only routes
 /// added or removed: no dump of the table, so a Node joining a 5000-Node
 /// cluster costs its own routes, not the table's. A route added is checked
-/// against the node's addresses as [`reconcile`] checks it, and never
-/// replaces a route someone else has to the same destination; a removed
+/// against the node's addresses and the route the kernel has to its very
+/// destination (one lookup each) as [`reconcile`] checks it, and never
+/// replaces or joins a route someone else has there; a removed
 /// one is deleted only if the agent added it. None when a gateway changed:
 /// that takes the whole [`reconcile`]. Runs on a blocking thread.
 pub fn apply_changes(
@@ -317,7 +318,19 @@ fn apply_additions_and_removals(
             cidr: **dst,
             reason,
         };
-        if let Some(reason) = conflict(**dst, via.gateway, &local, &[]) {
+        // Someone else's route to the same destination with another metric
+        // would let ours in beside it (NLM_F_EXCL refuses only the same
+        // metric), so it is looked up first, as the full reconcile's dump
+        // would show it.
+        let held = match nl.main_route_to(**dst) {
+            Ok(held) => held.filter(|(_, protocol)| *protocol != PROTOCOL),
+            Err(e) => {
+                changes.failed.push(e.to_string());
+                continue;
+            }
+        };
+        let held: Vec<(&RouteInfo, u8)> = held.iter().map(|(route, protocol)| (route, *protocol)).collect();
+        if let Some(reason) = conflict(**dst, via.gateway, &local, &held) {
             changes.skipped.insert(skip(reason));
             continue;
         }

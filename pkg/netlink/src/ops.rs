@@ -106,9 +106,13 @@ impl Netlink {
     /// Creates a veth pair whose end `host_name` is in this connection's
     /// namespace and whose peer `peer_name` is created directly in `peer_ns`,
     /// so the pod-side name never exists in the host namespace.
+    /// Creates a veth pair: `host_name` here, enslaved to `master` when
+    /// given (in the same request: one RTNL turn fewer), and `peer_name` in
+    /// `peer_ns`.
     pub fn create_veth(
         &self,
         host_name: &str,
+        master: Option<&Link>,
         peer_name: &str,
         peer_ns: &NetNs,
         mtu: Option<u32>,
@@ -125,6 +129,9 @@ impl Netlink {
         }
         if let Some(mac) = peer_mac {
             peer = peer.address(mac.to_vec());
+        }
+        if let Some(master) = master {
+            host = host.controller(master.index);
         }
         let message = host
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
@@ -165,16 +172,6 @@ impl Netlink {
         )
     }
 
-    pub fn set_master(&self, link: &Link, master: &Link) -> Result<()> {
-        self.set(
-            link,
-            "master",
-            LinkUnspec::new_with_index(link.index)
-                .controller(master.index)
-                .build(),
-        )
-    }
-
     pub fn set_promisc(&self, link: &Link, on: bool) -> Result<()> {
         self.set(
             link,
@@ -194,15 +191,15 @@ impl Netlink {
     }
 
     /// Bridge-port flags of an enslaved link (`bridge link set ... hairpin
-    /// ... isolated ...`).
-    pub fn set_port_flags(&self, port: &Link, hairpin: bool, isolated: bool) -> Result<()> {
+    /// ... isolated ...`) and the link up, in one request (one RTNL turn).
+    pub fn set_port_flags_and_up(&self, port: &Link, hairpin: bool, isolated: bool) -> Result<()> {
         let message = LinkBridgePort::new(port.index)
             .hairpin(hairpin)
             .isolated(isolated)
-            .build();
+            .up();
         self.run(
-            format!("set bridge port flags of {:?}", port.name),
-            self.handle.link().set_port(message).execute(),
+            format!("set bridge port flags of {:?} and up", port.name),
+            self.handle.link().set_port(message.build()).execute(),
         )
     }
 

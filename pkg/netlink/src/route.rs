@@ -6,7 +6,7 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::RouteMessageBuilder;
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 
 use crate::{Link, Netlink, Result, netlink_err};
@@ -120,6 +120,37 @@ impl Netlink {
         match best.and_then(|r| r.oif) {
             Some(index) => self.link_by_index(index),
             None => Ok(None),
+        }
+    }
+
+    /// The main table's route to exactly `dst`, with the protocol that made
+    /// it, as the kernel's lookup of `dst`'s network address finds it (`ip
+    /// route get fibmatch`): one lock-free request where a dump grows with
+    /// the table. It sees a route to `dst` whatever its metric, which
+    /// `NLM_F_EXCL` does not (it refuses only the same metric). A more
+    /// specific route inside `dst` hides a wider one to `dst` itself.
+    pub fn main_route_to(&self, dst: IpNetwork) -> Result<Option<(RouteInfo, u8)>> {
+        let dst = network_of(dst);
+        let what = format!("look up the route to {dst}");
+        let host_prefix = if dst.is_ipv4() { 32 } else { 128 };
+        let mut message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.network(), host_prefix)
+            .map_err(|e| crate::Error::InvalidRoute(format!("{what}: {e}")))?
+            .build();
+        // LookupTable: the reply names the table the route is in, not the
+        // one the request named.
+        message.header.flags |= RouteFlags::FibMatch | RouteFlags::LookupTable;
+        let mut replies = std::pin::pin!(self.handle.route().get(message).execute());
+        match self.runtime.block_on(replies.try_next()) {
+            Ok(reply) => Ok(reply.and_then(|reply| {
+                let route = route_from(&reply).filter(|r| r.dst == dst && r.table == MAIN_TABLE)?;
+                Some((route, u8::from(reply.header.protocol)))
+            })),
+            Err(e) => match netlink_err(what)(e) {
+                // No route toward it at all.
+                err if matches!(err.errno(), Some(crate::ENETUNREACH | crate::EHOSTUNREACH)) => Ok(None),
+                err => Err(err),
+            },
         }
     }
 

@@ -63,11 +63,18 @@ fn random_veth_name() -> String {
 }
 
 /// Creates the veth pair: `ifname` directly in the `peer` namespace, the
-/// host end under a fresh random name. Returns the host end.
-pub fn create_veth(nl: &Netlink, peer: &NetNs, ifname: &str, cfg: &BridgeConfig) -> Result<Link> {
+/// host end under a fresh random name, already a port of `bridge`. Returns
+/// the host end.
+pub fn create_veth(
+    nl: &Netlink,
+    peer: &NetNs,
+    ifname: &str,
+    bridge: &Link,
+    cfg: &BridgeConfig,
+) -> Result<Link> {
     for _ in 0..NAME_ATTEMPTS {
         let host_name = random_veth_name();
-        match nl.create_veth(&host_name, ifname, peer, cfg.mtu, cfg.mac) {
+        match nl.create_veth(&host_name, Some(bridge), ifname, peer, cfg.mtu, cfg.mac) {
             Ok(()) => return nl.require_link(&host_name).map_err(netlink_error),
             // The peer's name was checked to be free, so EEXIST is the host name.
             Err(e) if e.errno() == Some(netlink::EEXIST) => continue,
@@ -79,14 +86,12 @@ pub fn create_veth(nl: &Netlink, peer: &NetNs, ifname: &str, cfg: &BridgeConfig)
     )))
 }
 
-/// The host end: enslaved, port flags, VLANs, `accept_ra=0`, up.
-pub fn attach_port(nl: &Netlink, port: &Link, bridge: &Link, cfg: &BridgeConfig) -> Result<()> {
+/// The host end, made a port by [`create_veth`]: `accept_ra=0`, VLANs,
+/// port flags, up. Each request waits its turn for the kernel's RTNL lock,
+/// which a node making many pods at once queues for (0.5–0.9 s per request
+/// measured in a 100-pod burst), so the flags go with `up`.
+pub fn attach_port(nl: &Netlink, port: &Link, cfg: &BridgeConfig) -> Result<()> {
     let _ = sysctl::write(&format!("net/ipv6/conf/{}/accept_ra", port.name), "0");
-    nl.set_master(port, bridge).map_err(netlink_error)?;
-    if cfg.hairpin || cfg.port_isolation {
-        nl.set_port_flags(port, cfg.hairpin, cfg.port_isolation)
-            .map_err(netlink_error)?;
-    }
     let plan = cfg.vlan_plan();
     if plan.remove_default {
         nl.del_port_vlan(port, 1, true).map_err(netlink_error)?;
@@ -94,7 +99,12 @@ pub fn attach_port(nl: &Netlink, port: &Link, bridge: &Link, cfg: &BridgeConfig)
     for (vid, pvid) in plan.add {
         nl.add_port_vlan(port, vid, pvid).map_err(netlink_error)?;
     }
-    nl.set_up(port).map_err(netlink_error)
+    if cfg.hairpin || cfg.port_isolation {
+        nl.set_port_flags_and_up(port, cfg.hairpin, cfg.port_isolation)
+    } else {
+        nl.set_up(port)
+    }
+    .map_err(netlink_error)
 }
 
 /// Waits, briefly and without fixed sleeps, for the host port to be up
@@ -161,6 +171,9 @@ pub fn ensure_gateway_address(nl: &Netlink, bridge: &Link, gateway: IpNetwork, f
 /// node and the bridge's name, so ADDs racing on it all choose the same.
 /// Returns the bridge with the address it keeps, which the result shows.
 pub fn pin_mac(nl: &Netlink, bridge: Link) -> Result<Link> {
+    if already_pinned(&bridge) {
+        return Ok(bridge);
+    }
     let mac = netlink::ops::parse_mac(&bridge.mac)
         .filter(|m| m.iter().any(|b| *b != 0))
         .unwrap_or_else(|| node_local_mac(&bridge.name));
@@ -170,6 +183,22 @@ pub fn pin_mac(nl: &Netlink, bridge: Link) -> Result<Link> {
         mac: netlink::format_mac(&mac),
         ..bridge
     })
+}
+
+/// Whether the kernel already keeps `bridge`'s address as set
+/// (`addr_assign_type` 3, `NET_ADDR_SET`): setting it again would change
+/// nothing but still queue for the RTNL lock on every ADD. Netlink does not
+/// report it; sysfs does, for the namespace it was mounted in, so it is
+/// believed only where it shows this very link (same index and address).
+fn already_pinned(bridge: &Link) -> bool {
+    let read = |attribute: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{}/{attribute}", bridge.name))
+            .map(|value| value.trim().to_owned())
+            .ok()
+    };
+    read("ifindex") == Some(bridge.index.to_string())
+        && read("address").as_ref() == Some(&bridge.mac)
+        && read("addr_assign_type").as_deref() == Some("3")
 }
 
 /// A unicast, locally administered MAC for `name` on this node.
@@ -210,13 +239,14 @@ pub fn ensure_vlan_gateway(nl: &Netlink, bridge: &Link, cfg: &BridgeConfig) -> R
         nl,
         &node,
         &name,
+        bridge,
         &BridgeConfig {
             mac: None,
             ..cfg.clone()
         },
     )
     .map_err(|e| e.context(format!("failed to create vlan gateway {name:?}")))?;
-    attach_port(nl, &port, bridge, cfg)?;
+    attach_port(nl, &port, cfg)?;
     let gateway = nl.require_link(&name).map_err(netlink_error)?;
     nl.set_up(&gateway).map_err(netlink_error)?;
     nl.require_link(&name).map_err(netlink_error)

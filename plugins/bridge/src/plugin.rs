@@ -145,14 +145,14 @@ impl Plugin for Bridge {
             // The bridge is shared by every pod of the node and is never undone.
             let bridge = host::pin_mac(&host_nl, host::ensure_bridge(&host_nl, &cfg)?)?;
             let mut undo = Undo::default();
-            let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &cfg)?;
+            let host_veth = host::create_veth(&host_nl, &pod_ns, &att.ifname, &bridge, &cfg)?;
             {
                 let (nl, veth) = (&host_nl, host_veth.clone());
                 undo.push("the veth pair", move || {
                     nl.delete_link(&veth).map_err(|e| e.to_string())
                 });
             }
-            host::attach_port(&host_nl, &host_veth, &bridge, &cfg)?;
+            host::attach_port(&host_nl, &host_veth, &cfg)?;
             fault::pause("bridge:veth");
             let container = pod_nl.require_link(&att.ifname).map_err(netlink_error)?;
             if cfg.macspoofchk {
