@@ -520,19 +520,7 @@ impl Netns {
 
     /// A veth pair: `end` here, its peer `eth0` in `pod`.
     pub fn veth_to(&self, end: &str, pod: &Netns) {
-        self.ip(&[
-            "link",
-            "add",
-            end,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod.name(),
-        ])
-        .success();
+        veth_between(&self.name, end, pod);
     }
 
     /// Whether `link` is administratively up in this namespace.
@@ -549,6 +537,29 @@ impl Netns {
 
     /// Deletes the namespace now (to test what happens once a pod is gone).
     pub fn delete(self) {}
+}
+
+/// A veth pair: `end` in the namespace called `here` (one this process
+/// need not own, such as a cluster's underlay), its peer `eth0` in `pod`.
+pub fn veth_between(here: &str, end: &str, pod: &Netns) {
+    run(
+        "ip",
+        &[
+            "-n",
+            here,
+            "link",
+            "add",
+            end,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ],
+    )
+    .success();
 }
 
 impl Drop for Netns {

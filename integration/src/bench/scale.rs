@@ -145,24 +145,7 @@ impl BenchNode {
         let underlay = cluster.underlay_netns();
         let peer = "v-cnibench";
         let _ = crate::run("ip", &["-n", underlay, "link", "del", peer]);
-        crate::run(
-            "ip",
-            &[
-                "-n",
-                underlay,
-                "link",
-                "add",
-                peer,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                netns.name(),
-            ],
-        )
-        .success();
+        crate::veth_between(underlay, peer, &netns);
         crate::run(
             "ip",
             &["-n", underlay, "link", "set", peer, "master", "br0", "up"],

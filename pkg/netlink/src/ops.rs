@@ -104,11 +104,9 @@ impl Netlink {
     }
 
     /// Creates a veth pair whose end `host_name` is in this connection's
-    /// namespace and whose peer `peer_name` is created directly in `peer_ns`,
-    /// so the pod-side name never exists in the host namespace.
-    /// Creates a veth pair: `host_name` here, enslaved to `master` when
-    /// given (in the same request: one RTNL turn fewer), and `peer_name` in
-    /// `peer_ns`.
+    /// namespace, enslaved to `master` when given (in the same request: one
+    /// RTNL turn fewer), and whose peer `peer_name` is created directly in
+    /// `peer_ns`, so the pod-side name never exists in the host namespace.
     pub fn create_veth(
         &self,
         host_name: &str,
