@@ -94,6 +94,9 @@ pub const EOPNOTSUPP: i32 = 95;
 pub const EADDRNOTAVAIL: i32 = 99;
 pub const ENETUNREACH: i32 = 101;
 pub const EHOSTUNREACH: i32 = 113;
+pub const EINVAL: i32 = 22;
+pub const EACCES: i32 = 13;
+pub const EAGAIN: i32 = 11;
 
 pub(crate) fn netlink_err(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
     let op = op.into();
@@ -326,6 +329,9 @@ mod tests {
             ip("route add fd00:77::/48 via fd00:9::2 metric 32 proto bird");
             ip("route add 10.80.0.0/16 via 10.9.0.2 table 100");
             ip("rule add to 10.80.0.0/16 table 100");
+            ip("route add blackhole 10.81.0.0/16");
+            ip("route add prohibit 10.82.0.0/16");
+            ip("route add unreachable fd00:83::/48");
             let nl = Netlink::connect().expect("netlink");
             let found = |dst: &str| {
                 nl.main_route_to(dst.parse().expect("cidr"))
@@ -347,6 +353,12 @@ mod tests {
                 "connected"
             );
             assert_eq!(found("10.80.0.0/16"), None, "in another table");
+            // Inside routes that are not unicast, as a routing daemon
+            // leaves them: no unicast route there, not a failure.
+            assert_eq!(found("10.81.1.0/24"), None, "blackhole");
+            assert_eq!(found("10.81.0.0/16"), None, "blackhole itself");
+            assert_eq!(found("10.82.1.0/24"), None, "prohibit");
+            assert_eq!(found("fd00:83:0:1::/64"), None, "unreachable");
         });
     }
 

@@ -147,8 +147,23 @@ impl Netlink {
                 Some((route, u8::from(reply.header.protocol)))
             })),
             Err(e) => match netlink_err(what)(e) {
-                // No route toward it at all.
-                err if matches!(err.errno(), Some(crate::ENETUNREACH | crate::EHOSTUNREACH)) => Ok(None),
+                // No route toward it, or only one that is not unicast (a
+                // blackhole, prohibit, throw or unreachable route answers
+                // with its type's error), which the table's dump leaves out
+                // as well.
+                err if matches!(
+                    err.errno(),
+                    Some(
+                        crate::ENETUNREACH
+                            | crate::EHOSTUNREACH
+                            | crate::EINVAL
+                            | crate::EACCES
+                            | crate::EAGAIN
+                    )
+                ) =>
+                {
+                    Ok(None)
+                }
                 err => Err(err),
             },
         }
