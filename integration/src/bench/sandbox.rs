@@ -599,9 +599,8 @@ impl ExecTrace {
             }
         }
     }
-}
 
-impl ExecTrace {
+    /// Stops recording, unless the recorder already ended.
     fn stop(&mut self) {
         if matches!(self.perf.try_wait(), Ok(None)) {
             interrupt(&mut self.perf);
