@@ -56,10 +56,10 @@ pub enum Verb {
 #[derive(Debug, Args)]
 pub struct Ipam {
     /// host-local's dataDir.
-    #[arg(long, global = true, default_value = ipam::config::DEFAULT_DATA_DIR)]
+    #[arg(long, global = true, default_value = lease::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// The lease service's socket; "" to always open the database directly.
-    #[arg(long, global = true, env = "HOST_LOCAL_SOCKET", default_value = ipam::config::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "HOST_LOCAL_SOCKET", default_value = lease::DEFAULT_SOCKET)]
     pub socket: String,
     #[command(subcommand)]
     pub command: IpamCommand,

@@ -164,13 +164,11 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
     }
 }
 
-/// `cnictl ipam`: along the one lease path (`ipam::client`), where "here"
+/// `cnictl ipam`: along the one lease path (`lease::ask`), where "here"
 /// opens the database directly under the network's lock.
 fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
-    use ipam::admin::AdminOp;
-    use ipam::client::{self, Route};
-    use ipam::config::SocketSetting;
-    use ipam::service::{Request, Response};
+    use cni::skel::Reply;
+    use lease::{AdminOp, Call, Route, SocketSetting};
     let fail = |e: cni::Error| Failure::new(libcni::Error::Invalid(e), None);
     let (kind, network, op) = match &args.command {
         IpamCommand::Ls { network } => (IpamKind::List, network, AdminOp::List),
@@ -207,23 +205,18 @@ fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
         }
     };
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| fail(cni::Error::io(e.to_string())))?;
-    let request = Request::admin(data_dir.clone(), network.clone(), op.clone());
+    let call = Call::admin(data_dir.clone(), network.clone(), op.clone());
     let route = Route::new(&SocketSetting::parse(Some(&args.socket)), &data_dir);
-    let response = client::serve(&route, &request, &|_: &Request| {
-        Response::admin(ipam::admin::run(
-            &ipam::store::Stores::direct(),
-            &data_dir,
-            network,
-            &op,
-        ))
+    let reply = lease::ask(&route, &call, &|_: &Call| {
+        let stores = ipam::store::Stores::direct();
+        lease::admin_reply(ipam::admin::run(&stores, &data_dir, network, &op).map_err(Into::into))
     });
-    match (response.error, response.document) {
-        (Some(e), _) => Err(fail(e)),
-        (None, doc) => Ok(Report::Ipam {
-            command: kind,
-            doc: doc.unwrap_or(Value::Null),
-        }),
-    }
+    let doc = match reply {
+        Reply::Failed(e, _) => return Err(fail(e)),
+        Reply::Document(doc) => doc,
+        Reply::Done | Reply::About(_) => Value::Null,
+    };
+    Ok(Report::Ipam { command: kind, doc })
 }
 
 fn attachment_of(rt: &RuntimeConf) -> GcAttachment {

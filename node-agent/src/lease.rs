@@ -19,7 +19,7 @@ use crate::Error;
 
 /// How long the service gets to answer what it accepted and flush after
 /// SIGTERM before it is killed: beyond its own bound on that wait.
-const STOP_PATIENCE: Duration = ipam::client::PATIENCE.saturating_add(Duration::from_secs(5));
+const STOP_PATIENCE: Duration = ::lease::PATIENCE.saturating_add(Duration::from_secs(5));
 /// The wait before starting it again after it exited.
 const RESTART_DELAY: Duration = Duration::from_secs(1);
 /// A service that exits sooner than this after its start is started again
@@ -47,14 +47,14 @@ impl LeaseService {
     pub fn start(bin_dir: &Path, lease_dir: &Path) -> LeaseService {
         let (orders, mut received) = watch::channel(Order::Run(0));
         let exe = bin_dir.join("host-local");
-        let socket = ipam::service::data_dir_socket(lease_dir);
+        let socket = ::lease::data_dir_socket(lease_dir);
         let task = tokio::spawn(async move {
             let mut said_taken = false;
             loop {
                 // A service a plugin started (or an earlier agent's, left
                 // by a SIGKILL) serves there: the agent's would only fail
                 // to take the place. It takes over once that one exits.
-                if ipam::socket::connect(&socket).is_ok() {
+                if ::lease::is_served(&socket) {
                     if !said_taken {
                         log::info!(
                             "another lease service serves {}; starting one when it exits",
@@ -142,14 +142,10 @@ impl Restarter {
 /// that one otherwise: it has no idle exit). Only a root process named
 /// `host-local` is signalled. True when there was one.
 pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
-    let socket = ipam::service::data_dir_socket(lease_dir);
-    let Ok(stream) = ipam::socket::connect(&socket) else {
+    let socket = ::lease::data_dir_socket(lease_dir);
+    let Some(pid) = ::lease::serving_pid(&socket) else {
         return Ok(false);
     };
-    let Some(pid) = ipam::socket::peer_pid(&stream) else {
-        return Ok(false);
-    };
-    drop(stream);
     if pid == 0 {
         return Err(Error::Io(format!(
             "{} is served by a process outside the agent's pid namespace: left running (the agent needs the host's, hostPID)",
@@ -206,15 +202,15 @@ pub enum LeaseDir {
 /// Removes the lease directory once no network in it holds a lease (the
 /// node's pods are gone) and it holds nothing but host-local's own files
 /// (each network's `lock`, and `.sled`). Its parent goes too when that
-/// leaves it empty and it is the default's (`/run/cni-suite`).
-pub fn remove_unused(lease_dir: &Path) -> Result<LeaseDir, Error> {
+/// leaves it empty and it is the default's (`/run/cni-suite`). The leases
+/// are listed by `cnictl` from `tools` (the agent links no lease store).
+pub fn remove_unused(lease_dir: &Path, tools: &Path) -> Result<LeaseDir, Error> {
     let unreadable = |e: std::io::Error| Error::Io(format!("cannot read {}: {e}", lease_dir.display()));
     let entries = match std::fs::read_dir(lease_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LeaseDir::Absent),
         Err(e) => return Err(unreadable(e)),
     };
-    let stores = ipam::store::Stores::direct();
     for entry in entries {
         let entry = entry.map_err(unreadable)?;
         let network = entry.file_name().to_string_lossy().into_owned();
@@ -231,14 +227,11 @@ pub fn remove_unused(lease_dir: &Path) -> Result<LeaseDir, Error> {
             );
             return Ok(LeaseDir::Kept);
         }
-        let leases = ipam::admin::run(&stores, lease_dir, &network, &ipam::admin::AdminOp::List)
-            .map_err(|e| Error::Io(format!("listing the leases of {network}: {e}")))?;
-        if leases.as_array().is_some_and(|held| !held.is_empty()) {
+        if held_leases(tools, lease_dir, &network)? > 0 {
             log::warn!("{} still holds leases of {network}: kept", lease_dir.display());
             return Ok(LeaseDir::Kept);
         }
     }
-    drop(stores);
     std::fs::remove_dir_all(lease_dir)
         .map_err(|e| Error::Io(format!("cannot remove {}: {e}", lease_dir.display())))?;
     if let Some(parent) = lease_dir.parent()
@@ -247,6 +240,38 @@ pub fn remove_unused(lease_dir: &Path) -> Result<LeaseDir, Error> {
         let _ = std::fs::remove_dir(parent);
     }
     Ok(LeaseDir::Removed)
+}
+
+/// How many leases `network` holds in `lease_dir`: `cnictl ipam ls` with
+/// no node service (the agent's own has stopped), opening the store
+/// itself under the network's lock, or asking a service that took the
+/// data directory meanwhile.
+fn held_leases(tools: &Path, lease_dir: &Path, network: &str) -> Result<usize, Error> {
+    let cnictl = tools.join("cnictl");
+    let listing = |e: String| {
+        Error::Io(format!(
+            "listing the leases of {network} with {}: {e}",
+            cnictl.display()
+        ))
+    };
+    let output = std::process::Command::new(&cnictl)
+        .args(["--json", "ipam", "--socket", "", "--data-dir"])
+        .arg(lease_dir)
+        .args(["ls", network])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| listing(e.to_string()))?;
+    if !output.status.success() {
+        return Err(listing(format!(
+            "{}: {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    let leases: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).map_err(|e| listing(format!("unreadable list: {e}")))?;
+    Ok(leases.len())
 }
 
 /// Starts the service; what it writes to stderr becomes the agent's log

@@ -306,10 +306,13 @@ fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: 
         Ok(false) => {}
         Err(e) => log::error!("{e}"),
     }
-    let leases = lease::remove_unused(&settings.lease_dir).unwrap_or_else(|e| {
-        log::error!("{e}");
-        lease::LeaseDir::Kept
-    });
+    let leases = settings
+        .source_dir()
+        .and_then(|tools| lease::remove_unused(&settings.lease_dir, &tools))
+        .unwrap_or_else(|e| {
+            log::error!("{e}");
+            lease::LeaseDir::Kept
+        });
     match leases {
         lease::LeaseDir::Removed => log::info!("removed {}", settings.lease_dir.display()),
         lease::LeaseDir::Absent => {}

@@ -1,9 +1,8 @@
 //! The IPAM verbs, and the plugin process: it checks its invocation as far
-//! as it can without the store (`ipam::checks`), then sends it along the
-//! one lease path (`ipam::client`), which runs it here against the
+//! as it can without the store (`ipam_config::checks`), then sends it along
+//! the one lease path (`lease::ask`), which runs it here against the
 //! database when no lease service takes it.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,13 +11,12 @@ use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
 use cni::result::IpConfig;
 use cni::skel::{Reply, dispatch, emit};
 use cni::{Attachment, CniResult, Code, Command, Error, Plugin, Request, Result};
-use ipam::checks;
-use ipam::client::{self, Route};
-use ipam::config::IpamConfig;
 use ipam::pool;
-use ipam::service::{FORWARDED_ENV, Request as LeaseRequest, Response};
 use ipam::store::Stores;
+use ipam_config::checks;
+use ipam_config::config::IpamConfig;
 use ipnetwork::IpNetwork;
+use lease::{Call, Route};
 
 pub struct HostLocal {
     stores: Arc<Stores>,
@@ -40,7 +38,7 @@ impl HostLocal {
 
 impl Plugin for HostLocal {
     const NAME: &'static str = "host-local";
-    const KEYS: cni::keys::Shape = ipam::config::KEYS;
+    const KEYS: cni::keys::Shape = ipam_config::config::KEYS;
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let checks::Add { cfg, dns } = checks::add(req)?;
@@ -180,23 +178,19 @@ pub fn main() -> ExitCode {
             ));
         }
     };
-    let env: BTreeMap<String, String> = FORWARDED_ENV
-        .iter()
-        .filter_map(|k| Some(((*k).to_owned(), ProcessEnv.var(k)?)))
-        .collect();
+    let env = Call::plugin_env(|name| ProcessEnv.var(name));
     if let refused @ Reply::Failed(..) = dispatch(&BeforeStore, &env, || Ok(stdin.clone())) {
         return emit(&refused);
     }
-    let request = LeaseRequest::plugin(env.clone(), &stdin);
+    let call = Call::plugin(env.clone(), &stdin);
     let here = HostLocal::new(Arc::new(Stores::direct()));
     let mut route = Route::of_config(&stdin);
     if let Ok(exe) = std::env::current_exe() {
         route = route.start_with(exe);
     }
-    let response = client::serve(&route, &request, &|_: &LeaseRequest| {
-        Response::from_reply(dispatch(&here, &env, || Ok(stdin.clone())))
-    });
-    emit(&response.into_reply())
+    emit(&lease::ask(&route, &call, &|_: &Call| {
+        dispatch(&here, &env, || Ok(stdin.clone()))
+    }))
 }
 
 fn read_stdin() -> std::io::Result<Vec<u8>> {

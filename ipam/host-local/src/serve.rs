@@ -7,19 +7,69 @@
 //! release it answered durable, and exits 0 (1 if a release it answered
 //! could not be made durable within the wait).
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cni::skel::dispatch;
-use ipam::config::DEFAULT_SOCKET;
-use ipam::service::{self, Service, Stopper};
-use ipam::store::Stores;
+use cni::skel::{Reply, dispatch};
+use ipam::store::{ClaimHook, Stores};
+use lease::server::{self, Claimer, Handler, Service, Stopper, Unclaimed};
+use lease::{Call, DEFAULT_SOCKET};
 
 use crate::plugin::HostLocal;
+
+/// host-local's store behind the lease service: plugin calls run the
+/// verbs, operator calls `ipam::admin`; a release answered once committed
+/// is made durable right after its answer (see `ipam::store`).
+struct Leases {
+    plugin: HostLocal,
+    stores: Arc<Stores>,
+}
+
+impl Handler for Leases {
+    fn answer(&self, call: &Call) -> Reply {
+        match call {
+            Call::Plugin { env, stdin } => {
+                let _request_log = cni::log::request_scope();
+                dispatch(&self.plugin, env, || Ok(stdin.clone().into_bytes()))
+            }
+            Call::Admin {
+                data_dir,
+                network,
+                op,
+            } => {
+                lease::admin_reply(ipam::admin::run(&self.stores, data_dir, network, op).map_err(Into::into))
+            }
+        }
+    }
+
+    fn owes_after_answer(&self) -> bool {
+        self.stores.owes_durability()
+    }
+
+    fn settle(&self) {
+        self.stores.make_releases_durable();
+    }
+
+    fn owed(&self) -> usize {
+        ipam::store::releases_owed()
+    }
+}
+
+/// The store's hook before a data directory's first database opens: the
+/// service takes charge of that directory, or the call is answered busy
+/// (code 11) naming the service that has it.
+fn claiming(claimer: Claimer) -> ClaimHook {
+    Box::new(move |sled_dir: &Path| {
+        let data_dir = sled_dir.parent().unwrap_or(sled_dir);
+        claimer.claim(data_dir).map_err(|refused| match refused {
+            Unclaimed::Busy { .. } => ipam::Error::Busy(refused.to_string()),
+            Unclaimed::Unusable { .. } | Unclaimed::Stopped => ipam::Error::Store(refused.to_string()),
+        })
+    })
+}
 
 const USAGE: &str = "usage: host-local serve [--socket PATH] [--idle-exit SECONDS]\n  \
     --socket     where to listen (default /run/cni/host-local.sock)\n  \
@@ -48,13 +98,13 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if idle_exit.is_some() {
         // Started by a plugin: nothing of the runtime's (its pipes, its
         // session) may stay with this process.
-        if let Err(e) = service::detach_from_starter() {
+        if let Err(e) = server::detach_from_starter() {
             eprintln!("host-local serve: cannot close inherited descriptors: {e}");
         }
     }
     // Before any thread exists, since it edits the environment; after
     // detaching, since a started service keeps nothing it inherited.
-    let passed = service::passed_by_service_manager();
+    let passed = server::passed_by_service_manager();
     cni::log::init("host-local");
     cni::log::keep_own_settings();
     let mut service = Service::new();
@@ -69,7 +119,7 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
         eprintln!("host-local serve: cannot handle SIGTERM and SIGINT: {e}");
         return ExitCode::FAILURE;
     }
-    let stores = Arc::new(Stores::resident(Some(service.claim_hook())));
+    let stores = Arc::new(Stores::resident(Some(claiming(service.claimer()))));
     let listening = match passed {
         Ok(Some(listening)) => {
             eprintln!("host-local serve: listening on the socket passed by the service manager");
@@ -79,7 +129,7 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
             eprintln!("host-local serve: cannot use the socket passed by the service manager: {e}");
             return ExitCode::FAILURE;
         }
-        Ok(None) => match service::bind(&socket) {
+        Ok(None) => match server::bind(&socket) {
             Ok(listening) => {
                 eprintln!("host-local serve: listening on {}", socket.display());
                 listening
@@ -90,12 +140,11 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
             }
         },
     };
-    let plugin = HostLocal::new(Arc::clone(&stores));
-    let handler = move |env: &BTreeMap<String, String>, stdin: Vec<u8>| {
-        let _request_log = cni::log::request_scope();
-        dispatch(&plugin, env, || Ok(stdin))
+    let leases = Leases {
+        plugin: HostLocal::new(Arc::clone(&stores)),
+        stores,
     };
-    match service.run(listening, stores, Arc::new(handler)) {
+    match service.run(listening, Arc::new(leases)) {
         Ok(stopped) => {
             eprintln!("host-local serve: {stopped}");
             // An answered release lost with this process is worth saying

@@ -1,37 +1,14 @@
 //! Operator commands on a network's leases (`cnictl ipam ...`), run by the
 //! lease service or directly.
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cni::conf::GcAttachment;
-use serde::{Deserialize, Serialize};
+use lease::AdminOp;
 use serde_json::{Value, json};
 
 use crate::store::{Lease, Stores};
 use crate::{Error, pool, reference};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "camelCase")]
-pub enum AdminOp {
-    List,
-    ReleaseIp {
-        ip: IpAddr,
-    },
-    ReleaseContainer {
-        #[serde(rename = "containerID")]
-        container_id: String,
-        ifname: Option<String>,
-    },
-    Gc {
-        valid: Vec<GcAttachment>,
-    },
-    Export,
-    ImportReference {
-        dir: PathBuf,
-    },
-}
 
 /// A lease as listed: `ip`, `containerID`, `ifname`, `allocated` (UTC,
 /// RFC 3339) and where it came from.

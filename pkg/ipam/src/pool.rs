@@ -17,9 +17,9 @@ use cni::conf::GcAttachment;
 use serde::Serialize;
 
 use crate::Error;
-use crate::range::RangeSet;
 use crate::reference::{self, FileRemoval};
 use crate::store::{Change, Lease, Network, Stores, now};
+use ipam_config::range::{RangeSet, place_requested};
 
 /// Runs `op` on a network under its lock (see [`Stores::with_network`]),
 /// once the reference plugin's files are imported if their directory
@@ -84,46 +84,6 @@ fn held_by_another_pod(lease: &Lease, given: Option<&Path>) -> bool {
         }
         _ => false,
     }
-}
-
-/// Which requested address each range set hands out, judged from the sets
-/// alone, before any lease is looked at (as the reference judges them
-/// before its store): each address goes to the first set that contains it
-/// and has none yet. The gateway, a set's network or IPv4 broadcast
-/// address, or an address no set takes is refused, with the reference's
-/// message.
-pub fn place_requested(sets: &[RangeSet], requested: &[IpAddr]) -> Result<Vec<Option<IpAddr>>, Error> {
-    let mut left: Vec<IpAddr> = requested.to_vec();
-    let mut placed = Vec::with_capacity(sets.len());
-    for (index, set) in sets.iter().enumerate() {
-        let wanted = left
-            .iter()
-            .position(|ip| set.contains(*ip))
-            .map(|i| left.remove(i));
-        if let Some(ip) = wanted
-            && let Some(range) = set.range_for(ip)
-        {
-            let fail =
-                |msg: String| Error::Unavailable(format!("failed to allocate for range {index}: {msg}"));
-            if ip == range.gateway {
-                return Err(fail(format!("requested ip {ip} is subnet's gateway")));
-            }
-            if !range.allocatable(ip) {
-                return Err(fail(format!(
-                    "requested IP address {ip} is not available in range set {set}"
-                )));
-            }
-        }
-        placed.push(wanted);
-    }
-    if !left.is_empty() {
-        let ips: Vec<String> = left.iter().map(ToString::to_string).collect();
-        return Err(Error::Unavailable(format!(
-            "failed to allocate all requested IPs: {}",
-            ips.join(" ")
-        )));
-    }
-    Ok(placed)
 }
 
 /// One address per range set for (container ID, ifname) in `netns`.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cni::conf::GcAttachment;
 use ipam::pool;
-use ipam::range::{RangeConf, RangeSet};
 use ipam::store::Stores;
+use ipam_config::range::{RangeConf, RangeSet};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")

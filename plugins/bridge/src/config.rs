@@ -37,13 +37,13 @@ pub const KEYS: Shape = Shape::Struct(&[
         // With host-local's keys of the same sections (see above).
         field(
             "runtimeConfig",
-            Shape::Struct(&[&[plain("mac"), ipam::config::IP_RANGES, plain("ips")]]),
+            Shape::Struct(&[&[plain("mac"), ipam_config::config::IP_RANGES, plain("ips")]]),
         ),
         field(
             "args",
             Shape::Struct(&[&[field("cni", Shape::Struct(&[&[plain("mac"), plain("ips")]]))]]),
         ),
-        ipam::config::IPAM,
+        ipam_config::config::IPAM,
     ],
 ]);
 
@@ -498,7 +498,7 @@ mod tests {
             let args = CniArgs::parse("IgnoreUnknown=1;MAC=c2:00:00:00:00:04;IP=10.9.0.14")?;
             Ok((
                 BridgeConfig::load_with(&conf, &args, |_| true),
-                ipam::config::IpamConfig::load(&conf, &args).map_err(|e| e.to_string()),
+                ipam_config::config::IpamConfig::load(&conf, &args).map_err(|e| e.to_string()),
                 conf.prev_result(),
                 conf.gc_valid_attachments(),
                 conf,

@@ -1,6 +1,6 @@
 //! IPAM for the bridge. Normally the IPAM plugin is executed, as the spec
 //! says. For host-local, the bridge sends the request a host-local process
-//! would have sent along the one lease path (`ipam::client`), with
+//! would have sent along the one lease path (`lease::ask`), with
 //! executing host-local as its last place, and saves that process (about
 //! 1 ms and a fork per call) whenever a service answers, but only when it
 //! is certain the service is the host-local it would execute: the one in
@@ -11,17 +11,13 @@
 //! always executes.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
-
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use cni::exec::{delegate, find_plugin};
 use cni::skel::Reply;
 use cni::{CniResult, Command, Request, Result};
-use ipam::client::{self, Route};
-use ipam::config::{LeaseSettings, SocketSetting};
-use ipam::service::{FORWARDED_ENV, Request as LeaseRequest, Response};
+use lease::{Call, LeaseSettings, Route, SocketSetting};
 
 const HOST_LOCAL: &str = "host-local";
 
@@ -44,7 +40,7 @@ fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Ro
 }
 
 /// host-local's ADD, checked in-process before ADD changes anything
-/// (`ipam::checks::add`: the configuration, CNI_ARGS, the network's name
+/// (`ipam_config::checks::add`: the configuration, CNI_ARGS, the network's name
 /// as a file name, resolvConf, requested addresses against the ranges): a
 /// bad range or CNI_ARGS then leaves no bridge or veth behind, with
 /// host-local's own error. Where the store's directories are is left to
@@ -53,7 +49,7 @@ fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Ro
 /// (dhcp needs the pod's interface to exist first).
 pub fn validate(ipam_type: Option<&str>, req: &Request) -> Result<()> {
     if ipam_type == Some(HOST_LOCAL) {
-        ipam::checks::add(req)?;
+        ipam_config::checks::add(req)?;
     }
     Ok(())
 }
@@ -61,38 +57,33 @@ pub fn validate(ipam_type: Option<&str>, req: &Request) -> Result<()> {
 /// Runs `command` on the IPAM plugin; returns what it printed.
 /// A service gets the variables this process would pass to host-local:
 /// its own, with CNI_COMMAND set. A call host-local would refuse before
-/// its store (`ipam::checks::before_store`) asks no service: host-local is
+/// its store (`ipam_config::checks::before_store`) asks no service: host-local is
 /// executed and answers it, as it answers one without a service.
 pub fn call(ipam_type: &str, command: Command, req: &Request) -> Result<Vec<u8>> {
     let execute = || delegate(ipam_type, command, &req.stdin, &req.env.path);
     let Some(route) = lease_route(ipam_type, &req.stdin, &req.env.path) else {
         return execute();
     };
-    if let Err(refused) = ipam::checks::before_store(command, req) {
+    if let Err(refused) = ipam_config::checks::before_store(command, req) {
         log::debug!("host-local answers this {} itself: {refused}", command.as_str());
         return execute();
     }
-    let mut env: BTreeMap<String, String> = FORWARDED_ENV
-        .iter()
-        .filter_map(|k| Some(((*k).to_owned(), std::env::var(k).ok()?)))
-        .collect();
-    env.insert("CNI_COMMAND".into(), command.as_str().into());
-    let request = LeaseRequest::plugin(env, &req.stdin);
+    let call = Call::plugin_from_env(command, &req.stdin);
     // What an executed host-local printed, passed on as it is.
     let executed = RefCell::new(None);
-    let response = client::serve(&route, &request, &|_: &LeaseRequest| match execute() {
+    let reply = lease::ask(&route, &call, &|_: &Call| match execute() {
         Ok(stdout) => {
             executed.replace(Some(stdout));
-            Response::from_reply(Reply::Done)
+            Reply::Done
         }
-        Err(e) => Response::from_reply(Reply::Failed(e, cni::Version::LATEST)),
+        Err(e) => Reply::Failed(e, cni::Version::LATEST),
     });
     if let Some(stdout) = executed.take()
-        && response.error.is_none()
+        && !matches!(reply, Reply::Failed(..))
     {
         return Ok(stdout);
     }
-    match response.into_reply() {
+    match reply {
         Reply::Document(doc) => Ok(doc.to_string().into_bytes()),
         Reply::Done | Reply::About(_) => Ok(Vec::new()),
         Reply::Failed(e, _) => Err(e),

@@ -18,8 +18,8 @@ use cni::{Command, Error, Request, Result};
 use cni::small_file::Links;
 
 use crate::config::{IpamConfig, parse_resolv_conf};
-use crate::pool;
-use crate::store::Paths;
+use crate::paths::Paths;
+use crate::range::place_requested;
 
 /// The configuration, its network's name checked as the file name it
 /// becomes under the data directory.
@@ -49,7 +49,7 @@ pub fn add(req: &Request) -> Result<Add> {
         )),
         None => Dns::default(),
     };
-    pool::place_requested(&cfg.range_sets, &cfg.requested)?;
+    place_requested(&cfg.range_sets, &cfg.requested)?;
     Ok(Add { cfg, dns })
 }
 

@@ -14,10 +14,7 @@ use serde_json::Value;
 use crate::Error;
 use crate::range::{RangeConf, RangeSet};
 
-pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
-/// Where the node-local lease service listens unless the configuration
-/// names another socket (or `""` to never use one).
-pub const DEFAULT_SOCKET: &str = "/run/cni/host-local.sock";
+use lease::DEFAULT_DATA_DIR;
 
 /// The reference's `Range`: a range set's entries, and the legacy keys of
 /// `ipam` itself (Go embeds it in `IPAMConfig`).
@@ -90,7 +87,7 @@ struct IpamSection {
     data_dir: String,
     #[serde(default)]
     resolv_conf: String,
-    /// Read by [`LeaseSettings`]; here only checked to be a string.
+    /// Read by `lease::LeaseSettings`; here only checked to be a string.
     #[serde(default, rename = "socket")]
     _socket: Option<String>,
 }
@@ -182,66 +179,6 @@ impl IpamConfig {
     }
 }
 
-/// What a configuration says about the node's lease service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SocketSetting {
-    /// No `socket` key: the default socket.
-    Unset,
-    /// `"socket": ""`: no node service.
-    Off,
-    /// `"socket": "<path>"`: the operator named the service.
-    Named(PathBuf),
-}
-
-impl SocketSetting {
-    /// The one reading of `ipam.socket` and of `cnictl ipam --socket`.
-    pub fn parse(configured: Option<&str>) -> Self {
-        match configured {
-            None => SocketSetting::Unset,
-            Some("") => SocketSetting::Off,
-            Some(path) => SocketSetting::Named(PathBuf::from(path)),
-        }
-    }
-
-    /// The socket to ask, if any.
-    pub fn path(&self) -> Option<PathBuf> {
-        match self {
-            SocketSetting::Unset => Some(PathBuf::from(DEFAULT_SOCKET)),
-            SocketSetting::Off => None,
-            SocketSetting::Named(path) => Some(path.clone()),
-        }
-    }
-}
-
-/// The keys that route a request to the leases, read from a raw
-/// configuration before anything is checked (the request is sent before it
-/// is parsed properly). None when stdin is not a JSON object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseSettings {
-    pub socket: SocketSetting,
-    pub data_dir: PathBuf,
-}
-
-impl LeaseSettings {
-    pub fn read(stdin: &[u8]) -> Option<Self> {
-        let mut doc: Value = serde_json::from_slice(stdin).ok()?;
-        keys::fold(&mut doc, &KEYS);
-        let ipam = doc.as_object()?.get("ipam");
-        let text = |key: &str| {
-            ipam.and_then(|section| section.get(key))
-                .map(|v| v.as_str().unwrap_or_default())
-        };
-        Some(LeaseSettings {
-            socket: SocketSetting::parse(text("socket")),
-            data_dir: PathBuf::from(
-                text("dataDir")
-                    .filter(|d| !d.is_empty())
-                    .unwrap_or(DEFAULT_DATA_DIR),
-            ),
-        })
-    }
-}
-
 /// CONVENTIONS order: `runtimeConfig.ips`, else `args.cni.ips`, else
 /// CNI_ARGS `IP=` (a comma-separated list is accepted). The reference merges
 /// all three; the first source that names any address wins here. A prefix
@@ -298,6 +235,7 @@ pub fn parse_resolv_conf(text: &str) -> Dns {
 
 #[cfg(test)]
 mod tests {
+    use lease::LeaseSettings;
     use serde_json::json;
 
     use super::*;
@@ -420,26 +358,6 @@ mod tests {
         assert!(err.to_string().contains("ARGS: unknown args"), "{err}");
         assert!(requested(env_only.clone(), "IgnoreUnknown=1;IP=10.0.0.7;K8S_POD_NAME=x").is_ok());
         assert!(requested(env_only, "IP=bogus").is_err());
-    }
-
-    #[test]
-    fn lease_settings_are_read_from_raw_stdin() {
-        let read = |text: &[u8]| LeaseSettings::read(text).expect("an object");
-        assert_eq!(
-            read(br#"{"ipam":{"socket":"/tmp/s","dataDir":"/d"}}"#),
-            LeaseSettings {
-                socket: SocketSetting::Named("/tmp/s".into()),
-                data_dir: "/d".into()
-            }
-        );
-        assert_eq!(read(br#"{"ipam":{"socket":""}}"#).socket.path(), None);
-        let defaults = read(br#"{"ipam":{"dataDir":""}}"#);
-        assert_eq!(defaults.socket, SocketSetting::Unset);
-        assert_eq!(defaults.socket.path(), Some(PathBuf::from(DEFAULT_SOCKET)));
-        assert_eq!(defaults.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
-        assert_eq!(read(b"{}").socket, SocketSetting::Unset);
-        assert_eq!(LeaseSettings::read(b"junk"), None);
-        assert_eq!(LeaseSettings::read(b"[1]"), None);
     }
 
     #[test]

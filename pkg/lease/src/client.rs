@@ -27,10 +27,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::{LeaseSettings, SocketSetting};
-use crate::service::{Request, Response, data_dir_socket};
+use cni::skel::Reply;
+
+use crate::settings::{LeaseSettings, SocketSetting, data_dir_socket};
 use crate::socket;
 use crate::trust::Refusal;
+use crate::wire::{Call, Request, Response, is_busy};
 
 /// How long a request may take along the lease path, waits for answers and
 /// for a database held elsewhere included: far more than a burst of ADDs
@@ -84,15 +86,17 @@ impl ServicePlace {
     }
 }
 
-/// Sends one request to the service at `socket` and returns its answer:
-/// the one way any part of the suite talks to a lease service. Gives up
-/// after [`PATIENCE`].
-pub fn forward(socket: &Path, request: &Request) -> Result<Response, CallError> {
+/// Sends one call to the service at `socket` and returns its answer,
+/// giving up after [`PATIENCE`]: for tests of a service, which want to
+/// know why one did not answer.
+#[cfg(test)]
+pub(crate) fn forward(socket: &Path, call: &Call) -> Result<Reply, CallError> {
     forward_until(
         &ServicePlace::new(socket.to_path_buf(), false),
-        request,
+        &Request::new(call.clone()),
         Instant::now() + PATIENCE,
     )
+    .map(Reply::from)
 }
 
 fn forward_until(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
@@ -133,7 +137,7 @@ fn forward_until(place: &ServicePlace, request: &Request, deadline: Instant) -> 
 
 /// Sends `request` to a service place, starting a service there first when
 /// none listens and the place says how.
-fn ask(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
+fn ask_place(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
     let passed_on;
     let sent = if place.forwarded {
         passed_on = Request {
@@ -147,7 +151,7 @@ fn ask(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Res
     let outcome = forward_until(place, sent, deadline);
     match (&outcome, &place.start) {
         (Err(CallError::Unreachable { .. }), Some(exe)) => {
-            match crate::service::start_detached(exe, &place.socket, deadline) {
+            match crate::server::start_detached(exe, &place.socket, deadline) {
                 Ok(()) => forward_until(place, sent, deadline),
                 Err(e) => {
                     log::warn!("cannot start a lease service on {}: {e}", place.socket.display());
@@ -248,11 +252,12 @@ impl Route {
     /// For a lease service answering `request`: itself first (it may be in
     /// charge), then the data directory's own service unless the request
     /// was already passed on.
-    pub fn at_service(request: &Request) -> Self {
+    pub(crate) fn at_service(request: &Request) -> Self {
         let mut places = vec![Place::Here];
         if !request.forwarded {
             places.extend(
                 request
+                    .call
                     .data_dir()
                     .filter(|d| d.is_absolute())
                     .as_deref()
@@ -263,18 +268,24 @@ impl Route {
     }
 }
 
-/// Answers `request` along `route`; `here` runs it in this process.
-pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Response) -> Response {
+/// Answers `call` along `route`; `here` runs it in this process: the one
+/// way any part of the suite asks for leases.
+pub fn ask(route: &Route, call: &Call, here: &dyn Fn(&Call) -> Reply) -> Reply {
+    serve(route, &Request::new(call.clone()), here)
+}
+
+/// Answers `request` along `route` (see [`ask`]).
+pub(crate) fn serve(route: &Route, request: &Request, here: &dyn Fn(&Call) -> Reply) -> Reply {
     let deadline = Instant::now() + PATIENCE;
     let mut pause = Duration::from_millis(2);
     loop {
         let mut busy = None;
         for place in &route.places {
             let response = match place {
-                Place::Here => here(request),
+                Place::Here => here(&request.call),
                 Place::Service(_) if Instant::now() >= deadline => continue,
-                Place::Service(service) => match ask(service, request, deadline) {
-                    Ok(response) => response,
+                Place::Service(service) => match ask_place(service, request, deadline) {
+                    Ok(response) => Reply::from(response),
                     Err(e @ (CallError::Unreachable { .. } | CallError::OtherBinary { .. })) => {
                         log::debug!("{e}");
                         continue;
@@ -285,7 +296,7 @@ pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Respon
                     }
                 },
             };
-            if !response.is_busy() {
+            if !is_busy(&response) {
                 return response;
             }
             busy = Some(response);
@@ -293,11 +304,8 @@ pub fn serve(route: &Route, request: &Request, here: &dyn Fn(&Request) -> Respon
         let now = Instant::now();
         match busy {
             Some(busy) if now + pause >= deadline => return busy,
-            Some(busy) => log::debug!(
-                "{}; asking again in {pause:?}",
-                busy.error.as_ref().map(|e| e.msg.as_str()).unwrap_or_default()
-            ),
-            None => {}
+            Some(Reply::Failed(busy, _)) => log::debug!("{}; asking again in {pause:?}", busy.msg),
+            Some(_) | None => {}
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));
@@ -362,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_service_tries_itself_first_and_passes_a_request_on_once() {
-        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        let request = Request::new(Call::admin("/d".into(), "n".into(), crate::wire::AdminOp::List));
         assert_eq!(
             sockets(&Route::at_service(&request)),
             ["here", "/d/.sled/.service.sock*"]
@@ -381,7 +389,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("silent.sock");
         let (listener, _) = crate::socket::bind_replacing(&socket).expect("bind");
-        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        let request = Request::new(Call::admin("/d".into(), "n".into(), crate::wire::AdminOp::List));
         let started = Instant::now();
         let place = ServicePlace::new(socket.clone(), false);
         let err =
@@ -398,17 +406,16 @@ mod tests {
     #[test]
     fn busy_answers_are_asked_again_until_one_is_final() {
         let calls = std::cell::Cell::new(0);
-        let request = Request::admin("/d".into(), "n".into(), crate::admin::AdminOp::List);
+        let request = Request::new(Call::admin("/d".into(), "n".into(), crate::wire::AdminOp::List));
         let answer = serve(&Route::here_only(), &request, &|_| {
             calls.set(calls.get() + 1);
             if calls.get() < 4 {
-                Response::admin(Err(crate::Error::Busy("held".into())))
+                Reply::Failed(cni::Error::try_again_later("held"), cni::Version::LATEST)
             } else {
-                Response::admin(Ok(serde_json::json!([])))
+                Reply::Document(serde_json::json!([]))
             }
         });
         assert_eq!(calls.get(), 4);
-        assert!(!answer.is_busy());
-        assert_eq!(answer.document, Some(serde_json::json!([])));
+        assert_eq!(answer, Reply::Document(serde_json::json!([])));
     }
 }

@@ -1,15 +1,16 @@
-//! The node-local lease service (`host-local serve`): one long-lived process
-//! that keeps every network's database open, so an ADD does not pay sled's
-//! start-up (about 10 ms) in each plugin process. It takes the same per-
-//! network lock for every operation as a direct invocation does, so both
-//! paths can be used side by side, and flushes before it answers an ADD (a
-//! release right after its answer: see [`crate::store`]).
+//! The node-local lease service's process side (`host-local serve` wires
+//! its store in as a [`Handler`]): one long-lived process that keeps every
+//! network's database open, so an ADD does not pay the store's start-up
+//! in each plugin process. What a call does, and when its work is durable,
+//! is the handler's; how calls arrive, on how many threads, and how the
+//! service starts, watches its sockets and stops is this module's.
 //!
 //! Protocol: the client connects to a Unix socket (mode 0600, root only),
 //! writes one JSON request and shuts its side down; the service answers with
-//! one JSON response and closes. A plugin request carries the invocation's
-//! CNI_* variables and stdin; the service runs the same verb code a direct
-//! invocation would and returns what it would have printed.
+//! one JSON response and closes (see [`crate::wire`]). A plugin call carries
+//! the invocation's CNI_* variables and stdin; the handler runs the same
+//! verb code a direct invocation would and returns what it would have
+//! printed.
 //!
 //! Besides the socket it was started on, the service listens in every data
 //! directory whose databases it opens, at `<dataDir>/.sled/.service.sock`,
@@ -18,7 +19,6 @@
 //! [`crate::client`]), and one data directory has one service however its
 //! path is spelled.
 
-use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,14 +32,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cni::skel::Reply;
-use cni::{Code, Error as CniError, Version};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::admin::{self, AdminOp};
 use crate::client::{self, Route};
+use crate::settings::data_dir_socket;
 use crate::socket;
-use crate::store::{ClaimHook, Stores, releases_owed, sled_dir};
+use crate::wire::{Call, Request, Response};
 
 /// How long the service waits for a client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,144 +44,6 @@ const MAX_REQUEST: u64 = 16 << 20;
 /// How often the service checks that its sockets are still where clients
 /// look for them.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// The CNI variables a plugin request forwards.
-pub const FORWARDED_ENV: [&str; 7] = [
-    "CNI_COMMAND",
-    "CNI_CONTAINERID",
-    "CNI_NETNS",
-    "CNI_IFNAME",
-    "CNI_ARGS",
-    "CNI_PATH",
-    "CNI_NETNS_OVERRIDE",
-];
-
-/// `<dataDir>/.sled/.service.sock`: where the service in charge of a data
-/// directory listens.
-pub fn data_dir_socket(data_dir: &Path) -> PathBuf {
-    sled_dir(data_dir).join(".service.sock")
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum RequestKind {
-    Plugin {
-        env: BTreeMap<String, String>,
-        stdin: String,
-    },
-    Admin {
-        #[serde(rename = "dataDir")]
-        data_dir: PathBuf,
-        network: String,
-        #[serde(flatten)]
-        op: AdminOp,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Request {
-    #[serde(flatten)]
-    pub kind: RequestKind,
-    /// Passed on by a process that found the data directory in another
-    /// service's charge; never passed on again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub forwarded: bool,
-}
-
-impl Request {
-    pub fn plugin(env: BTreeMap<String, String>, stdin: &[u8]) -> Self {
-        Request {
-            kind: RequestKind::Plugin {
-                env,
-                stdin: String::from_utf8_lossy(stdin).into_owned(),
-            },
-            forwarded: false,
-        }
-    }
-
-    pub fn admin(data_dir: PathBuf, network: String, op: AdminOp) -> Self {
-        Request {
-            kind: RequestKind::Admin {
-                data_dir,
-                network,
-                op,
-            },
-            forwarded: false,
-        }
-    }
-
-    /// The data directory the request is about, as its sender spelled it.
-    pub fn data_dir(&self) -> Option<PathBuf> {
-        match &self.kind {
-            RequestKind::Plugin { stdin, .. } => {
-                crate::config::LeaseSettings::read(stdin.as_bytes()).map(|s| s.data_dir)
-            }
-            RequestKind::Admin { data_dir, .. } => Some(data_dir.clone()),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Response {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub document: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<CniError>,
-    #[serde(default, rename = "cniVersion", skip_serializing_if = "Option::is_none")]
-    pub version: Option<Version>,
-}
-
-impl Response {
-    pub fn from_reply(reply: Reply) -> Self {
-        match reply {
-            Reply::Document(doc) => Response {
-                document: Some(doc),
-                error: None,
-                version: None,
-            },
-            Reply::Done | Reply::About(_) => Response {
-                document: None,
-                error: None,
-                version: None,
-            },
-            Reply::Failed(e, v) => Response {
-                document: None,
-                error: Some(e),
-                version: Some(v),
-            },
-        }
-    }
-
-    pub fn into_reply(self) -> Reply {
-        match (self.error, self.document) {
-            (Some(e), _) => Reply::Failed(e, self.version.unwrap_or(Version::LATEST)),
-            (None, Some(doc)) => Reply::Document(doc),
-            (None, None) => Reply::Done,
-        }
-    }
-
-    pub fn admin(outcome: Result<Value, crate::Error>) -> Self {
-        match outcome {
-            Ok(doc) => Response {
-                document: Some(doc),
-                error: None,
-                version: None,
-            },
-            Err(e) => Response {
-                document: None,
-                error: Some(e.into()),
-                version: None,
-            },
-        }
-    }
-
-    /// Code 11: the leases were held elsewhere; asking again may succeed.
-    pub fn is_busy(&self) -> bool {
-        self.error
-            .as_ref()
-            .is_some_and(|e| e.has_code(Code::TryAgainLater))
-    }
-}
 
 /// A lock file of the service (created 0600, never through a symlink).
 fn open_lock_file(path: &Path) -> io::Result<File> {
@@ -534,19 +393,89 @@ pub fn passed_by_service_manager() -> io::Result<Option<Listening>> {
     Ok(Some(Listening::inherited(listener)))
 }
 
-/// What the service runs for a plugin request: the plugin's own dispatch.
-pub type PluginHandler = dyn Fn(&BTreeMap<String, String>, Vec<u8>) -> Reply + Send + Sync;
+/// What a service runs: the calls it answers itself, and the work an
+/// answer may leave owed (host-local's: a release answered once committed,
+/// made durable right after the answer).
+pub trait Handler: Send + Sync {
+    /// Answers `call` against this service's own leases.
+    fn answer(&self, call: &Call) -> Reply;
+
+    /// Whether the call this thread just answered left work owed; then the
+    /// client's connection is closed first and [`Handler::settle`] runs.
+    fn owes_after_answer(&self) -> bool {
+        false
+    }
+
+    /// Does the work this thread's answers left owed.
+    fn settle(&self) {}
+
+    /// Work answered and not yet done, across the service: what a stop
+    /// waits for (and reports, see [`Stopped::releases_not_durable`]).
+    fn owed(&self) -> usize {
+        0
+    }
+}
+
+/// Why a data directory was not taken in charge (see [`Claimer::claim`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Unclaimed {
+    /// Another service has it: ask that one.
+    #[error("the data directory {} is served by the lease service at {}", data_dir.display(), socket.display())]
+    Busy { data_dir: PathBuf, socket: PathBuf },
+    /// Its socket cannot be made.
+    #[error("cannot serve the data directory {}: {source}", data_dir.display())]
+    Unusable { data_dir: PathBuf, source: io::Error },
+    #[error("the lease service has stopped")]
+    Stopped,
+}
+
+/// Takes charge of data directories for a [`Service`] while it runs.
+#[derive(Debug, Clone)]
+pub struct Claimer(mpsc::Sender<Event>);
+
+impl Claimer {
+    /// Takes charge of `data_dir` before its first database opens: listens
+    /// on its socket (see [`data_dir_socket`]) from now on, or answers
+    /// [`Unclaimed::Busy`] naming the service that has it.
+    pub fn claim(&self, data_dir: &Path) -> Result<(), Unclaimed> {
+        let socket = data_dir_socket(data_dir);
+        // Started on this very socket (a service a plugin started).
+        if socket::listened_on_by_this_process(&socket) {
+            return Ok(());
+        }
+        let listening = match take_socket(&socket) {
+            Ok(Some(listening)) => listening,
+            Ok(None) => {
+                return Err(Unclaimed::Busy {
+                    data_dir: data_dir.to_path_buf(),
+                    socket,
+                });
+            }
+            Err(source) => {
+                return Err(Unclaimed::Unusable {
+                    data_dir: data_dir.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        log::info!("serving the data directory's socket {}", socket.display());
+        self.0
+            .send(Event::Claimed(listening))
+            .map_err(|_| Unclaimed::Stopped)
+    }
+}
 
 /// What the run loop hears besides its watch interval.
+#[derive(Debug)]
 enum Event {
-    /// A data directory's socket the store claimed (see [`Service::claim_hook`]).
+    /// A data directory's socket the store claimed (see [`Claimer`]).
     Claimed(Listening),
     /// Stop serving, for this reason (see [`Stopper`]).
     Stop(String),
 }
 
 /// The lease service under construction: its data directory sockets are
-/// bound by the store (through [`Service::claim_hook`]) while it serves.
+/// bound by the store (through a [`Claimer`]) while it serves.
 #[derive(Debug)]
 pub struct Service {
     events: mpsc::Sender<Event>,
@@ -584,9 +513,9 @@ pub struct Stopped {
     /// ([`client::PATIENCE`]); their clients get no answer and try the
     /// next place.
     pub unanswered: usize,
-    /// Releases answered but not made durable by then (see
-    /// [`crate::store::releases_owed`]): lost when the process ends, their
-    /// leases stay held until GC or a repeated DEL frees them.
+    /// Releases answered but not made durable by then ([`Handler::owed`]):
+    /// lost when the process ends, their leases stay held until GC or a
+    /// repeated DEL frees them.
     pub releases_not_durable: usize,
 }
 
@@ -633,36 +562,11 @@ impl Service {
         Stopper(self.events.clone())
     }
 
-    /// For [`Stores::resident`]: takes charge of a data directory before
-    /// its first database opens, or answers busy (code 11) naming the
-    /// service that has it.
-    pub fn claim_hook(&self) -> ClaimHook {
-        let events = self.events.clone();
-        Box::new(move |sled_dir: &Path| {
-            let data_dir = sled_dir.parent().unwrap_or(sled_dir).to_path_buf();
-            let socket = data_dir_socket(&data_dir);
-            // Started on this very socket (a service a plugin started).
-            if socket::listened_on_by_this_process(&socket) {
-                return Ok(());
-            }
-            let unusable = |e: io::Error| {
-                crate::Error::Store(format!(
-                    "cannot serve the data directory {}: {e}",
-                    data_dir.display()
-                ))
-            };
-            let Some(listening) = take_socket(&socket).map_err(unusable)? else {
-                return Err(crate::Error::Busy(format!(
-                    "the data directory {} is served by the lease service at {}",
-                    data_dir.display(),
-                    socket.display()
-                )));
-            };
-            log::info!("serving the data directory's socket {}", socket.display());
-            events
-                .send(Event::Claimed(listening))
-                .map_err(|_| crate::Error::Store("the lease service has stopped".into()))
-        })
+    /// What takes charge of data directories for this service (the
+    /// store's hook, called before a data directory's first database
+    /// opens).
+    pub fn claimer(&self) -> Claimer {
+        Claimer(self.events.clone())
     }
 
     /// Serves on `first` and every socket claimed later, until it has been
@@ -677,13 +581,8 @@ impl Service {
     /// exiting, because a new thread starts with an empty heap and first
     /// takes over what exited ones left, which with a large network's
     /// pages cached cost more than the call.
-    pub fn run(
-        self,
-        first: Listening,
-        stores: Arc<Stores>,
-        plugin: Arc<PluginHandler>,
-    ) -> io::Result<Stopped> {
-        let workers = Arc::new(Workers::new(stores, plugin));
+    pub fn run(self, first: Listening, handler: Arc<dyn Handler>) -> io::Result<Stopped> {
+        let workers = Arc::new(Workers::new(handler));
         // Closed when the service stops: ends the accept loop of a socket
         // a service manager passed, which is not shut down (see
         // `Listening::stop`).
@@ -707,7 +606,7 @@ impl Service {
                 }
                 Ok(Event::Stop(why)) => {
                     drop(stopping);
-                    return Ok(self.stop_serving(why, &watched, acceptors, &workers.activity));
+                    return Ok(self.stop_serving(why, &watched, acceptors, &workers));
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     let mut lost = Vec::new();
@@ -729,7 +628,7 @@ impl Service {
                     {
                         drop(stopping);
                         let why = format!("no request for {limit:?}");
-                        return Ok(self.stop_serving(why, &watched, acceptors, &workers.activity));
+                        return Ok(self.stop_serving(why, &watched, acceptors, &workers));
                     }
                 }
                 // Never: `self` holds a sender.
@@ -751,8 +650,9 @@ impl Service {
         why: String,
         watched: &[Listening],
         acceptors: Vec<JoinHandle<()>>,
-        activity: &Activity,
+        workers: &Workers,
     ) -> Stopped {
+        let activity = &workers.activity;
         for listening in watched {
             listening.stop();
         }
@@ -760,7 +660,7 @@ impl Service {
         let done = || {
             acceptors.iter().all(JoinHandle::is_finished)
                 && activity.idle_for().is_some()
-                && releases_owed() == 0
+                && workers.handler.owed() == 0
         };
         while !done() && started.elapsed() < client::PATIENCE {
             std::thread::sleep(Duration::from_millis(10));
@@ -774,7 +674,7 @@ impl Service {
         Stopped {
             why,
             unanswered: activity.answering.load(Ordering::Acquire),
-            releases_not_durable: releases_owed(),
+            releases_not_durable: workers.handler.owed(),
         }
     }
 }
@@ -865,8 +765,7 @@ const MAX_IDLE_WORKERS: usize = 16;
 
 /// Threads that answer connections and then wait for the next one.
 struct Workers {
-    stores: Arc<Stores>,
-    plugin: Arc<PluginHandler>,
+    handler: Arc<dyn Handler>,
     queue: mpsc::Sender<UnixStream>,
     waiting: Arc<Mutex<mpsc::Receiver<UnixStream>>>,
     /// Threads waiting for a connection that nobody has been handed yet.
@@ -877,11 +776,10 @@ struct Workers {
 }
 
 impl Workers {
-    fn new(stores: Arc<Stores>, plugin: Arc<PluginHandler>) -> Self {
+    fn new(handler: Arc<dyn Handler>) -> Self {
         let (queue, waiting) = mpsc::channel();
         Workers {
-            stores,
-            plugin,
+            handler,
             queue,
             waiting: Arc::new(Mutex::new(waiting)),
             idle: Arc::new(AtomicUsize::new(0)),
@@ -900,21 +798,21 @@ impl Workers {
                 Err(mpsc::SendError(unsent)) => stream = unsent,
             }
         }
-        let (stores, plugin) = (Arc::clone(&self.stores), Arc::clone(&self.plugin));
+        let handler = Arc::clone(&self.handler);
         let (waiting, idle) = (Arc::clone(&self.waiting), Arc::clone(&self.idle));
         let activity = Arc::clone(&self.activity);
         std::thread::spawn(move || {
             let mut next = Some(stream);
             while let Some(mut stream) = next.take() {
-                if let Err(e) = answer(&mut stream, &stores, plugin.as_ref()) {
+                if let Err(e) = answer(&mut stream, handler.as_ref()) {
                     log::warn!("lease service: {e}");
                 }
-                if stores.owes_durability() {
+                if handler.owes_after_answer() {
                     // The client has its answer and goes on while the
-                    // release is flushed (see `ipam::store`).
+                    // owed work (a release's flush) is done.
                     let _ = stream.shutdown(std::net::Shutdown::Both);
                     cni::fault::pause("host-local:release-answered");
-                    stores.make_releases_durable();
+                    handler.settle();
                 }
                 activity.end();
                 // Counted idle before the client sees the connection close,
@@ -935,19 +833,7 @@ impl Workers {
     }
 }
 
-/// Runs a request against this service's own databases.
-fn run_here(request: &Request, stores: &Stores, plugin: &PluginHandler) -> Response {
-    match &request.kind {
-        RequestKind::Plugin { env, stdin } => Response::from_reply(plugin(env, stdin.clone().into_bytes())),
-        RequestKind::Admin {
-            data_dir,
-            network,
-            op,
-        } => Response::admin(admin::run(stores, data_dir, network, op)),
-    }
-}
-
-fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> io::Result<()> {
+fn answer(stream: &mut UnixStream, handler: &dyn Handler) -> io::Result<()> {
     // Only root, or the service's own user, may talk to it; the socket's
     // mode says so too, this holds even if the mode is changed.
     socket::peer_trusted(stream)
@@ -959,56 +845,44 @@ fn answer(stream: &mut UnixStream, stores: &Stores, plugin: &PluginHandler) -> i
         // A connection that says nothing is a liveness probe.
         return Ok(());
     }
-    let response = match serde_json::from_slice::<Request>(&body) {
-        Ok(request) if request.data_dir().is_some_and(|d| d.is_relative()) => {
-            Response::admin(Err(crate::Error::Config(
-                "a relative dataDir names the caller's working directory, which the lease service does not share"
-                    .into(),
-            )))
-        }
-        Ok(request) => client::serve(&Route::at_service(&request), &request, &|request: &Request| {
-            run_here(request, stores, plugin)
+    let refused = |msg: String| Reply::Failed(cni::Error::invalid_config(msg), cni::Version::LATEST);
+    let reply = match serde_json::from_slice::<Request>(&body) {
+        Ok(request) if request.call.data_dir().is_some_and(|d| d.is_relative()) => refused(
+            "a relative dataDir names the caller's working directory, which the lease service does not share"
+                .into(),
+        ),
+        Ok(request) => client::serve(&Route::at_service(&request), &request, &|call: &Call| {
+            handler.answer(call)
         }),
-        Err(e) => Response::admin(Err(crate::Error::Config(format!("unreadable request: {e}")))),
+        Err(e) => refused(format!("unreadable request: {e}")),
     };
-    let bytes = serde_json::to_vec(&response).map_err(io::Error::other)?;
+    let bytes = serde_json::to_vec(&Response::from(reply)).map_err(io::Error::other)?;
     stream.write_all(&bytes)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::client::{CallError, forward};
+    use crate::wire::AdminOp;
 
-    #[test]
-    fn replies_survive_the_wire() {
-        let cases = [
-            Reply::Document(serde_json::json!({"cniVersion":"1.0.0"})),
-            Reply::Done,
-            Reply::Failed(CniError::try_again_later("busy"), Version::V0_4_0),
-        ];
-        for reply in cases {
-            let wire = serde_json::to_vec(&Response::from_reply(reply.clone())).expect("encode");
-            let back: Response = serde_json::from_slice(&wire).expect("decode");
-            assert_eq!(back.into_reply(), reply);
+    /// A handler that answers every call with `F`.
+    struct Answers<F>(F);
+
+    impl<F: Fn() -> Reply + Send + Sync> Handler for Answers<F> {
+        fn answer(&self, _: &Call) -> Reply {
+            (self.0)()
         }
     }
 
-    #[test]
-    fn requests_survive_the_wire() {
-        let req = Request::admin("/d".into(), "n".into(), AdminOp::List);
-        let wire = serde_json::to_string(&req).expect("encode");
-        assert!(!wire.contains("forwarded"), "{wire}");
-        assert_eq!(serde_json::from_str::<Request>(&wire).expect("decode"), req);
-        let plugin = Request {
-            forwarded: true,
-            ..Request::plugin(BTreeMap::from([("CNI_COMMAND".into(), "ADD".into())]), b"{}")
-        };
-        let wire = serde_json::to_string(&plugin).expect("encode");
-        assert_eq!(serde_json::from_str::<Request>(&wire).expect("decode"), plugin);
-        // What versions before `forwarded` sent.
-        let old = r#"{"kind":"admin","dataDir":"/d","network":"n","op":"list"}"#;
-        assert_eq!(serde_json::from_str::<Request>(old).expect("decode"), req);
+    fn answering(answer: impl Fn() -> Reply + Send + Sync + 'static) -> Arc<dyn Handler> {
+        Arc::new(Answers(answer))
+    }
+
+    fn plugin_call() -> Call {
+        Call::plugin(BTreeMap::new(), b"{}")
     }
 
     /// A service whose plugin answers with the id of the thread it ran on,
@@ -1022,19 +896,18 @@ mod tests {
     fn serve_threads_at(socket: &Path, together: usize) {
         let listening = bind(socket).expect("bind");
         let all_in = std::sync::Barrier::new(together);
-        let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
+        let handler = answering(move || {
             all_in.wait();
             Reply::Document(serde_json::json!({"thread": format!("{:?}", std::thread::current().id())}))
         });
-        std::thread::spawn(move || Service::new().run(listening, Arc::new(Stores::resident(None)), plugin));
+        std::thread::spawn(move || Service::new().run(listening, handler));
     }
 
     fn thread_of(socket: &Path) -> String {
-        let request = Request::plugin(BTreeMap::new(), b"");
-        let document = forward(socket, &request)
-            .expect("answer")
-            .document
-            .expect("document");
+        let Reply::Document(document) = forward(socket, &Call::plugin(BTreeMap::new(), b"")).expect("answer")
+        else {
+            panic!("no document")
+        };
         document["thread"].as_str().expect("thread").to_owned()
     }
 
@@ -1080,7 +953,7 @@ mod tests {
         thread_of(&socket);
         std::fs::remove_file(&socket).expect("rm");
         let started = std::time::Instant::now();
-        while forward(&socket, &Request::plugin(BTreeMap::new(), b"")).is_err() {
+        while forward(&socket, &Call::plugin(BTreeMap::new(), b"")).is_err() {
             assert!(started.elapsed() < Duration::from_secs(10), "never bound again");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -1140,17 +1013,17 @@ mod tests {
     fn running(
         service: Service,
         listening: Listening,
-        plugin: Arc<PluginHandler>,
+        handler: Arc<dyn Handler>,
     ) -> mpsc::Receiver<io::Result<Stopped>> {
         let (done, result) = mpsc::channel();
         std::thread::spawn(move || {
-            let _ = done.send(service.run(listening, Arc::new(Stores::resident(None)), plugin));
+            let _ = done.send(service.run(listening, handler));
         });
         result
     }
 
-    fn answers_done() -> Arc<PluginHandler> {
-        Arc::new(|_env: &BTreeMap<String, String>, _stdin: Vec<u8>| Reply::Done)
+    fn answers_done() -> Arc<dyn Handler> {
+        answering(|| Reply::Done)
     }
 
     const PROMPTLY: Duration = Duration::from_secs(5);
@@ -1162,7 +1035,7 @@ mod tests {
         let service = Service::new();
         let stopper = service.stopper();
         let result = running(service, bind(&socket).expect("bind"), answers_done());
-        forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")).expect("served");
+        forward(&socket, &plugin_call()).expect("served");
         let asked = Instant::now();
         stopper.stop("SIGTERM");
         let stopped = result.recv_timeout(PROMPTLY).expect("returned").expect("run");
@@ -1189,7 +1062,7 @@ mod tests {
         let (entered, in_plugin) = mpsc::channel();
         let (release, released) = mpsc::channel::<()>();
         let released = Mutex::new(released);
-        let plugin: Arc<PluginHandler> = Arc::new(move |_env: &BTreeMap<String, String>, _stdin: Vec<u8>| {
+        let plugin = answering(move || {
             let _ = entered.send(());
             let _ = released.lock().expect("lock").recv();
             Reply::Document(serde_json::json!({"answered": true}))
@@ -1199,7 +1072,7 @@ mod tests {
         let result = running(service, bind(&socket).expect("bind"), plugin);
         let call = {
             let socket = socket.clone();
-            std::thread::spawn(move || forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")))
+            std::thread::spawn(move || forward(&socket, &plugin_call()))
         };
         in_plugin
             .recv_timeout(PROMPTLY)
@@ -1220,7 +1093,7 @@ mod tests {
         );
         release.send(()).expect("release");
         let answer = call.join().expect("call").expect("answered");
-        assert_eq!(answer.document, Some(serde_json::json!({"answered": true})));
+        assert_eq!(answer, Reply::Document(serde_json::json!({"answered": true})));
         let stopped = result.recv_timeout(PROMPTLY).expect("returned").expect("run");
         assert_eq!((stopped.unanswered, stopped.releases_not_durable), (0, 0));
     }
@@ -1237,7 +1110,7 @@ mod tests {
         let service = Service::new();
         let stopper = service.stopper();
         let result = running(service, passed, answers_done());
-        forward(&socket, &Request::plugin(BTreeMap::new(), b"{}")).expect("served");
+        forward(&socket, &plugin_call()).expect("served");
         stopper.stop("test");
         result.recv_timeout(PROMPTLY).expect("returned").expect("run");
         assert!(socket.exists());
@@ -1265,7 +1138,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let err = forward(
             &dir.path().join("none.sock"),
-            &Request::admin("/d".into(), "n".into(), AdminOp::List),
+            &Call::admin("/d".into(), "n".into(), AdminOp::List),
         )
         .expect_err("nobody listens");
         assert!(matches!(err, CallError::Unreachable { .. }));

@@ -1,0 +1,124 @@
+//! What a configuration says about the lease path: which node service to
+//! ask (`ipam.socket`) and which data directory the leases are in
+//! (`ipam.dataDir`), read from the raw configuration before anything else
+//! is checked (the request is sent before it is parsed properly), as Go's
+//! decoder matches keys (case-insensitively, the last one winning, `null`
+//! as absent).
+
+use std::path::{Path, PathBuf};
+
+use cni::keys;
+use serde_json::Value;
+
+/// host-local's default `dataDir`, the reference's.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+/// Where the node-local lease service listens unless the configuration
+/// names another socket (or `""` to never use one).
+pub const DEFAULT_SOCKET: &str = "/run/cni/host-local.sock";
+
+/// `<dataDir>/.sled/.service.sock`: where the service in charge of a data
+/// directory listens (beside the databases it keeps open).
+pub fn data_dir_socket(data_dir: &Path) -> PathBuf {
+    data_dir.join(".sled").join(".service.sock")
+}
+
+/// What a configuration says about the node's lease service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SocketSetting {
+    /// No `socket` key: the default socket.
+    Unset,
+    /// `"socket": ""`: no node service.
+    Off,
+    /// `"socket": "<path>"`: the operator named the service.
+    Named(PathBuf),
+}
+
+impl SocketSetting {
+    /// The one reading of `ipam.socket` and of `cnictl ipam --socket`.
+    pub fn parse(configured: Option<&str>) -> Self {
+        match configured {
+            None => SocketSetting::Unset,
+            Some("") => SocketSetting::Off,
+            Some(path) => SocketSetting::Named(PathBuf::from(path)),
+        }
+    }
+
+    /// The socket to ask, if any.
+    pub fn path(&self) -> Option<PathBuf> {
+        match self {
+            SocketSetting::Unset => Some(PathBuf::from(DEFAULT_SOCKET)),
+            SocketSetting::Off => None,
+            SocketSetting::Named(path) => Some(path.clone()),
+        }
+    }
+}
+
+/// The keys that route a request to the leases. None when stdin is not a
+/// JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    pub socket: SocketSetting,
+    pub data_dir: PathBuf,
+}
+
+impl LeaseSettings {
+    pub fn read(stdin: &[u8]) -> Option<Self> {
+        let doc: Value = serde_json::from_slice(stdin).ok()?;
+        let ipam = keys::get(doc.as_object()?, "ipam").and_then(Value::as_object);
+        // A value of another type counts as empty here; the configuration's
+        // own check refuses it with the reference's message.
+        let text = |key: &str| {
+            ipam.and_then(|section| keys::get(section, key))
+                .map(|v| v.as_str().unwrap_or_default())
+        };
+        Some(LeaseSettings {
+            socket: SocketSetting::parse(text("socket")),
+            data_dir: PathBuf::from(
+                text("dataDir")
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or(DEFAULT_DATA_DIR),
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_settings_are_read_from_raw_stdin() {
+        let read = |text: &[u8]| LeaseSettings::read(text).expect("an object");
+        assert_eq!(
+            read(br#"{"ipam":{"socket":"/tmp/s","dataDir":"/d"}}"#),
+            LeaseSettings {
+                socket: SocketSetting::Named("/tmp/s".into()),
+                data_dir: "/d".into()
+            }
+        );
+        assert_eq!(read(br#"{"ipam":{"socket":""}}"#).socket.path(), None);
+        let defaults = read(br#"{"ipam":{"dataDir":""}}"#);
+        assert_eq!(defaults.socket, SocketSetting::Unset);
+        assert_eq!(defaults.socket.path(), Some(PathBuf::from(DEFAULT_SOCKET)));
+        assert_eq!(defaults.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(read(b"{}").socket, SocketSetting::Unset);
+        assert_eq!(LeaseSettings::read(b"junk"), None);
+        assert_eq!(LeaseSettings::read(b"[1]"), None);
+        // Go's matching: any case, the last one, null as absent.
+        assert_eq!(
+            read(br#"{"IPAM":{"DataDir":"/a","datadir":"/b","SOCKET":null}}"#),
+            LeaseSettings {
+                socket: SocketSetting::Unset,
+                data_dir: "/b".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_data_directorys_service_listens_beside_its_databases() {
+        assert_eq!(
+            data_dir_socket(Path::new("/d")),
+            PathBuf::from("/d/.sled/.service.sock")
+        );
+    }
+}
