@@ -51,11 +51,13 @@ pub fn run_with(
     env: &[(&str, &str)],
     without_nss: bool,
 ) -> Result<String> {
-    let failed = |reason: String| Error::Command {
+    let failed = |source: std::io::Error| Error::Exec {
         program: program.to_owned(),
-        reason,
+        source,
     };
-    let binary = find(program).ok_or_else(|| failed("not found on PATH".into()))?;
+    let binary = find(program).ok_or_else(|| Error::NotFound {
+        program: program.to_owned(),
+    })?;
     let mut command = Command::new(&binary);
     command
         .args(args)
@@ -66,7 +68,7 @@ pub fn run_with(
     if without_nss {
         netns::hide_file_in_child(&mut command, Path::new("/etc/nsswitch.conf"));
     }
-    let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
+    let mut child = command.spawn().map_err(failed)?;
     // Rulesets are small; the tools read all of stdin before answering. A
     // tool that quits before reading it (a broken pipe here) is waited for
     // all the same: its own reason is the one worth reporting.
@@ -75,11 +77,14 @@ pub fn run_with(
         .take()
         .map(|mut pipe| pipe.write_all(stdin.as_bytes()))
         .transpose();
-    let output = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+    let output = child.wait_with_output().map_err(failed)?;
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(failed(format!("{} ({})", stderr.trim(), output.status)));
+        return Err(Error::Failed {
+            program: program.to_owned(),
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
     }
-    written.map_err(|e| failed(e.to_string()))?;
+    written.map_err(failed)?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

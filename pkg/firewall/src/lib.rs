@@ -23,8 +23,23 @@ pub mod spoofcheck;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{program}: {reason}")]
-    Command { program: String, reason: String },
+    /// The tool is neither on PATH nor in the usual sbin directories.
+    #[error("{program}: not found on PATH")]
+    NotFound { program: String },
+    /// The tool could not be started, fed or waited for.
+    #[error("{program}: {source}")]
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tool ran and failed: its exit status and what it said.
+    #[error("{program}: {} ({status})", stderr.trim())]
+    Failed {
+        program: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }

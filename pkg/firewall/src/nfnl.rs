@@ -46,6 +46,7 @@ const EBUSY: i32 = 16;
 pub enum TableFamily {
     Inet = 1,
     Ip = 2,
+    Bridge = 7,
     Ip6 = 10,
 }
 
@@ -55,6 +56,7 @@ impl TableFamily {
         match self {
             TableFamily::Inet => "inet",
             TableFamily::Ip => "ip",
+            TableFamily::Bridge => "bridge",
             TableFamily::Ip6 => "ip6",
         }
     }

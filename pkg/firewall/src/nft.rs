@@ -167,11 +167,12 @@ fn saddr_of(rule: &Value) -> Option<String> {
     })
 }
 
-/// The current state; a missing table is an empty state.
+/// The current state; a missing table is an empty state (nft's listing
+/// fails then, and the kernel says whether that is why).
 pub fn read() -> Result<Masquerade> {
     match exec::run("nft", &["-j", "list", "table", "inet", TABLE], "") {
         Ok(json) => Masquerade::parse(&json),
-        Err(Error::Command { reason, .. }) if reason.contains("No such file or directory") => {
+        Err(Error::Failed { .. }) if !nfnl::table_exists(TableFamily::Inet, TABLE)? => {
             Ok(Masquerade::default())
         }
         Err(e) => Err(e),

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::nfnl::{self, TableFamily};
 use crate::{Error, Result, exec};
 
 const TABLE: &str = "bridge nat";
@@ -97,7 +98,9 @@ pub fn render_teardown(installed: &Installed) -> Option<String> {
 fn read(id: &str) -> Result<Installed> {
     match exec::run("nft", &["-j", "list", "table", "bridge", "nat"], "") {
         Ok(json) => parse(&json, id),
-        Err(Error::Command { reason, .. }) if reason.contains("No such file or directory") => {
+        // The listing fails without the table; the kernel says whether
+        // that is why.
+        Err(Error::Failed { .. }) if !nfnl::table_exists(TableFamily::Bridge, "nat")? => {
             Ok(Installed::default())
         }
         Err(e) => Err(e),

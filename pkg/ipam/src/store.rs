@@ -144,6 +144,16 @@ fn regular(path: &Path, file: File) -> std::io::Result<File> {
     }
 }
 
+/// Whether another open of the database holds sled's lock on it: the
+/// exclusive flock sled takes on `<db_dir>/db` without waiting (a lease
+/// service keeps it for as long as it keeps the database open).
+fn held_by_another_process(db_dir: &Path) -> bool {
+    let Ok(file) = open_nofollow(&db_dir.join("db"), OpenOptions::new().read(true)) else {
+        return false;
+    };
+    matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
 /// sled opens its own files (`db`, `conf`, `snap.*`) blocking and following
 /// links: anything but a regular file there is refused first.
 fn check_sled_files(db_dir: &Path) -> Result<(), Error> {
@@ -544,18 +554,14 @@ impl Stores {
             .flush_every_ms(None)
             .cache_capacity(64 << 20)
             .open()
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("could not acquire lock") {
-                    Error::Busy(format!(
-                        "the lease database {} is held by another process (a lease service?)",
-                        paths.db_dir.display()
-                    ))
-                } else if text.contains("corrupt") {
-                    damaged(paths, &text)
-                } else {
-                    Error::Store(format!("cannot open {}: {text}", paths.db_dir.display()))
-                }
+            .map_err(|e| match e {
+                sled::Error::Corruption { .. } => damaged(paths, &e.to_string()),
+                // sled says so only in words: the kernel is asked instead.
+                sled::Error::Io(_) if held_by_another_process(&paths.db_dir) => Error::Busy(format!(
+                    "the lease database {} is held by another process (a lease service?)",
+                    paths.db_dir.display()
+                )),
+                e => Error::Store(format!("cannot open {}: {e}", paths.db_dir.display())),
             })?;
         if self.keep_open {
             self.lock_open().insert(key.clone(), db.clone());

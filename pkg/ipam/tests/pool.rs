@@ -870,3 +870,19 @@ fn a_lease_is_answered_again_only_in_its_own_namespace() {
     assert_eq!(net.del_in("a", Some("/run/netns/pod-b")), 1);
     assert_eq!(net.leases().len(), 1);
 }
+
+/// A database a lease service keeps open holds sled's lock: another
+/// opener is answered busy (code 11, asked again), as the kernel's flock
+/// says, and served once the service lets it go.
+#[test]
+fn a_database_held_open_elsewhere_is_busy() {
+    let mut net = Net::new(&["10.9.0.0/24"]);
+    net.stores = Stores::resident(None);
+    net.add("c1", &[]).expect("the resident store opens it");
+    let direct = Stores::direct();
+    let held = pool::with_network(&direct, net.data_dir(), "net", |n| n.leases());
+    assert!(matches!(held, Err(ipam::Error::Busy(_))), "{held:?}");
+    net.stores = Stores::direct();
+    let leases = pool::with_network(&direct, net.data_dir(), "net", |n| n.leases()).expect("let go");
+    assert_eq!(leases.len(), 1);
+}
