@@ -1061,7 +1061,7 @@ const PORTMAP_PHASE: ChainedPhase = ChainedPhase {
     conf: portmap_conf,
     teardown: |suite, network, id, _| {
         let saved = suite.node.run("iptables-save", &["-t", "nat"]).success().stdout;
-        let table = firewall::masquerade::NatTable::parse(&saved);
+        let table = firewall::iptables::SavedTable::parse(&saved, "nat");
         firewall::portmap::iptables::render_remove(&table, network, id).expect("rules to remove")
     },
     leftovers: |suite| {
@@ -1079,7 +1079,7 @@ const FIREWALL_PHASE: ChainedPhase = ChainedPhase {
             .run("iptables-save", &["-t", "filter"])
             .success()
             .stdout;
-        let filter = firewall::forward::iptables::Filter::parse(&saved);
+        let filter = firewall::iptables::SavedTable::parse(&saved, "filter");
         let ip = chained_pod_address(pod).parse().expect("address");
         firewall::forward::iptables::render_del(&filter, &[ip]).expect("rules to remove")
     },
@@ -1118,9 +1118,9 @@ fn floors(out: &mut Outcome, n: usize) {
             &setup,
         ));
         let saved = node.run("iptables-save", &["-t", "nat"]).success().stdout;
-        let table = firewall::masquerade::NatTable::parse(&saved);
+        let table = firewall::iptables::SavedTable::parse(&saved, "nat");
         let chain = firewall::masquerade::chain_name("floor", &id);
-        let teardown = firewall::masquerade::render_teardown(&table, &[chain]).expect("rules to remove");
+        let teardown = firewall::iptables::render_nat_removal(&table, &[chain]).expect("rules to remove");
         dels.push(exec(
             &ns,
             Path::new("/usr/sbin/iptables-restore"),

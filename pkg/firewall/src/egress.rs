@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 
 use ipnetwork::IpNetwork;
 
-use crate::masquerade::{self, NatTable, network_of, quote};
+use crate::iptables::{self, SavedTable, network_of, quote};
 use crate::{Family, Result};
 
 /// The agent's chain in the nat table.
@@ -78,16 +78,16 @@ fn wanted(family: Family, sources: &[IpNetwork], cluster: &[IpNetwork]) -> (Vec<
 /// the family, the chain and its jumps are removed.
 pub fn render(
     family: Family,
-    table: &NatTable,
+    table: &SavedTable,
     sources: &[IpNetwork],
     cluster: &[IpNetwork],
 ) -> Option<String> {
     let (rules, jumps) = wanted(family, sources, cluster);
     if jumps.is_empty() {
-        return masquerade::render_teardown(table, &[CHAIN.to_owned()]);
+        return iptables::render_nat_removal(table, &[CHAIN.to_owned()]);
     }
     let present_rules: Vec<&str> = table.rules_of(CHAIN).collect();
-    let present_jumps: BTreeSet<&str> = table.jumps_to(CHAIN).collect();
+    let present_jumps: BTreeSet<&str> = table.jumps_from("POSTROUTING", CHAIN).collect();
     let in_place = table.chains.contains(CHAIN)
         && present_rules == rules.iter().map(String::as_str).collect::<Vec<_>>()
         && present_jumps == jumps.iter().map(String::as_str).collect();
@@ -120,9 +120,9 @@ pub fn apply(sources: &[IpNetwork], cluster: &[IpNetwork]) -> Result<Vec<Family>
         if !has_sources && crate::exec::find(family.save()).is_none() {
             continue;
         }
-        let table = masquerade::read_nat(family)?;
+        let table = iptables::read(family, "nat")?;
         if let Some(input) = render(family, &table, sources, cluster) {
-            masquerade::restore(family, &input)?;
+            iptables::restore(family, &input)?;
             changed.push(family);
         }
     }
@@ -144,7 +144,7 @@ mod tests {
     }
 
     /// What `iptables-save` prints after `input` ran on an empty nat table.
-    fn saved(before: &NatTable, input: &str) -> NatTable {
+    fn saved(before: &SavedTable, input: &str) -> SavedTable {
         let mut table = before.clone();
         for line in input.lines() {
             if let Some(chain) = line.strip_prefix(':').and_then(|d| d.split_whitespace().next()) {
@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn the_chain_returns_for_the_cluster_and_masquerades_the_rest() {
-        let empty = NatTable::parse("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n");
+        let empty = SavedTable::parse("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n", "nat");
         let sources = nets(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
         let cluster = nets(&["10.244.0.0/24", "10.244.1.0/24", "fd00:10:244::/64"]);
         let input = render(Family::V4, &empty, &sources, &cluster).expect("first");
@@ -195,7 +195,7 @@ mod tests {
         let input = render(Family::V4, &table, &moved, &grown).expect("moved");
         assert!(input.contains("-D POSTROUTING -s 10.244.1.0/24"), "{input}");
         let table = saved(&table, &input);
-        assert_eq!(table.jumps_to(CHAIN).count(), 1);
+        assert_eq!(table.jumps_from("POSTROUTING", CHAIN).count(), 1);
 
         let input = render(Family::V4, &table, &[], &grown).expect("teardown");
         let table = saved(&table, &input);

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::masquerade::NatTable;
+use crate::iptables::SavedTable;
 use crate::nfnl::{self, Deleted};
 use crate::portmap::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
 use crate::portmap::nft as hostport_nft;
@@ -89,8 +89,8 @@ impl Flavour {
         }
     }
 
-    fn read(self, family: Family) -> Result<NatTable> {
-        exec::run(self.multi(), &[family.save(), "-t", "nat"], "").map(|text| NatTable::parse(&text))
+    fn read(self, family: Family) -> Result<SavedTable> {
+        exec::run(self.multi(), &[family.save(), "-t", "nat"], "").map(|text| SavedTable::parse(&text, "nat"))
     }
 
     fn restore(self, family: Family, input: &str) -> Result<()> {
@@ -166,7 +166,7 @@ pub fn unused_hostport_chains(now: &BTreeSet<String>, before: &BTreeSet<String>)
 /// The iptables-restore input that removes `chains` and every rule of
 /// another chain that jumps or goes to one of them, or None when none of
 /// them exists.
-pub fn render_removal(table: &NatTable, chains: &[String]) -> Option<String> {
+pub fn render_removal(table: &SavedTable, chains: &[String]) -> Option<String> {
     let gone: BTreeSet<&str> = chains
         .iter()
         .map(String::as_str)
@@ -347,7 +347,7 @@ mod tests {
 
     #[test]
     fn removal_takes_the_jumps_to_the_chains_and_nothing_else() {
-        let table = NatTable::parse(
+        let table = SavedTable::parse(
             "*nat\n\
              :PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
              :CNI-HOSTPORT-DNAT - [0:0]\n:CNI-HOSTPORT-MASQ - [0:0]\n:CNI-HOSTPORT-SETMARK - [0:0]\n\
@@ -358,6 +358,7 @@ mod tests {
              -A CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE\n\
              -A CNI-HOSTPORT-SETMARK -m comment --comment \"CNI portfwd masquerade mark\" -j MARK --set-xmark 0x2000/0x2000\n\
              COMMIT\n",
+            "nat",
         );
         let chains: Vec<String> = SHARED.iter().map(|c| (*c).to_owned()).collect();
         assert_eq!(
@@ -373,7 +374,7 @@ mod tests {
         let only_dnat = render_removal(&table, &["CNI-HOSTPORT-DNAT".to_owned()]).expect("dnat");
         assert!(!only_dnat.contains("MASQ"), "{only_dnat}");
         assert_eq!(
-            render_removal(&NatTable::default(), &chains),
+            render_removal(&SavedTable::default(), &chains),
             None,
             "none of them is there"
         );

@@ -13,6 +13,7 @@ pub mod conntrack;
 pub mod egress;
 pub mod exec;
 pub mod forward;
+pub mod iptables;
 pub mod istio;
 pub mod leftovers;
 pub mod masquerade;

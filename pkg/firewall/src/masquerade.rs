@@ -21,27 +21,17 @@
 //! that ran it before, are still found by name and removed by DEL and GC.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
 
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
 
+use crate::iptables::{self, SavedTable, network_of, prefixed_chain_name, quote, restore, uses_nf_tables};
 use crate::nfnl;
 use crate::{Family, MasqueradeBackend, Result, exec};
 
 /// libcni utils' `FormatChainName`.
 pub fn chain_name(network: &str, container_id: &str) -> String {
     prefixed_chain_name("", network, container_id)
-}
-
-/// libcni utils' `MustFormatChainNameWithPrefix`: `CNI-<prefix>` and the
-/// hex of sha512(network + container ID), 28 characters in all.
-pub fn prefixed_chain_name(prefix: &str, network: &str, container_id: &str) -> String {
-    let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    let mut name = format!("CNI-{prefix}{hex}");
-    name.truncate(crate::MAX_CHAIN_NAME);
-    name
 }
 
 /// The comment every rule carries.
@@ -61,15 +51,6 @@ pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
 
 fn network_comment(network: &str, subnet: &IpNetwork) -> String {
     format!("name: \"{network}\" subnet: \"{}\"", network_of(subnet))
-}
-
-/// iptables-restore quoting: double quotes, with `"` and `\` escaped.
-pub(crate) fn quote(text: &str) -> String {
-    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-pub(crate) fn network_of(net: &IpNetwork) -> String {
-    format!("{}/{}", net.network(), net.prefix())
 }
 
 /// The reference plugin's per-container rules for the addresses of one
@@ -126,145 +107,41 @@ pub fn render_network_setup(family: Family, network: &str, subnet: &IpNetwork, w
     )
 }
 
-/// The nat table as `iptables-save -t nat` prints it: chains, and each
-/// chain's rules as their `-A` lines.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NatTable {
-    pub chains: BTreeSet<String>,
-    pub rules: Vec<(String, String)>,
+/// The CNI chains of `network` in the nat table and the container each
+/// belongs to, read from their comments.
+pub fn containers_of(table: &SavedTable, network: &str) -> BTreeMap<String, String> {
+    let prefix = format!("--comment \"name: \\\"{network}\\\" id: \\\"");
+    table
+        .rules
+        .iter()
+        .filter(|(chain, _)| chain.starts_with("CNI-") && table.chains.contains(chain))
+        .filter_map(|(chain, line)| {
+            let rest = &line[line.find(&prefix)? + prefix.len()..];
+            let id = &rest[..rest.find("\\\"")?];
+            Some((chain.clone(), id.to_owned()))
+        })
+        .collect()
 }
 
-impl NatTable {
-    pub fn parse(save: &str) -> Self {
-        let mut table = NatTable::default();
-        let mut in_nat = false;
-        for line in save.lines() {
-            if let Some(name) = line.strip_prefix('*') {
-                in_nat = name.trim() == "nat";
-            } else if !in_nat {
-                continue;
-            } else if let Some(decl) = line.strip_prefix(':') {
-                if let Some(chain) = decl.split_whitespace().next() {
-                    table.chains.insert(chain.to_owned());
-                }
-            } else if let Some((chain, _)) = line.strip_prefix("-A ").and_then(|rule| rule.split_once(' ')) {
-                table.rules.push((chain.to_owned(), line.to_owned()));
-            }
-        }
-        table
-    }
-
-    /// Rules of `chain`.
-    pub fn rules_of<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.rules
-            .iter()
-            .filter(move |(c, _)| c == chain)
-            .map(|(_, line)| line.as_str())
-    }
-
-    /// POSTROUTING rules jumping to `chain` (whatever their match: the
-    /// reference once wrote `-s ip/prefix`).
-    pub fn jumps_to<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.jumps_from("POSTROUTING", chain)
-    }
-
-    /// Rules of `from` jumping to `chain`.
-    pub fn jumps_from<'a>(&'a self, from: &'a str, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.rules_of(from)
-            .filter(move |line| line.ends_with(&format!(" -j {chain}")))
-    }
-
-    /// The CNI chains of `network` and the container each belongs to, read
-    /// from their comments.
-    pub fn containers_of(&self, network: &str) -> BTreeMap<String, String> {
-        let prefix = format!("--comment \"name: \\\"{network}\\\" id: \\\"");
-        self.rules
-            .iter()
-            .filter(|(chain, _)| chain.starts_with("CNI-") && self.chains.contains(chain))
-            .filter_map(|(chain, line)| {
-                let rest = &line[line.find(&prefix)? + prefix.len()..];
-                let id = &rest[..rest.find("\\\"")?];
-                Some((chain.clone(), id.to_owned()))
-            })
-            .collect()
-    }
-
-    /// The subnet chains of `network`, found by their comments.
-    pub fn network_chains_of(&self, network: &str) -> BTreeSet<String> {
-        let prefix = format!("--comment \"name: \\\"{network}\\\" subnet: ");
-        // Named by the rules inside a chain or, for a chain someone has
-        // flushed, by the jump to it.
-        self.rules
-            .iter()
-            .filter(|(_, line)| line.contains(&prefix))
-            .filter_map(|(chain, line)| {
-                let target = line.rsplit_once(" -j ").map(|(_, t)| t.trim());
-                [Some(chain.as_str()), target]
-                    .into_iter()
-                    .flatten()
-                    .find(|c| c.starts_with("CNI-NET-"))
-                    .map(str::to_owned)
-            })
-            .collect()
-    }
-}
-
-/// The input that removes `chains` and every POSTROUTING jump to them, or
-/// nothing when none of it exists.
-pub fn render_teardown(table: &NatTable, chains: &[String]) -> Option<String> {
-    let mut out = String::from("*nat\n");
-    let mut any = false;
-    for chain in chains {
-        for jump in table.jumps_to(chain) {
-            out.push_str(&jump.replacen("-A ", "-D ", 1));
-            out.push('\n');
-            any = true;
-        }
-    }
-    for chain in chains.iter().filter(|c| table.chains.contains(*c)) {
-        out.push_str(&format!("-F {chain}\n-X {chain}\n"));
-        any = true;
-    }
-    out.push_str("COMMIT\n");
-    any.then_some(out)
-}
-
-/// Reads the nat table of a family.
-pub fn read_nat(family: Family) -> Result<NatTable> {
-    exec::run(family.save(), &["-t", "nat"], "").map(|text| NatTable::parse(&text))
-}
-
-/// Applies an iptables-restore input atomically, without touching other
-/// rules, waiting for the xtables lock.
-pub fn restore(family: Family, input: &str) -> Result<()> {
-    exec::run(family.restore(), &["--noflush", "--wait"], input).map(drop)
-}
-
-/// Whether `iptables-restore` here is iptables-nft (rules in nf_tables,
-/// which [`nfnl`] can read in-process) rather than iptables-legacy.
-/// Decided once per process (the alternatives symlinks are resolved).
-pub(crate) fn uses_nf_tables(family: Family) -> bool {
-    static DECIDED: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = match family {
-        Family::V4 => &DECIDED[0],
-        Family::V6 => &DECIDED[1],
-    };
-    *slot.get_or_init(|| {
-        exec::find(family.restore())
-            .and_then(|tool| std::fs::canonicalize(tool).ok())
-            .and_then(|real| real.file_name().map(|n| n.to_string_lossy().contains("nft")))
-            .unwrap_or(false)
-    })
-}
-
-/// Whether a nat chain exists: asked in-process with iptables-nft, read
-/// with `iptables-save` with iptables-legacy.
-pub fn nat_chain_exists(family: Family, chain: &str) -> Result<bool> {
-    if uses_nf_tables(family) {
-        nfnl::chain_exists(family.nf_table_family(), "nat", chain)
-    } else {
-        Ok(read_nat(family)?.chains.contains(chain))
-    }
+/// The subnet chains of `network` in the nat table, found by their
+/// comments.
+pub fn network_chains_of(table: &SavedTable, network: &str) -> BTreeSet<String> {
+    let prefix = format!("--comment \"name: \\\"{network}\\\" subnet: ");
+    // Named by the rules inside a chain or, for a chain someone has
+    // flushed, by the jump to it.
+    table
+        .rules
+        .iter()
+        .filter(|(_, line)| line.contains(&prefix))
+        .filter_map(|(chain, line)| {
+            let target = line.rsplit_once(" -j ").map(|(_, t)| t.trim());
+            [Some(chain.as_str()), target]
+                .into_iter()
+                .flatten()
+                .find(|c| c.starts_with("CNI-NET-"))
+                .map(str::to_owned)
+        })
+        .collect()
 }
 
 fn subnets_of(addresses: &[IpNetwork]) -> BTreeSet<IpNetwork> {
@@ -293,7 +170,7 @@ fn gap_of(family: Family, network: &str, subnet: &IpNetwork) -> Result<Option<Ga
         let ours = |chain: &str| nfnl::rules_mentioning(table_family, "nat", chain, &comment);
         (ours(&chain)?, ours("POSTROUTING")? > 0)
     } else {
-        let table = read_nat(family)?;
+        let table = iptables::read(family, "nat")?;
         let expected = render_network_setup(family, network, subnet, true);
         let present = |line: &str| table.rules.iter().any(|(_, rule)| rule == line);
         let in_chain = table.rules.iter().filter(|(c, _)| *c == chain).count();
@@ -347,11 +224,11 @@ impl MasqueradeBackend for Iptables {
         let chain = chain_name(network, container_id);
         let mut removed = false;
         for family in families {
-            if exec::find(family.save()).is_none() || !nat_chain_exists(*family, &chain)? {
+            if exec::find(family.save()).is_none() || !iptables::chain_exists(*family, "nat", &chain)? {
                 continue;
             }
-            let table = read_nat(*family)?;
-            if let Some(input) = render_teardown(&table, std::slice::from_ref(&chain)) {
+            let table = iptables::read(*family, "nat")?;
+            if let Some(input) = iptables::render_nat_removal(&table, std::slice::from_ref(&chain)) {
                 restore(*family, &input)?;
                 removed = true;
             }
@@ -367,14 +244,13 @@ impl MasqueradeBackend for Iptables {
             if exec::find(family.save()).is_none() {
                 continue;
             }
-            let table = read_nat(family)?;
-            let stale: Vec<String> = table
-                .containers_of(network)
+            let table = iptables::read(family, "nat")?;
+            let stale: Vec<String> = containers_of(&table, network)
                 .into_iter()
                 .filter(|(_, id)| !containers.contains(id.as_str()))
                 .map(|(chain, _)| chain)
                 .collect();
-            if let Some(input) = render_teardown(&table, &stale) {
+            if let Some(input) = iptables::render_nat_removal(&table, &stale) {
                 restore(family, &input)?;
             }
         }
@@ -386,9 +262,9 @@ impl MasqueradeBackend for Iptables {
             if exec::find(family.save()).is_none() {
                 continue;
             }
-            let table = read_nat(family)?;
-            let chains: Vec<String> = table.network_chains_of(network).into_iter().collect();
-            if let Some(input) = render_teardown(&table, &chains) {
+            let table = iptables::read(family, "nat")?;
+            let chains: Vec<String> = network_chains_of(&table, network).into_iter().collect();
+            if let Some(input) = iptables::render_nat_removal(&table, &chains) {
                 restore(family, &input)?;
             }
         }
@@ -399,7 +275,7 @@ impl MasqueradeBackend for Iptables {
     fn missing(&self, network: &str, addresses: &[IpNetwork]) -> Result<Vec<String>> {
         let mut missing = Vec::new();
         for family in addresses.iter().map(Family::of).collect::<BTreeSet<_>>() {
-            let table = read_nat(family)?;
+            let table = iptables::read(family, "nat")?;
             missing.extend(network_missing(&table, family, network, addresses));
         }
         Ok(missing)
@@ -409,7 +285,7 @@ impl MasqueradeBackend for Iptables {
 /// What CHECK expects for `addresses`: each subnet's chain and jump.
 /// Returns the rules that are missing.
 pub fn network_missing(
-    table: &NatTable,
+    table: &SavedTable,
     family: Family,
     network: &str,
     addresses: &[IpNetwork],
@@ -505,24 +381,24 @@ COMMIT
 
     #[test]
     fn parses_the_nat_table_only() {
-        let t = NatTable::parse(SAVED);
+        let t = SavedTable::parse(SAVED, "nat");
         assert!(t.chains.contains("CNI-aaaaaaaaaaaaaaaaaaaaaaaa"));
         assert!(!t.chains.contains("CNI-ignored"));
         assert_eq!(t.rules_of("POSTROUTING").count(), 3);
-        let owners = t.containers_of("net");
+        let owners = containers_of(&t, "net");
         assert_eq!(
             owners.get("CNI-aaaaaaaaaaaaaaaaaaaaaaaa").map(String::as_str),
             Some("ctr-a")
         );
         assert_eq!(owners.len(), 2);
-        assert!(t.containers_of("other").is_empty());
+        assert!(containers_of(&t, "other").is_empty());
     }
 
     #[test]
     fn teardown_removes_every_jump_then_the_chain() {
-        let t = NatTable::parse(SAVED);
-        let input =
-            render_teardown(&t, &["CNI-aaaaaaaaaaaaaaaaaaaaaaaa".into()]).expect("something to remove");
+        let t = SavedTable::parse(SAVED, "nat");
+        let input = iptables::render_nat_removal(&t, &["CNI-aaaaaaaaaaaaaaaaaaaaaaaa".into()])
+            .expect("something to remove");
         let lines: Vec<&str> = input.lines().collect();
         assert_eq!(lines[0], "*nat");
         assert!(lines[1].starts_with("-D POSTROUTING -s 10.88.0.5/32 "));
@@ -540,7 +416,7 @@ COMMIT
         );
         assert!(!input.contains("ctr-b"));
         assert_eq!(
-            render_teardown(&t, &["CNI-absent".into()]),
+            iptables::render_nat_removal(&t, &["CNI-absent".into()]),
             None,
             "nothing there, nothing to run"
         );
@@ -577,37 +453,42 @@ COMMIT
     fn check_reports_missing_network_rules() {
         let addrs = [net("10.88.0.5/16"), net("10.88.0.6/16")];
         let complete = render_network_setup(Family::V4, "net", &net("10.88.0.0/16"), true);
-        let table = NatTable::parse(&complete);
+        let table = SavedTable::parse(&complete, "nat");
         assert!(network_missing(&table, Family::V4, "net", &addrs).is_empty());
-        assert_eq!(table.network_chains_of("net").len(), 1);
-        assert!(table.network_chains_of("other").is_empty());
+        assert_eq!(network_chains_of(&table, "net").len(), 1);
+        assert!(network_chains_of(&table, "other").is_empty());
         let flushed: String = complete
             .lines()
             .filter(|l| !l.starts_with("-A CNI-NET-"))
             .map(|l| format!("{l}\n"))
             .collect();
         assert_eq!(
-            NatTable::parse(&flushed).network_chains_of("net"),
-            table.network_chains_of("net"),
+            network_chains_of(&SavedTable::parse(&flushed, "nat"), "net"),
+            network_chains_of(&table, "net"),
             "a flushed chain is still found by its jump"
         );
-        assert!(table.containers_of("net").is_empty(), "not a container's chain");
+        assert!(containers_of(&table, "net").is_empty(), "not a container's chain");
         let without_jump: String = complete
             .lines()
             .filter(|l| !l.starts_with("-A POSTROUTING"))
             .map(|l| format!("{l}\n"))
             .collect();
-        let gaps = network_missing(&NatTable::parse(&without_jump), Family::V4, "net", &addrs);
+        let gaps = network_missing(
+            &SavedTable::parse(&without_jump, "nat"),
+            Family::V4,
+            "net",
+            &addrs,
+        );
         assert_eq!(gaps.len(), 1);
         assert!(gaps[0].starts_with("-A POSTROUTING -s 10.88.0.0/16"));
     }
 
-    fn save() -> NatTable {
+    fn save() -> SavedTable {
         let out = std::process::Command::new("iptables-save")
             .args(["-t", "nat"])
             .output()
             .expect("iptables-save");
-        NatTable::parse(&String::from_utf8_lossy(&out.stdout))
+        SavedTable::parse(&String::from_utf8_lossy(&out.stdout), "nat")
     }
 
     #[test]
@@ -633,7 +514,9 @@ COMMIT
                     &render_setup(Family::V4, "net", "ref-ctr", &pods[..1]),
                 )
                 .expect("reference rules");
-                assert!(nat_chain_exists(Family::V4, &chain_name("net", "ref-ctr")).expect("asked"));
+                assert!(
+                    iptables::chain_exists(Family::V4, "nat", &chain_name("net", "ref-ctr")).expect("asked")
+                );
                 assert!(
                     !Iptables
                         .teardown_container("net", "ours", "eth0", &[Family::V4, Family::V6])
@@ -645,10 +528,14 @@ COMMIT
                         .expect("removed")
                 );
                 let table = save();
-                assert!(table.containers_of("net").is_empty());
-                assert_eq!(table.network_chains_of("net").len(), 1, "the subnet chain stays");
+                assert!(containers_of(&table, "net").is_empty());
+                assert_eq!(
+                    network_chains_of(&table, "net").len(),
+                    1,
+                    "the subnet chain stays"
+                );
                 Iptables.remove_network("net").expect("gc");
-                assert!(save().network_chains_of("net").is_empty());
+                assert!(network_chains_of(&save(), "net").is_empty());
                 assert!(save().rules_of("POSTROUTING").next().is_none());
             });
         });

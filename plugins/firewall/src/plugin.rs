@@ -129,7 +129,7 @@ fn del_iptables(store: &Store, owner: (String, String, String), ips: &[IpAddr]) 
     let mut failures = Vec::new();
     for family in FAMILIES {
         let ips = of_family(&mine, family);
-        if ips.is_empty() || !iptables::available(family) {
+        if ips.is_empty() || !firewall::iptables::available(family) {
             continue;
         }
         if let Err(e) = iptables::del(family, &ips) {

@@ -8,9 +8,9 @@ use std::net::IpAddr;
 use cni::error::{Code, plugin_codes};
 use cni::keys::Shape;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
+use firewall::Family;
 use firewall::conntrack::{self, Filter};
 use firewall::portmap::{self, Forward, Mapping, Pod, Protocol, Settings, iptables, nft};
-use firewall::{Family, masquerade};
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
@@ -261,7 +261,7 @@ impl Plugin for Portmap {
         for address in pod_addresses(&result, &att.ifname) {
             let pod = pod(req, att, address);
             let found = match cfg.backend {
-                Backend::Iptables => masquerade::read_nat(pod.family())
+                Backend::Iptables => firewall::iptables::read(pod.family(), "nat")
                     .map(|table| iptables::missing(&table, &pod, &cfg.settings, &cfg.mappings)),
                 Backend::Nftables => nft::missing(&pod, &cfg.settings, &cfg.mappings),
             };

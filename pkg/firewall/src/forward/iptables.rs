@@ -24,14 +24,12 @@
 //! other pods may still use the bridge. A DEL removes only the pod's two
 //! rules per address; the chains and jumps stay, as with the reference.
 
-use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::OnceLock;
 
 use super::rules;
-use crate::masquerade::{quote, restore};
+use crate::iptables::{SavedTable, quote, restore, uses_nf_tables};
 use crate::nfnl::TableFamily;
-use crate::{Family, Result, exec};
+use crate::{Family, Result};
 
 pub const FORWARD_CHAIN: &str = "CNI-FORWARD";
 pub const DEFAULT_ADMIN_CHAIN: &str = "CNI-ADMIN";
@@ -54,46 +52,9 @@ pub struct Layout<'a> {
     pub bridge: Option<&'a str>,
 }
 
-/// The filter table's chains and rules, as far as the plugin's layout
-/// needs them: each rule as `iptables-save` prints it after `-A <chain> `.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Filter {
-    pub chains: BTreeSet<String>,
-    pub rules: Vec<(String, String)>,
-}
-
-impl Filter {
-    /// Reads the `*filter` section of `iptables-save` output.
-    pub fn parse(save: &str) -> Self {
-        let mut filter = Filter::default();
-        let mut inside = false;
-        for line in save.lines() {
-            if let Some(table) = line.strip_prefix('*') {
-                inside = table.trim() == "filter";
-            } else if !inside {
-                continue;
-            } else if let Some(decl) = line.strip_prefix(':') {
-                if let Some(chain) = decl.split_whitespace().next() {
-                    filter.chains.insert(chain.to_owned());
-                }
-            } else if let Some((chain, spec)) = line.strip_prefix("-A ").and_then(|r| r.split_once(' ')) {
-                filter.rules.push((chain.to_owned(), spec.to_owned()));
-            }
-        }
-        filter
-    }
-
-    pub fn count(&self, chain: &str, spec: &str) -> usize {
-        self.rules.iter().filter(|(c, s)| c == chain && s == spec).count()
-    }
-
-    pub fn has(&self, chain: &str, spec: &str) -> bool {
-        self.count(chain, spec) > 0
-    }
-
-    fn has_any(&self, chain: &str, specs: &[String]) -> bool {
-        specs.iter().any(|spec| self.has(chain, spec))
-    }
+/// Whether `chain` has any of `specs`.
+fn has_any(filter: &SavedTable, chain: &str, specs: &[String]) -> bool {
+    specs.iter().any(|spec| filter.has(chain, spec))
 }
 
 fn commented(matches: &str, comment: &str, target: &str) -> String {
@@ -169,7 +130,7 @@ impl Batch {
 /// missing. Chains are created with `-N`, never declared with `:`, which
 /// in a `--noflush` restore would empty a chain someone created meanwhile:
 /// `-N` fails the batch instead, and the caller reads again.
-pub fn render_add(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Option<String> {
+pub fn render_add(filter: &SavedTable, layout: &Layout, ips: &[IpAddr]) -> Option<String> {
     if ips.is_empty() {
         return None;
     }
@@ -199,7 +160,7 @@ pub fn render_add(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Option<St
             }
         }
         let jump = shared(STAGE_1);
-        if !filter.has_any("FORWARD", &jump) {
+        if !has_any(filter, "FORWARD", &jump) {
             batch.push(format!("-I FORWARD 1 {}", jump[0]));
         }
         let returns = shared("RETURN");
@@ -207,7 +168,7 @@ pub fn render_add(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Option<St
             if !filter.has(chain, &rule) {
                 batch.push(format!("-I {chain} 1 {rule}"));
             }
-            if !filter.has_any(chain, &returns) {
+            if !has_any(filter, chain, &returns) {
                 batch.push(format!("-A {chain} {}", returns[0]));
             }
         }
@@ -217,7 +178,7 @@ pub fn render_add(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Option<St
 
 /// The input that removes every copy of `ips`' pod rules, or `None` when
 /// there are none.
-pub fn render_del(filter: &Filter, ips: &[IpAddr]) -> Option<String> {
+pub fn render_del(filter: &SavedTable, ips: &[IpAddr]) -> Option<String> {
     let mut batch = Batch::default();
     for ip in ips {
         for rule in pod_rules(*ip) {
@@ -231,7 +192,7 @@ pub fn render_del(filter: &Filter, ips: &[IpAddr]) -> Option<String> {
 }
 
 /// What CHECK misses of `ips`' layout, as readable lines.
-pub fn missing(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Vec<String> {
+pub fn missing(filter: &SavedTable, layout: &Layout, ips: &[IpAddr]) -> Vec<String> {
     if ips.is_empty() {
         return Vec::new();
     }
@@ -242,7 +203,7 @@ pub fn missing(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Vec<String> 
         }
     }
     let mut expect = |chain: &str, rules: &[String]| {
-        if !filter.has_any(chain, rules) {
+        if !has_any(filter, chain, rules) {
             missing.push(format!("-A {chain} {}", rules[0]));
         }
     };
@@ -263,33 +224,11 @@ pub fn missing(filter: &Filter, layout: &Layout, ips: &[IpAddr]) -> Vec<String> 
     missing
 }
 
-/// Whether this family's iptables is iptables-nft (rules in nf_tables,
-/// read in-process) rather than iptables-legacy; decided once per process
-/// from where the alternatives symlinks lead.
-fn uses_nf_tables(family: Family) -> bool {
-    static DECIDED: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
-    let slot = match family {
-        Family::V4 => &DECIDED[0],
-        Family::V6 => &DECIDED[1],
-    };
-    *slot.get_or_init(|| {
-        exec::find(family.restore())
-            .and_then(|tool| std::fs::canonicalize(tool).ok())
-            .and_then(|real| real.file_name().map(|n| n.to_string_lossy().contains("nft")))
-            .unwrap_or(false)
-    })
-}
-
-/// Whether this family's tools are installed.
-pub fn available(family: Family) -> bool {
-    exec::find(family.restore()).is_some() && exec::find(family.save()).is_some()
-}
-
 /// Reads the chains `layout` involves: one netlink dump per chain with
 /// iptables-nft, one `iptables-save -t filter` with iptables-legacy.
-pub fn read(family: Family, layout: &Layout) -> Result<Filter> {
+pub fn read(family: Family, layout: &Layout) -> Result<SavedTable> {
     if !uses_nf_tables(family) {
-        return exec::run(family.save(), &["-t", "filter"], "").map(|text| Filter::parse(&text));
+        return crate::iptables::read(family, "filter");
     }
     let table_family = match family {
         Family::V4 => TableFamily::Ip,
@@ -299,14 +238,14 @@ pub fn read(family: Family, layout: &Layout) -> Result<Filter> {
     if layout.bridge.is_some() {
         chains.extend([STAGE_1, STAGE_2]);
     }
-    let mut filter = Filter::default();
+    let mut filter = SavedTable::default();
     for chain in chains {
         let Some(rules) = rules::dump(table_family, "filter", chain)? else {
             continue;
         };
         filter.chains.insert(chain.to_owned());
         for spec in rules.into_iter().filter_map(|rule| rule.spec) {
-            filter.rules.push((chain.to_owned(), spec));
+            filter.push_rule(chain, &spec);
         }
     }
     Ok(filter)
@@ -316,7 +255,7 @@ pub fn read(family: Family, layout: &Layout) -> Result<Filter> {
 /// (someone outside the node's lock changed the table meanwhile: the
 /// reference plugin, another tool) it reads and tries once more. Returns
 /// whether anything was written.
-fn converge(family: Family, layout: &Layout, render: impl Fn(&Filter) -> Option<String>) -> Result<bool> {
+fn converge(family: Family, layout: &Layout, render: impl Fn(&SavedTable) -> Option<String>) -> Result<bool> {
     let Some(input) = render(&read(family, layout)?) else {
         return Ok(false);
     };
@@ -364,13 +303,13 @@ mod tests {
     }
 
     /// What restoring `input` over `filter` leaves, as iptables would.
-    fn apply(filter: &Filter, input: &str) -> Filter {
+    fn apply(filter: &SavedTable, input: &str) -> SavedTable {
         let mut out = filter.clone();
         for line in input.lines() {
             let words: Vec<&str> = line.splitn(3, ' ').collect();
             match words.as_slice() {
                 ["-N", chain] => assert!(out.chains.insert((*chain).to_owned()), "-N of an existing chain"),
-                ["-A", chain, spec] => out.rules.push(((*chain).to_owned(), (*spec).to_owned())),
+                ["-A", chain, spec] => out.push_rule(chain, spec),
                 ["-I", chain, rest] => {
                     let spec = rest.strip_prefix("1 ").expect("inserted first");
                     let at = out
@@ -378,13 +317,14 @@ mod tests {
                         .iter()
                         .position(|(c, _)| c == chain)
                         .unwrap_or(out.rules.len());
-                    out.rules.insert(at, ((*chain).to_owned(), spec.to_owned()));
+                    out.rules
+                        .insert(at, ((*chain).to_owned(), format!("-A {chain} {spec}")));
                 }
                 ["-D", chain, spec] => {
                     let at = out
                         .rules
                         .iter()
-                        .position(|(c, s)| c == chain && s == spec)
+                        .position(|(c, line)| c == chain && *line == format!("-A {chain} {spec}"))
                         .expect("-D of a rule that is there");
                     out.rules.remove(at);
                 }
@@ -397,7 +337,7 @@ mod tests {
 
     #[test]
     fn the_first_pod_gets_the_reference_layout_in_one_batch() {
-        let input = render_add(&Filter::default(), &OPEN, &[ip("10.88.0.5")]).expect("everything");
+        let input = render_add(&SavedTable::default(), &OPEN, &[ip("10.88.0.5")]).expect("everything");
         assert_eq!(
             input,
             "*filter\n\
@@ -409,7 +349,7 @@ mod tests {
              -A CNI-FORWARD -s 10.88.0.5/32 -j ACCEPT\n\
              COMMIT\n"
         );
-        let after = apply(&Filter::default(), &input);
+        let after = apply(&SavedTable::default(), &input);
         assert_eq!(
             render_add(&after, &OPEN, &[ip("10.88.0.5")]),
             None,
@@ -430,12 +370,12 @@ mod tests {
             admin: "MY-ADMIN",
             bridge: None,
         };
-        let input = render_add(&Filter::default(), &layout, &[ip("fd00::5")]).expect("everything");
+        let input = render_add(&SavedTable::default(), &layout, &[ip("fd00::5")]).expect("everything");
         assert!(input.contains("-N MY-ADMIN\n"));
         assert!(input.contains("--comment \"CNI firewall plugin admin overrides\" -j MY-ADMIN\n"));
         assert!(input.contains("-A CNI-FORWARD -s fd00::5/128 -j ACCEPT\n"));
         assert_eq!(
-            render_add(&Filter::default(), &layout, &[]),
+            render_add(&SavedTable::default(), &layout, &[]),
             None,
             "no address, no rules"
         );
@@ -452,8 +392,8 @@ mod tests {
             ..a
         };
         let one = apply(
-            &Filter::default(),
-            &render_add(&Filter::default(), &a, &[ip("10.1.0.2")]).expect("a"),
+            &SavedTable::default(),
+            &render_add(&SavedTable::default(), &a, &[ip("10.1.0.2")]).expect("a"),
         );
         let two = apply(&one, &render_add(&one, &b, &[ip("10.2.0.2")]).expect("b"));
         let c = "\"CNI firewall plugin rules (ingressPolicy: same-bridge)\"";
@@ -461,7 +401,7 @@ mod tests {
             .rules
             .iter()
             .filter(|(chain, _)| chain != FORWARD_CHAIN)
-            .map(|(chain, spec)| format!("-A {chain} {spec}"))
+            .map(|(_, line)| line.clone())
             .collect();
         assert_eq!(
             lines,
@@ -497,7 +437,8 @@ mod tests {
             admin: DEFAULT_ADMIN_CHAIN,
             bridge: Some("br0"),
         };
-        let input = render_add(&Filter::parse(&save), &layout, &[ip("10.1.0.2")]).expect("bridge rules");
+        let input = render_add(&SavedTable::parse(&save, "filter"), &layout, &[ip("10.1.0.2")])
+            .expect("bridge rules");
         assert!(
             !input.contains("-j RETURN") && !input.contains("-N CNI-ISOLATION"),
             "{input}"
@@ -507,10 +448,11 @@ mod tests {
 
     #[test]
     fn del_removes_every_copy_of_the_pods_rules_and_nothing_else() {
-        let input = render_add(&Filter::default(), &OPEN, &[ip("10.88.0.5"), ip("10.88.0.6")]).expect("add");
-        let mut filter = apply(&Filter::default(), &input);
+        let input =
+            render_add(&SavedTable::default(), &OPEN, &[ip("10.88.0.5"), ip("10.88.0.6")]).expect("add");
+        let mut filter = apply(&SavedTable::default(), &input);
         let [dst, _] = pod_rules(ip("10.88.0.5"));
-        filter.rules.push((FORWARD_CHAIN.to_owned(), dst));
+        filter.push_rule(FORWARD_CHAIN, &dst);
         let del = render_del(&filter, &[ip("10.88.0.5")]).expect("rules to remove");
         assert_eq!(del.lines().filter(|l| l.starts_with("-D ")).count(), 3);
         let after = apply(&filter, &del);
@@ -523,19 +465,6 @@ mod tests {
             missing(&after, &OPEN, &[ip("10.88.0.5")]).len(),
             2,
             "the jumps and chains stay, as the reference leaves them"
-        );
-    }
-
-    #[test]
-    fn parses_only_the_filter_table() {
-        let save = "*nat\n:CNI-X - [0:0]\n-A POSTROUTING -j CNI-X\nCOMMIT\n\
-                    *filter\n:FORWARD DROP [0:0]\n:CNI-FORWARD - [0:0]\n\
-                    -A CNI-FORWARD -s 10.0.0.1/32 -j ACCEPT\nCOMMIT\n";
-        let filter = Filter::parse(save);
-        assert!(filter.chains.contains("CNI-FORWARD") && !filter.chains.contains("CNI-X"));
-        assert_eq!(
-            filter.rules,
-            [(FORWARD_CHAIN.to_owned(), "-s 10.0.0.1/32 -j ACCEPT".to_owned())]
         );
     }
 
@@ -566,15 +495,15 @@ mod tests {
                     "nothing missing, nothing run"
                 );
                 assert!(check(family, &layout, &addresses).expect("check").is_empty());
-                let saved = exec::run(family.save(), &["-t", "filter"], "").expect("save");
-                let by_chain = |mut f: Filter| {
+                let saved = crate::exec::run(family.save(), &["-t", "filter"], "").expect("save");
+                let by_chain = |mut f: SavedTable| {
                     f.rules.sort_by(|a, b| a.0.cmp(&b.0));
                     f.chains.retain(|c| c != "INPUT" && c != "OUTPUT");
                     f
                 };
                 assert_eq!(
                     by_chain(read(family, &layout).expect("read")),
-                    by_chain(Filter::parse(&saved))
+                    by_chain(SavedTable::parse(&saved, "filter"))
                 );
                 assert!(del(family, &addresses[..1]).expect("del"));
                 assert!(!del(family, &addresses[..1]).expect("del again"));

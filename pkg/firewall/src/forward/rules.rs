@@ -185,7 +185,7 @@ fn spec_of(exprs: &[Expr]) -> Option<String> {
             (Expr::Match { name, info }, _) if name == "comment" => {
                 matches.push(format!(
                     "-m comment --comment {}",
-                    crate::masquerade::quote(&text(info))
+                    crate::iptables::quote(&text(info))
                 ));
                 at += 1;
             }

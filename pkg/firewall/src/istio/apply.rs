@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use netns::NetNs;
 
 use super::render::IstioRules;
+use crate::iptables::SavedTable;
 use crate::{Error, Family, Result, exec};
 
 /// Which iptables flavour programs the pod.
@@ -111,10 +112,10 @@ pub enum Outcome {
     Replaced,
 }
 
-/// A pod's tables as `iptables-save` shows them: user chains and rules.
+/// A pod's tables as `iptables-save` shows them.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Saved {
-    tables: BTreeMap<String, (Vec<String>, Vec<String>)>,
+    tables: BTreeMap<String, SavedTable>,
 }
 
 const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
@@ -138,33 +139,17 @@ fn istio_shaped(rule: &str) -> bool {
 
 impl Saved {
     pub fn parse(save: &str) -> Self {
-        let mut tables: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-        let mut current = String::new();
-        for line in save.lines() {
-            if let Some(name) = line.strip_prefix('*') {
-                current = name.trim().to_owned();
-                tables.entry(current.clone()).or_default();
-            } else if let Some(decl) = line.strip_prefix(':') {
-                let chain = decl.split_whitespace().next().unwrap_or_default();
-                if !BUILTIN.contains(&chain) {
-                    tables
-                        .entry(current.clone())
-                        .or_default()
-                        .0
-                        .push(chain.to_owned());
-                }
-            } else if line.starts_with("-A ") {
-                tables.entry(current.clone()).or_default().1.push(line.to_owned());
-            }
+        Saved {
+            tables: SavedTable::parse_all(save),
         }
-        Saved { tables }
     }
 
     fn istio_chains(&self, table: &str) -> Vec<&str> {
         self.tables
             .get(table)
-            .map(|(chains, _)| {
-                chains
+            .map(|table| {
+                table
+                    .chains
                     .iter()
                     .filter(|c| c.starts_with("ISTIO"))
                     .map(String::as_str)
@@ -176,10 +161,11 @@ impl Saved {
     fn istio_rules(&self, table: &str) -> Vec<&str> {
         self.tables
             .get(table)
-            .map(|(_, rules)| {
-                rules
+            .map(|table| {
+                table
+                    .rules
                     .iter()
-                    .map(String::as_str)
+                    .map(|(_, line)| line.as_str())
                     .filter(|r| istio_shaped(r))
                     .collect()
             })
@@ -221,7 +207,7 @@ impl Saved {
                 !self
                     .tables
                     .get(*table)
-                    .is_some_and(|(_, present)| present.iter().any(|p| p == rule))
+                    .is_some_and(|present| present.rules.iter().any(|(_, p)| p == rule))
             })
             .map(|(_, rule)| rule)
             .collect()

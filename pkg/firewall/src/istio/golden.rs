@@ -6,28 +6,22 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-/// `-A` lines and declared ISTIO chains per table of an `iptables-save` text.
+/// `-A` lines and declared ISTIO chains per table of an `iptables-save`
+/// text (indented here).
 fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
-    let mut tables: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
-    let mut current = String::new();
-    for line in save.lines().map(str::trim) {
-        if let Some(name) = line.strip_prefix('*') {
-            current = name.trim().to_owned();
-            tables.entry(current.clone()).or_default();
-        } else if let Some(decl) = line.strip_prefix(':') {
-            let chain = decl.split_whitespace().next().unwrap_or_default();
-            if chain.starts_with("ISTIO") {
-                tables
-                    .entry(current.clone())
-                    .or_default()
-                    .1
-                    .push(chain.to_owned());
-            }
-        } else if line.starts_with("-A ") {
-            tables.entry(current.clone()).or_default().0.push(line.to_owned());
-        }
-    }
-    tables
+    let unindented: String = save.lines().map(|line| format!("{}\n", line.trim())).collect();
+    crate::iptables::SavedTable::parse_all(&unindented)
+        .into_iter()
+        .map(|(name, table)| {
+            let rules = table.rules.into_iter().map(|(_, line)| line).collect();
+            let chains = table
+                .chains
+                .into_iter()
+                .filter(|c| c.starts_with("ISTIO"))
+                .collect();
+            (name, (rules, chains))
+        })
+        .collect()
 }
 
 fn rendered(redirect: &Redirect, family: Family) -> BTreeMap<String, (Vec<String>, Vec<String>)> {

@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::masquerade::{self, NatTable, network_of, quote};
+use crate::iptables::{self, SavedTable, network_of, quote};
 use crate::nfnl;
 use crate::portmap::{DEFAULT_MARK_BIT, Forward, Mapping, Pod, Protocol, Settings, ip_port};
 use crate::{Family, Result};
@@ -41,11 +41,11 @@ const COMMENT_MAX: usize = 255;
 
 /// The pod's own chain.
 pub fn container_chain(network: &str, container_id: &str) -> String {
-    masquerade::prefixed_chain_name("DN-", network, container_id)
+    iptables::prefixed_chain_name("DN-", network, container_id)
 }
 
 fn old_snat_chain(network: &str, container_id: &str) -> String {
-    masquerade::prefixed_chain_name("SN-", network, container_id)
+    iptables::prefixed_chain_name("SN-", network, container_id)
 }
 
 /// The comment on a pod's jump rules; the reference cuts it at 253 bytes
@@ -197,7 +197,7 @@ pub struct Present {
 }
 
 impl Present {
-    pub fn read(table: &NatTable, settings: &Settings, chain: &str) -> Self {
+    pub fn read(table: &SavedTable, settings: &Settings, chain: &str) -> Self {
         let has = |line: &str| table.rules.iter().any(|(_, rule)| rule == line);
         Present {
             dnat_chain: table.chains.contains(DNAT_CHAIN),
@@ -218,7 +218,7 @@ impl Present {
     /// be read whole to be replaced) or the mark is not the default one
     /// (a rule's mark is not told apart in-process).
     fn probe(family: Family, settings: &Settings, chain: &str) -> Result<Option<Self>> {
-        if !masquerade::uses_nf_tables(family) || settings.mark_bit != DEFAULT_MARK_BIT {
+        if !iptables::uses_nf_tables(family) || settings.mark_bit != DEFAULT_MARK_BIT {
             return Ok(None);
         }
         let table = family.nf_table_family();
@@ -319,7 +319,7 @@ pub fn render_remove_known(
 
 /// Removes the pod's chains (and an old release's `CNI-SN-` chain) with
 /// every jump to them, as read; `None` when there is nothing.
-pub fn render_remove(table: &NatTable, network: &str, container_id: &str) -> Option<String> {
+pub fn render_remove(table: &SavedTable, network: &str, container_id: &str) -> Option<String> {
     let pairs = [
         (DNAT_CHAIN, container_chain(network, container_id)),
         (OLD_SNAT_CHAIN, old_snat_chain(network, container_id)),
@@ -342,7 +342,7 @@ pub fn render_remove(table: &NatTable, network: &str, container_id: &str) -> Opt
 }
 
 /// The forwards a pod's chain holds, read from its DNAT rules.
-pub fn forwards_in(table: &NatTable, chain: &str) -> Vec<Forward> {
+pub fn forwards_in(table: &SavedTable, chain: &str) -> Vec<Forward> {
     table
         .rules_of(chain)
         .filter_map(|rule| {
@@ -372,7 +372,7 @@ pub fn forwards_in(table: &NatTable, chain: &str) -> Vec<Forward> {
 
 /// The pod chains of `network`, found by the comments of the jumps to
 /// them (a cut comment still names its network).
-pub fn chains_of(table: &NatTable, network: &str) -> BTreeSet<String> {
+pub fn chains_of(table: &SavedTable, network: &str) -> BTreeSet<String> {
     let prefix = format!("--comment \"dnat name: \\\"{network}\\\" id: ");
     table
         .rules_of(DNAT_CHAIN)
@@ -385,7 +385,7 @@ pub fn chains_of(table: &NatTable, network: &str) -> BTreeSet<String> {
 }
 
 /// What CHECK finds missing of a pod's rules in one family.
-pub fn missing(table: &NatTable, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Vec<String> {
+pub fn missing(table: &SavedTable, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Vec<String> {
     let chain = container_chain(pod.network, pod.container_id);
     let has = |line: &str| table.rules.iter().any(|(_, rule)| rule == line);
     let mut expected = vec![local_jump("PREROUTING"), local_jump("OUTPUT")];
@@ -421,9 +421,9 @@ pub fn add(pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<()> {
     let attempt = || -> Result<()> {
         let present = match Present::probe(family, settings, &chain)? {
             Some(present) => present,
-            None => Present::read(&masquerade::read_nat(family)?, settings, &chain),
+            None => Present::read(&iptables::read(family, "nat")?, settings, &chain),
         };
-        masquerade::restore(family, &render_add(&present, pod, settings, mappings))
+        iptables::restore(family, &render_add(&present, pod, settings, mappings))
     };
     attempt().or_else(|_| attempt())
 }
@@ -431,8 +431,8 @@ pub fn add(pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<()> {
 /// Whether a pod has chains in `family`: in-process with iptables-nft.
 fn has_chains(family: Family, network: &str, container_id: &str) -> Result<bool> {
     Ok(
-        masquerade::nat_chain_exists(family, &container_chain(network, container_id))?
-            || masquerade::nat_chain_exists(family, &old_snat_chain(network, container_id))?,
+        iptables::chain_exists(family, "nat", &container_chain(network, container_id))?
+            || iptables::chain_exists(family, "nat", &old_snat_chain(network, container_id))?,
     )
 }
 
@@ -448,11 +448,11 @@ pub fn remove(
     container_id: &str,
     known: Option<(&[Mapping], IpAddr)>,
 ) -> Result<Vec<Forward>> {
-    if masquerade::uses_nf_tables(family) && !has_chains(family, network, container_id)? {
+    if iptables::uses_nf_tables(family) && !has_chains(family, network, container_id)? {
         return Ok(Vec::new());
     }
-    if let Some((mappings, pod_ip)) = known.filter(|_| masquerade::uses_nf_tables(family))
-        && masquerade::restore(
+    if let Some((mappings, pod_ip)) = known.filter(|_| iptables::uses_nf_tables(family))
+        && iptables::restore(
             family,
             &render_remove_known(family, settings, network, container_id, mappings),
         )
@@ -469,10 +469,10 @@ pub fn remove(
             })
             .collect());
     }
-    let table = masquerade::read_nat(family)?;
+    let table = iptables::read(family, "nat")?;
     let forwards = forwards_in(&table, &container_chain(network, container_id));
     if let Some(input) = render_remove(&table, network, container_id) {
-        masquerade::restore(family, &input)?;
+        iptables::restore(family, &input)?;
     }
     Ok(forwards)
 }
@@ -480,7 +480,7 @@ pub fn remove(
 /// GC in one family: removes the pod chains of `network` whose container
 /// is not in `keep`; returns the forwards they held.
 pub fn collect_garbage(family: Family, network: &str, keep: &BTreeSet<String>) -> Result<Vec<Forward>> {
-    let table = masquerade::read_nat(family)?;
+    let table = iptables::read(family, "nat")?;
     let kept: BTreeSet<String> = keep.iter().map(|id| container_chain(network, id)).collect();
     let mut input = String::from("*nat\n");
     let mut forwards = Vec::new();
@@ -501,7 +501,7 @@ pub fn collect_garbage(family: Family, network: &str, keep: &BTreeSet<String>) -
     }
     input.push_str("COMMIT\n");
     if any {
-        masquerade::restore(family, &input)?;
+        iptables::restore(family, &input)?;
     }
     Ok(forwards)
 }

@@ -60,7 +60,7 @@ fn every_rule_is_rendered_as_the_reference_leaves_it() {
     let settings = Settings::default();
     let pod = pod("10.244.0.5/24");
     let mappings = reference_mappings();
-    let table = NatTable::parse(REFERENCE_V4);
+    let table = SavedTable::parse(REFERENCE_V4, "nat");
     let present = Present::read(&table, &settings, &container_chain("kind", "abc"));
     assert!(present.dnat_chain && present.prerouting_jump && present.output_jump);
     assert!(present.setmark_rule && present.masq_rule && present.masq_jump);
@@ -77,7 +77,7 @@ fn every_rule_is_rendered_as_the_reference_leaves_it() {
 fn a_repeated_add_replaces_the_pods_jumps_and_adds_nothing_shared() {
     let settings = Settings::default();
     let pod = pod("10.244.0.5/24");
-    let table = NatTable::parse(REFERENCE_V4);
+    let table = SavedTable::parse(REFERENCE_V4, "nat");
     let present = Present::read(&table, &settings, &container_chain("kind", "abc"));
     let input = render_add(
         &present,
@@ -105,7 +105,7 @@ fn a_repeated_add_replaces_the_pods_jumps_and_adds_nothing_shared() {
 
 #[test]
 fn removal_finds_every_jump_and_the_forwards_of_a_pod() {
-    let table = NatTable::parse(REFERENCE_V4);
+    let table = SavedTable::parse(REFERENCE_V4, "nat");
     let input = render_remove(&table, "kind", "abc").expect("something to remove");
     assert_eq!(input.lines().filter(|l| l.starts_with("-D ")).count(), 2);
     assert!(input.contains("-X CNI-DN-38ea5875bb7798993064a\n"));
