@@ -12,7 +12,7 @@ use std::path::Path;
 
 use cni::small_file::{self, Links, Unreadable};
 
-use crate::Error;
+use crate::error::Error;
 
 /// How the files written beside a place end: the runtime skips them (it
 /// reads `.conf`, `.conflist`, `.json` and exact plugin names), and

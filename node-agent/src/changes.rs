@@ -7,7 +7,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Whether uninstall has begun.
 static NODE: Mutex<bool> = Mutex::new(false);

@@ -9,7 +9,7 @@ use std::path::Path;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::Error;
+use crate::error::Error;
 
 /// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
 pub fn server_url() -> Result<String, Error> {

@@ -7,7 +7,7 @@ use std::path::Path;
 use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
-use crate::Error;
+use crate::error::Error;
 
 /// What the file says, from the node's state.
 #[derive(Debug, Clone, PartialEq, Eq)]

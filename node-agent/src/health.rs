@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::Error;
+use crate::error::Error;
 
 #[derive(Debug, Clone, Default)]
 pub struct Health {

@@ -36,8 +36,8 @@ use nix::fcntl::{AT_FDCWD, AtFlags};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::Error;
 use crate::atomic::{TEMPORARY, read_text, replace_file, sync_dir};
+use crate::error::Error;
 
 /// The agent's own directory inside the bin directory (others' records
 /// live there too: uninstall removes only its own entries).

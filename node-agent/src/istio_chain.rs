@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::Error;
 use crate::atomic::{mode_of, read_text, replace_file};
 use crate::conflist::{render_text, write_if_changed};
+use crate::error::Error;
 use crate::record::Wrapped;
 
 /// The plugin type of our entry; entries of that type are ours to replace.

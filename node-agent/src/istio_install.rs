@@ -8,8 +8,9 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use crate::error::Error;
 use crate::settings::Settings;
-use crate::{Error, changes, cluster, conf_dir, health, istio_chain, istio_kubeconfig, record};
+use crate::{changes, cluster, conf_dir, health, istio_chain, istio_kubeconfig, record};
 
 /// How often the primary configuration is checked for Istio's entry: an
 /// agent that rewrites the file has it back within this.

@@ -10,8 +10,8 @@ use std::path::Path;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::Error;
 use crate::atomic::read_text;
+use crate::error::Error;
 
 /// The kubeconfig for the service account in `account_dir` (JSON, which
 /// every kubeconfig reader takes as YAML).

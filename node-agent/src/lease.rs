@@ -15,7 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long the service gets to answer what it accepted and flush after
 /// SIGTERM before it is killed: beyond its own bound on that wait.

@@ -8,41 +8,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-
-mod atomic;
-mod changes;
-mod cluster;
-mod conf_dir;
-mod conflist;
-mod health;
-mod install;
-mod iptables_mode;
-mod istio_chain;
-mod istio_install;
-mod istio_kubeconfig;
-mod lease;
-mod logging;
-mod nodes;
-mod pod_netns;
-mod pod_range;
-mod record;
-mod repair;
-mod routes;
-mod settings;
-
-use settings::Settings;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Setting(String),
-    #[error("{0}")]
-    Io(String),
-    #[error("{0}")]
-    Watch(String),
-    #[error("the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-}
+use node_agent::error::Error;
+use node_agent::settings::Settings;
+use node_agent::{
+    atomic, changes, cluster, conf_dir, conflist, health, install, iptables_mode, istio_chain, istio_install,
+    lease, logging, nodes, record, repair, routes,
+};
 
 fn main() -> ExitCode {
     let settings = Settings::parse();

@@ -13,8 +13,8 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use crate::Error;
 use crate::conflist::{self, NodeNetwork};
+use crate::error::Error;
 use crate::health::Health;
 use crate::pod_range::{self, PodRange};
 use crate::settings::Settings;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use netlink::Netlink;
 use netns::NetNs;
 
-use crate::Error;
+use crate::error::Error;
 
 /// A namespace's identity: the device and inode of its nsfs file.
 type NamespaceId = (u64, u64);

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
 use crate::atomic::{lock_dir, read_text, replace_file};
+use crate::error::Error;
 use crate::install::STATE_DIR;
 
 const FILE: &str = "node.json";

@@ -26,7 +26,7 @@ use kube::runtime::watcher::{self, Event};
 use netns::NetNs;
 use serde_json::{Value, json};
 
-use crate::Error;
+use crate::error::Error;
 use crate::settings::Settings;
 
 /// What is done with a broken pod.

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 use netlink::{Netlink, RouteInfo};
 
-use crate::Error;
+use crate::error::Error;
 use crate::nodes::NodeInfo;
 
 /// The `rtm_protocol` of the agent's routes (`ip route show proto 201`);

@@ -164,7 +164,7 @@ impl Settings {
     }
 
     /// Where the binaries to install are.
-    pub fn source_dir(&self) -> Result<PathBuf, crate::Error> {
+    pub fn source_dir(&self) -> Result<PathBuf, crate::error::Error> {
         if let Some(dir) = &self.source_bin_dir {
             return Ok(dir.clone());
         }
@@ -172,7 +172,9 @@ impl Settings {
             .ok()
             .and_then(|exe| exe.parent().map(PathBuf::from))
             .ok_or_else(|| {
-                crate::Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
+                crate::error::Error::Setting(
+                    "cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into(),
+                )
             })
     }
 }
