@@ -104,31 +104,6 @@ impl Chain {
     }
 }
 
-/// A configuration as the agent writes it: pretty JSON, one final newline.
-pub fn render_text(content: &Value) -> Result<String, Error> {
-    serde_json::to_string_pretty(content)
-        .map(|text| format!("{text}\n"))
-        .map_err(|e| Error::Io(e.to_string()))
-}
-
-/// Writes `content` to `path` unless it already holds exactly that: a
-/// file beside it (with the mode of the file it replaces), synced, then
-/// renamed over it, so the runtime never reads half a configuration.
-/// Returns whether it wrote.
-pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
-    let text = render_text(content)?;
-    if crate::atomic::read_text(path).is_ok_and(|old| old == text) {
-        return Ok(false);
-    }
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let mode = crate::atomic::mode_of(path).unwrap_or(0o644);
-    crate::atomic::replace_file(path, text.as_bytes(), mode)?;
-    Ok(true)
-}
-
 /// Removes `path` if it holds what this agent writes (the network named
 /// `network_name` with the suite's bridge first): never an operator's file.
 pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
@@ -200,6 +175,7 @@ pub fn uplink_mtu(internal_ips: &[std::net::IpAddr]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conf_dir::write_if_changed;
     use clap::Parser;
 
     fn settings(extra: &[&str]) -> crate::settings::Settings {

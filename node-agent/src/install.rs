@@ -38,10 +38,8 @@ use sha2::{Digest, Sha256};
 
 use crate::atomic::{TEMPORARY, read_text, replace_file, sync_dir};
 use crate::error::Error;
+use crate::record::STATE_DIR;
 
-/// The agent's own directory inside the bin directory (others' records
-/// live there too: uninstall removes only its own entries).
-pub const STATE_DIR: &str = ".cni-suite";
 const RECORD: &str = "installed.json";
 const REPLACED: &str = "replaced";
 

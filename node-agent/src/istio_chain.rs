@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::atomic::{mode_of, read_text, replace_file};
-use crate::conflist::{render_text, write_if_changed};
+use crate::conf_dir::{render_text, write_if_changed};
 use crate::error::Error;
 use crate::record::Wrapped;
 

@@ -95,7 +95,8 @@ fn chain_once(
     recorded: &mut BTreeSet<PathBuf>,
 ) -> Result<Vec<String>, Error> {
     let mut done = Vec::new();
-    let kubeconfig = istio_kubeconfig::render(&cluster::server_url()?, &settings.service_account_dir)?;
+    let kubeconfig =
+        istio_kubeconfig::render(&cluster::client::server_url()?, &settings.service_account_dir)?;
     if istio_kubeconfig::write_if_changed(&settings.istio_kubeconfig, &kubeconfig)? {
         done.push(format!("wrote {}", settings.istio_kubeconfig.display()));
     }

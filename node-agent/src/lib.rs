@@ -17,7 +17,6 @@ pub mod lease;
 pub mod logging;
 pub mod nodes;
 pub mod pod_netns;
-pub mod pod_range;
 pub mod record;
 pub mod repair;
 pub mod routes;

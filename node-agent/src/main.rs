@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use node_agent::error::Error;
-use node_agent::settings::Settings;
+use node_agent::settings::{RepairMode, Settings};
 use node_agent::{
     atomic, changes, cluster, conf_dir, conflist, health, install, iptables_mode, istio_chain, istio_install,
     lease, logging, nodes, record, repair, routes,
@@ -50,7 +50,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let health = health::Health::default();
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
-    let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
+    let client = kube::Client::try_from(cluster::client::config(&settings.service_account_dir)?)?;
     let repair_label = repair::label(&settings.istio_repair_label)?;
     let istio_entry = if settings.istio_chained {
         let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
@@ -93,7 +93,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     ));
     let repairing = istio_entry
         .as_ref()
-        .filter(|_| settings.istio_repair != repair::Mode::Off)
+        .filter(|_| settings.istio_repair != RepairMode::Off)
         .map(|entry| {
             tokio::spawn(repair::follow(
                 client.clone(),

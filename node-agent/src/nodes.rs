@@ -13,60 +13,13 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
+use crate::cluster::node::NodeInfo;
+use crate::cluster::pod_range::{self, PodRange};
 use crate::conflist::{self, NodeNetwork};
 use crate::error::Error;
 use crate::health::Health;
-use crate::pod_range::{self, PodRange};
 use crate::settings::Settings;
-use crate::{changes, routes};
-
-/// What the agent reads from a Node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeInfo {
-    pub name: String,
-    /// `spec.podCIDRs`, or `spec.podCIDR` when that list is empty (as
-    /// kindnetd reads them); unparsable entries are skipped and logged.
-    pub pod_cidrs: Vec<IpNetwork>,
-    /// `status.addresses` of type InternalIP.
-    pub internal_ips: Vec<IpAddr>,
-}
-
-impl NodeInfo {
-    pub fn from_node(node: &Node) -> Option<NodeInfo> {
-        let name = node.metadata.name.clone()?;
-        let spec = node.spec.as_ref();
-        let listed: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
-        let texts = if listed.is_empty() {
-            spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect()
-        } else {
-            listed
-        };
-        let pod_cidrs = texts
-            .iter()
-            .filter_map(|text| match text.parse::<IpNetwork>() {
-                Ok(cidr) => Some(netlink::route::network_of(cidr)),
-                Err(e) => {
-                    log::warn!("node {name}: pod CIDR {text:?} is not a network: {e}");
-                    None
-                }
-            })
-            .collect();
-        let internal_ips = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-            .filter_map(|a| a.address.parse().ok())
-            .collect();
-        Some(NodeInfo {
-            name,
-            pod_cidrs,
-            internal_ips,
-        })
-    }
-}
+use crate::{changes, conf_dir, routes};
 
 /// Follows every Node until the stream ends (it does not: errors are
 /// retried with backoff), writing this node's configuration whenever what
@@ -431,7 +384,7 @@ async fn write_own(
     };
     let content = conflist::render(settings, &network, &chained.plugins(&settings.cni_bin_dir));
     let path = settings.conflist_path();
-    if conflist::write_if_changed(&path, &content)? {
+    if conf_dir::write_if_changed(&path, &content)? {
         log::info!(
             "wrote {} for pod CIDRs {:?}, MTU {mtu}",
             path.display(),

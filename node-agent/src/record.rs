@@ -19,8 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic::{lock_dir, read_text, replace_file};
 use crate::error::Error;
-use crate::install::STATE_DIR;
 
+/// The agent's own directory inside the bin directory, which holds this
+/// record and the install's (`installed.json`): each removes only its own
+/// entries.
+pub const STATE_DIR: &str = ".cni-suite";
 const FILE: &str = "node.json";
 
 /// The record's content.

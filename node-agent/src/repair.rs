@@ -27,29 +27,14 @@ use netns::NetNs;
 use serde_json::{Value, json};
 
 use crate::error::Error;
-use crate::settings::Settings;
+use crate::settings::{RepairMode as Mode, Settings};
 
-/// What is done with a broken pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Program its capture where it runs (Istio's default).
-    Repair,
-    /// Delete it (UID and resourceVersion preconditions).
-    Delete,
-    /// Label it through the `pods/status` subresource.
-    Label,
-    /// Nothing.
-    Off,
-}
-
-impl Mode {
-    /// The Events' reason, as Istio's controller names them.
-    fn reason(self) -> &'static str {
-        match self {
-            Mode::Delete => "DeleteBrokenPod",
-            Mode::Label => "LabelBrokenPod",
-            Mode::Repair | Mode::Off => "RepairBrokenPod",
-        }
+/// The Events' reason, as Istio's controller names them.
+fn event_reason(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Delete => "DeleteBrokenPod",
+        Mode::Label => "LabelBrokenPod",
+        Mode::Repair | Mode::Off => "RepairBrokenPod",
     }
 }
 
@@ -269,7 +254,7 @@ impl Controller {
             Ok(Some(outcome)) => outcome,
             Err(_) => Err(Error::Io(format!("no outcome within {ACTION_LIMIT:?}"))),
         };
-        let reason = self.mode.reason();
+        let reason = event_reason(self.mode);
         let (namespace, name) = &key;
         match outcome {
             Ok(done) => {

@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 use netlink::{Netlink, RouteInfo};
 
+use crate::cluster::node::NodeInfo;
 use crate::error::Error;
-use crate::nodes::NodeInfo;
 
 /// The `rtm_protocol` of the agent's routes (`ip route show proto 201`);
 /// unassigned in iproute2's `rt_protos`.

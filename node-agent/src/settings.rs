@@ -1,10 +1,13 @@
 //! What the agent is told: command-line flags, each also read from the
-//! environment a DaemonSet sets.
+//! environment a DaemonSet sets, and the modes they choose between. At
+//! the bottom of the crate: it imports only the error type.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
+
+use crate::error::Error;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -77,7 +80,7 @@ pub struct Settings {
     /// Which iptables the rules go through when the agent's image carries
     /// both (`auto`: the node's kubelet's, see `iptables_mode`).
     #[arg(long, env = "IPTABLES_MODE", value_enum, default_value = "auto")]
-    pub iptables_mode: crate::iptables_mode::Mode,
+    pub iptables_mode: IptablesMode,
 
     /// Istio's chained install: istio-redirect appended last to the node's
     /// primary configuration, and put back when another agent rewrites it.
@@ -109,7 +112,7 @@ pub struct Settings {
     /// the plugin was chained: program their capture where they run
     /// (needs SYS_ADMIN and SYS_PTRACE), delete them, or label them.
     #[arg(long, env = "ISTIO_REPAIR", value_enum, default_value = "repair")]
-    pub istio_repair: crate::repair::Mode,
+    pub istio_repair: RepairMode,
 
     /// The init container that validates the capture.
     #[arg(long, env = "ISTIO_REPAIR_INIT_CONTAINER", default_value = "istio-validation")]
@@ -149,6 +152,28 @@ pub struct Settings {
     pub uninstall_on_stop: bool,
 }
 
+/// Which iptables the rules go through (`IPTABLES_MODE`; see
+/// `iptables_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IptablesMode {
+    Auto,
+    Nft,
+    Legacy,
+}
+
+/// What is done with a broken pod (`ISTIO_REPAIR`; see `controllers::repair`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RepairMode {
+    /// Program its capture where it runs (Istio's default).
+    Repair,
+    /// Delete it (UID and resourceVersion preconditions).
+    Delete,
+    /// Label it through the `pods/status` subresource.
+    Label,
+    /// Nothing.
+    Off,
+}
+
 impl Settings {
     pub fn conflist_path(&self) -> PathBuf {
         self.cni_conf_dir.join(&self.conflist_name)
@@ -164,7 +189,7 @@ impl Settings {
     }
 
     /// Where the binaries to install are.
-    pub fn source_dir(&self) -> Result<PathBuf, crate::error::Error> {
+    pub fn source_dir(&self) -> Result<PathBuf, Error> {
         if let Some(dir) = &self.source_bin_dir {
             return Ok(dir.clone());
         }
@@ -172,9 +197,7 @@ impl Settings {
             .ok()
             .and_then(|exe| exe.parent().map(PathBuf::from))
             .ok_or_else(|| {
-                crate::error::Error::Setting(
-                    "cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into(),
-                )
+                Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
             })
     }
 }
