@@ -1,13 +1,12 @@
 //! What the agent is told: command-line flags, each also read from the
 //! environment a DaemonSet sets, and the modes they choose between. At
-//! the bottom of the crate: it imports only the error type.
+//! the bottom of the crate: it imports nothing of it. Each controller
+//! takes from it only what it needs, as its `Options`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-
-use crate::error::Error;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -177,27 +176,5 @@ pub enum RepairMode {
 impl Settings {
     pub fn conflist_path(&self) -> PathBuf {
         self.cni_conf_dir.join(&self.conflist_name)
-    }
-
-    /// The plugins to install, without empty entries (`CNI_INSTALL_PLUGINS=""`).
-    pub fn plugins(&self) -> Vec<String> {
-        self.install_plugins
-            .iter()
-            .map(|name| name.trim().to_owned())
-            .filter(|name| !name.is_empty())
-            .collect()
-    }
-
-    /// Where the binaries to install are.
-    pub fn source_dir(&self) -> Result<PathBuf, Error> {
-        if let Some(dir) = &self.source_bin_dir {
-            return Ok(dir.clone());
-        }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(PathBuf::from))
-            .ok_or_else(|| {
-                Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
-            })
     }
 }
