@@ -40,5 +40,5 @@ pub async fn blocking<T: Send + 'static>(
 ) -> Result<T, Error> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| Error::Io(format!("a blocking task: {e}")))?
+        .map_err(Error::task("a blocking task"))?
 }

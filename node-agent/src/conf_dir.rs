@@ -40,7 +40,7 @@ pub fn named_plugins(dir: &Path) -> BTreeSet<String> {
 pub fn render_text(content: &Value) -> Result<String, Error> {
     serde_json::to_string_pretty(content)
         .map(|text| format!("{text}\n"))
-        .map_err(|e| Error::Io(e.to_string()))
+        .map_err(Error::Json)
 }
 
 /// Writes `content` to `path` unless it already holds exactly that: a
@@ -55,7 +55,7 @@ pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::file("create", dir, e))?;
     let mode = mode_of(path).unwrap_or(0o644);
     replace_file(path, text.as_bytes(), mode)?;
     Ok(true)

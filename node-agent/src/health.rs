@@ -80,7 +80,7 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
         }
         bound => bound,
     }
-    .map_err(|e| Error::Io(format!("cannot listen on {address} for health probes: {e}")))?;
+    .map_err(|source| Error::Listen { address, source })?;
     Ok(tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {

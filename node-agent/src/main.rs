@@ -53,8 +53,8 @@ fn main() -> ExitCode {
 async fn run(settings: Settings) -> Result<(), Error> {
     // First: a SIGTERM during the start must still stop (and uninstall)
     // cleanly rather than kill the agent halfway.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::Io(format!("cannot handle SIGTERM: {e}")))?;
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(Error::Signal)?;
     let health = Health::default();
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.

@@ -227,7 +227,7 @@ pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
     if !ours {
         return Ok(false);
     }
-    std::fs::remove_file(path).map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
+    std::fs::remove_file(path).map_err(|e| Error::file("remove", path, e))?;
     Ok(true)
 }
 
@@ -235,7 +235,10 @@ pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
 /// on the node's first pod) once no link is its port; true when it did.
 /// One with ports is left: pods still use it.
 pub fn remove_bridge_if_unused(name: &str) -> Result<bool, Error> {
-    let failed = |e: netlink::Error| Error::Io(format!("bridge {name}: {e}"));
+    let failed = |source: netlink::Error| Error::Bridge {
+        name: name.to_owned(),
+        source,
+    };
     let nl = netlink::Netlink::connect().map_err(failed)?;
     let Some(bridge) = nl.link_by_name(name).map_err(failed)? else {
         return Ok(false);

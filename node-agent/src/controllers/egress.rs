@@ -76,9 +76,7 @@ impl Egress {
         }
         let (sources, cluster) = masquerade.clone();
         match changes::blocking(move || {
-            changes::change(|| {
-                firewall::egress::apply(&sources, &cluster).map_err(|e| Error::Io(e.to_string()))
-            })
+            changes::change(|| firewall::egress::apply(&sources, &cluster).map_err(Error::Masquerade))
         })
         .await
         {

@@ -320,7 +320,7 @@ impl Controller {
         };
         tokio::task::spawn_blocking(move || request.run())
             .await
-            .map_err(|e| Error::Io(format!("repairing: {e}")))?
+            .map_err(Error::task("repairing"))?
     }
 
     async fn delete(&self, pod: &Pod, (namespace, name): &Key) -> Result<(), Error> {

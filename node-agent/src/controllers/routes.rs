@@ -560,11 +560,11 @@ pub fn remove_all() -> Result<usize, Error> {
 
 /// The error of a reconciliation some routes of which failed.
 pub fn failure(failed: &[String]) -> Error {
-    Error::Io(format!("routes: {}", failed.join("; ")))
+    Error::RoutesFailed(failed.to_vec())
 }
 
 fn netlink_error(e: netlink::Error) -> Error {
-    Error::Io(format!("routes: {e}"))
+    Error::Routes(e)
 }
 
 #[cfg(test)]

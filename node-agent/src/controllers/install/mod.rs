@@ -87,7 +87,7 @@ impl Installer {
         let bin = self.bin_dir.clone();
         let outcome = tokio::task::spawn_blocking(move || changes::change(|| bin.install(&source, &plugins)))
             .await
-            .map_err(|e| Error::Io(format!("installing: {e}")))?;
+            .map_err(Error::task("installing"))?;
         match &outcome {
             Ok(done) => {
                 for name in &done.written {

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub fn render(server: &str, account_dir: &Path) -> Result<Value, Error> {
     let read = |name: &str| {
         let path = account_dir.join(name);
-        read_text(&path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        read_text(&path).map_err(|e| Error::read(&path, e))
     };
     let ca = base64::engine::general_purpose::STANDARD.encode(read("ca.crt")?);
     let token = read("token")?.trim().to_owned();
@@ -35,8 +35,8 @@ pub fn render(server: &str, account_dir: &Path) -> Result<Value, Error> {
 /// Writes `content` to `path` (mode 0600, through a file beside it
 /// renamed over it) unless it already holds it; true when it wrote.
 pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
-    let text = serde_json::to_string_pretty(content).map_err(|e| Error::Io(e.to_string()))?;
-    let failed = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
+    let text = serde_json::to_string_pretty(content)?;
+    let failed = |e: std::io::Error| Error::file("write", path, e);
     let private = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600);
     if private && read_text(path).is_ok_and(|old| old == text) {
         return Ok(false);

@@ -86,7 +86,10 @@ pub async fn run(options: Options, record: Record, health: Health) {
             }
             Err(e) => {
                 recorded = BTreeSet::new();
-                Err(Error::Io(format!("chaining: {e}")))
+                Err(Error::Task {
+                    what: "chaining",
+                    source: e,
+                })
             }
         };
         match checked {
