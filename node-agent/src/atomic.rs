@@ -12,7 +12,7 @@ use std::path::Path;
 
 use cni::small_file::{self, Links, Unreadable};
 
-use crate::Error;
+use crate::error::Error;
 
 /// How the files written beside a place end: the runtime skips them (it
 /// reads `.conf`, `.conflist`, `.json` and exact plugin names), and
@@ -25,7 +25,7 @@ pub const TEMPORARY: &str = ".cni-suite.tmp";
 /// agent goes, and a link planted there is replaced, never written
 /// through.
 pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
-    let failed = |e: io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
+    let failed = |e: io::Error| Error::file("write", path, e);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -75,7 +75,7 @@ pub fn read_text(path: &Path) -> io::Result<String> {
 /// and new pod) never interleave their changes. Not reentrant: a second
 /// lock of the same directory from this process waits for the first.
 pub fn lock_dir(dir: &Path) -> Result<File, Error> {
-    let failed = |what: &str, e: io::Error| Error::Io(format!("cannot {what} {}: {e}", dir.display()));
+    let failed = |what: &'static str, e: io::Error| Error::file(what, dir, e);
     fs::create_dir_all(dir).map_err(|e| failed("create", e))?;
     let file = File::open(dir).map_err(|e| failed("open", e))?;
     file.lock().map_err(|e| failed("lock", e))?;

@@ -1,13 +1,16 @@
 //! The CNI configuration directory as a runtime reads it. Other agents
 //! and operators own what is in it, so files are read with
-//! [`crate::atomic::read_text`]: regular files only, never blocking.
+//! [`crate::atomic::read_text`]: regular files only, never blocking. And
+//! a configuration as the agent writes one there (its own conflist, a
+//! file it chains Istio's entry into): whole, and only when it changes.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::atomic::read_text;
+use crate::atomic::{mode_of, read_text, replace_file};
+use crate::error::Error;
 
 /// The extensions libcni loads network configurations from.
 pub const EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];
@@ -31,6 +34,31 @@ pub fn named_plugins(dir: &Path) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// A configuration as the agent writes it: pretty JSON, one final newline.
+pub fn render_text(content: &Value) -> Result<String, Error> {
+    serde_json::to_string_pretty(content)
+        .map(|text| format!("{text}\n"))
+        .map_err(Error::Json)
+}
+
+/// Writes `content` to `path` unless it already holds exactly that: a
+/// file beside it (with the mode of the file it replaces), synced, then
+/// renamed over it, so the runtime never reads half a configuration.
+/// Returns whether it wrote.
+pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
+    let text = render_text(content)?;
+    if read_text(path).is_ok_and(|old| old == text) {
+        return Ok(false);
+    }
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::file("create", dir, e))?;
+    let mode = mode_of(path).unwrap_or(0o644);
+    replace_file(path, text.as_bytes(), mode)?;
+    Ok(true)
 }
 
 fn collect_types(value: &Value, names: &mut BTreeSet<String>) {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::Error;
+use crate::error::Error;
 
 #[derive(Debug, Clone, Default)]
 pub struct Health {
@@ -80,7 +80,7 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
         }
         bound => bound,
     }
-    .map_err(|e| Error::Io(format!("cannot listen on {address} for health probes: {e}")))?;
+    .map_err(|source| Error::Listen { address, source })?;
     Ok(tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {

@@ -15,15 +15,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::settings::IptablesMode as Mode;
+
 /// Where the image keeps `nft/` and `legacy/`.
 pub const FLAVOURS: &str = "/opt/cni-suite/iptables";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    Auto,
-    Nft,
-    Legacy,
-}
 
 /// What one flavour's tables hold.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -4,45 +4,24 @@
 //! the masquerade of traffic leaving the cluster, runs the lease service,
 //! answers health probes, and on SIGTERM stops (removing what it put on
 //! the node when told to uninstall). See docs/ARCHITECTURE.md, "The node agent".
+//!
+//! Only the wiring: the settings parsed, each controller given its
+//! options, started in order and stopped; what each does is the
+//! library's (`node_agent`, whose top doc lists its layers).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-mod atomic;
-mod changes;
-mod cluster;
-mod conf_dir;
-mod conflist;
-mod health;
-mod install;
-mod iptables_mode;
-mod istio_chain;
-mod istio_install;
-mod istio_kubeconfig;
-mod lease;
-mod logging;
-mod nodes;
-mod pod_netns;
-mod pod_range;
-mod record;
-mod repair;
-mod routes;
-mod settings;
-
-use settings::Settings;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Setting(String),
-    #[error("{0}")]
-    Io(String),
-    #[error("{0}")]
-    Watch(String),
-    #[error("the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-}
+use node_agent::controllers::conflist::{self, Conflist};
+use node_agent::controllers::egress::{self, Egress};
+use node_agent::controllers::lease_service::{self, LeaseService};
+use node_agent::controllers::routes::{self, Routes};
+use node_agent::controllers::{install, istio_chain, node_watch, repair};
+use node_agent::error::Error;
+use node_agent::health::Health;
+use node_agent::record::Record;
+use node_agent::settings::{RepairMode, Settings};
+use node_agent::{atomic, changes, cluster, health, iptables_mode, logging, uninstall};
 
 fn main() -> ExitCode {
     let settings = Settings::parse();
@@ -74,78 +53,61 @@ fn main() -> ExitCode {
 async fn run(settings: Settings) -> Result<(), Error> {
     // First: a SIGTERM during the start must still stop (and uninstall)
     // cleanly rather than kill the agent halfway.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Error::Io(format!("cannot handle SIGTERM: {e}")))?;
-    let health = health::Health::default();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(Error::Signal)?;
+    let health = Health::default();
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
-    let client = kube::Client::try_from(cluster::config(&settings.service_account_dir)?)?;
-    let repair_label = repair::label(&settings.istio_repair_label)?;
-    let istio_entry = if settings.istio_chained {
-        let mut entry = istio_chain::entry(settings.istio_plugin_config.as_deref())?;
-        if entry.get("kubeconfig").is_none() {
-            entry["kubeconfig"] = serde_json::json!(settings.istio_kubeconfig);
-        }
-        Some(entry)
+    let client = kube::Client::try_from(cluster::client::config(&settings.service_account_dir)?)?;
+    let repair_options = repair::Options::from_settings(&settings)?;
+    let istio = if settings.istio_chained {
+        Some(istio_chain::Options::from_settings(&settings)?)
     } else {
         health.set_chained(true);
         None
     };
+    let istio_entry = istio.as_ref().map(|istio| istio.entry.clone());
     // The agent's own file carries Istio's entry too, so where that file
     // is the primary one the two never rewrite each other.
-    let chain = conflist::Chain::new(&settings, istio_entry.clone())?;
-    let record = record::Record::new(&settings.cni_bin_dir);
-    let bin_dir = install::BinDir::new(settings.cni_bin_dir.clone());
+    let chain = conflist::Chain::new(settings.chained_plugins.as_deref(), istio_entry.clone())?;
+    let record = Record::new(&settings.cni_bin_dir);
+    let installer = install::Installer::new(install::Options::from_settings(&settings));
+    // What an agent killed while writing left beside a configuration.
+    atomic::sweep(&settings.cni_conf_dir);
     // Before the first change: what the nat tables held before the suite
     // came on this boot stays at uninstall (a restarted agent keeps the
     // first agent's record).
-    // What an agent killed while writing left beside a configuration.
-    atomic::sweep(&settings.cni_conf_dir);
-    let remembering = record.clone();
-    match tokio::task::spawn_blocking(move || remembering.remember_firewall()).await {
-        Ok(Ok(true)) => log::info!("recorded the node's nat tables before the suite's changes"),
-        Ok(Ok(false)) => {}
-        Ok(Err(e)) => log::warn!("{e}: uninstall will leave the suite's unused nat chains"),
-        Err(e) => log::warn!("recording the node's nat tables: {e}"),
-    }
+    uninstall::remember_firewall(&record).await;
     // Before the conflist exists, so the runtime never calls a plugin that
     // is not there yet; a start that cannot install fails.
-    install_plugins(&settings, &bin_dir, &health).await?;
+    installer.install(&health).await?;
     let lease_service = settings
         .lease_service
-        .then(|| lease::LeaseService::start(&settings.cni_bin_dir, &settings.lease_dir));
-    let reinstalling = tokio::spawn(keep_installed(
-        settings.clone(),
-        bin_dir.clone(),
+        .then(|| lease_service::run(&lease_service::Options::from_settings(&settings)));
+    let reinstalling = tokio::spawn(installer.clone().run(
         health.clone(),
-        lease_service.as_ref().map(lease::LeaseService::restarter),
+        lease_service.as_ref().map(LeaseService::restarter),
     ));
     let repairing = istio_entry
         .as_ref()
-        .filter(|_| settings.istio_repair != repair::Mode::Off)
-        .map(|entry| {
-            tokio::spawn(repair::follow(
-                client.clone(),
-                settings.clone(),
-                entry.clone(),
-                repair_label,
-            ))
-        });
-    let chaining = istio_entry.clone().map(|entry| {
-        tokio::spawn(istio_install::keep_chained(
-            settings.clone(),
-            entry,
-            record.clone(),
-            health.clone(),
-        ))
-    });
+        .filter(|_| repair_options.mode != RepairMode::Off)
+        .map(|entry| tokio::spawn(repair::run(client.clone(), repair_options.clone(), entry.clone())));
+    let chaining = istio
+        .clone()
+        .map(|istio| tokio::spawn(istio_chain::run(istio, record.clone(), health.clone())));
     log::info!(
         "node {}: writing {} from its Node object",
         settings.node_name,
         settings.conflist_path().display()
     );
+    let conflist_options = conflist::Options::from_settings(&settings);
+    let controllers = node_watch::Controllers {
+        conflist: Conflist::new(conflist_options.clone(), chain),
+        routes: Routes::new(routes::Options::from_settings(&settings)),
+        egress: Egress::new(egress::Options::from_settings(&settings)),
+    };
     let outcome = tokio::select! {
-        outcome = nodes::follow(client, settings.clone(), chain, health) => outcome,
+        outcome = node_watch::run(client, controllers, health) => outcome,
         _ = terminate.recv() => {
             log::info!("SIGTERM: stopping");
             Ok(())
@@ -169,196 +131,20 @@ async fn run(settings: Settings) -> Result<(), Error> {
     if let Err(e) = tokio::task::spawn_blocking(changes::stop).await {
         log::error!("uninstalling: {e}");
     }
-    if let Some(entry) = &istio_entry {
-        istio_install::unchain(&settings, entry, &record);
+    if let Some(istio) = &istio {
+        istio_chain::unchain(istio, &record);
     }
     // The conflist goes first, so no new pod is set up while the rest
     // goes (a pod set up meanwhile would start a lease service of its own).
-    let conflist_was_ours = remove_conflist(&settings);
+    let conflist_was_ours = conflist::remove(&conflist_options);
     if let Some(service) = lease_service {
         service.stop().await;
     }
-    let removing = tokio::task::spawn_blocking(move || uninstall(&settings, &bin_dir, conflist_was_ours));
+    let options = uninstall::Options::from_settings(&settings);
+    let bin_dir = installer.bin_dir().clone();
+    let removing = tokio::task::spawn_blocking(move || uninstall::run(&options, &bin_dir, conflist_was_ours));
     if let Err(e) = removing.await {
         log::error!("uninstalling: {e}");
     }
     outcome
-}
-
-/// Installs the plugins from the agent's image; the lease service is told
-/// to start again from a host-local it replaced.
-async fn install_plugins(
-    settings: &Settings,
-    bin_dir: &install::BinDir,
-    health: &health::Health,
-) -> Result<install::Installed, Error> {
-    let plugins = settings.plugins();
-    if plugins.is_empty() {
-        health.set_installed(true);
-        return Ok(install::Installed::default());
-    }
-    let source = settings.source_dir()?;
-    let bin = bin_dir.clone();
-    let outcome = tokio::task::spawn_blocking(move || changes::change(|| bin.install(&source, &plugins)))
-        .await
-        .map_err(|e| Error::Io(format!("installing: {e}")))?;
-    match &outcome {
-        Ok(done) => {
-            for name in &done.written {
-                let aside = if done.kept_aside.contains(name) {
-                    " (the node's own kept aside)"
-                } else {
-                    ""
-                };
-                log::info!("installed {}{aside}", settings.cni_bin_dir.join(name).display());
-            }
-            health.set_installed(true);
-        }
-        Err(_) => health.set_installed(false),
-    }
-    outcome
-}
-
-/// Puts the binaries back when someone removed or changed them, every
-/// resync.
-async fn keep_installed(
-    settings: Settings,
-    bin_dir: install::BinDir,
-    health: health::Health,
-    restart_lease_service: Option<lease::Restarter>,
-) {
-    let mut every = tokio::time::interval(nodes::RESYNC);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        match install_plugins(&settings, &bin_dir, &health).await {
-            Ok(done) if done.written.iter().any(|name| name == "host-local") => {
-                if let Some(restart) = &restart_lease_service {
-                    restart.restart();
-                }
-            }
-            Ok(_) => {}
-            Err(e) => log::error!("{e}"),
-        }
-    }
-}
-
-/// Removes the agent's conflist; whether there was one of its own.
-fn remove_conflist(settings: &Settings) -> bool {
-    let path = settings.conflist_path();
-    match conflist::remove_own(&path, &settings.network_name) {
-        Ok(true) => {
-            log::info!("removed {}", path.display());
-            true
-        }
-        Ok(false) => false,
-        Err(e) => {
-            log::error!("{e}");
-            false
-        }
-    }
-}
-
-/// Leaves the node as it was before the agent came, once its conflist is
-/// gone: its routes and rules, the lease service a plugin may have started
-/// and the lease directory; then, unless pods are still there (their
-/// leases held: their DELs need the plugins and the bridge), the bridge
-/// and the binaries, the originals put back. Nothing else is touched, and
-/// each step is tried whatever the one before it did.
-fn uninstall(settings: &Settings, bin_dir: &install::BinDir, conflist_was_ours: bool) {
-    match routes::remove_all() {
-        Ok(count) => log::info!("removed {count} routes"),
-        Err(e) => log::error!("{e}"),
-    }
-    match firewall::egress::remove() {
-        Ok(families) if !families.is_empty() => log::info!("removed the masquerade rules ({families:?})"),
-        Ok(_) => {}
-        Err(e) => log::error!("masquerade: {e}"),
-    }
-    // After the masquerade, whose jumps kept nat base chains in use.
-    let record = record::Record::new(&settings.cni_bin_dir);
-    let firewall_failed = match record.remove_unused_firewall() {
-        Ok(Some(removal)) => {
-            for what in &removal.removed {
-                log::info!("removed {what}");
-            }
-            for failure in &removal.failed {
-                log::error!("{failure}");
-            }
-            !removal.failed.is_empty()
-        }
-        Ok(None) => {
-            log::warn!(
-                "no record of the node's nat tables before the suite on this boot: the suite's unused chains and tables stay"
-            );
-            false
-        }
-        Err(e) => {
-            log::error!("{e}");
-            true
-        }
-    };
-    match lease::stop_remaining(&settings.lease_dir) {
-        Ok(true) => log::info!(
-            "stopped the lease service left on {}",
-            settings.lease_dir.display()
-        ),
-        Ok(false) => {}
-        Err(e) => log::error!("{e}"),
-    }
-    let leases = settings
-        .source_dir()
-        .and_then(|tools| lease::remove_unused(&settings.lease_dir, &tools))
-        .unwrap_or_else(|e| {
-            log::error!("{e}");
-            lease::LeaseDir::Kept
-        });
-    match leases {
-        lease::LeaseDir::Removed => log::info!("removed {}", settings.lease_dir.display()),
-        lease::LeaseDir::Absent => {}
-        lease::LeaseDir::Kept => {
-            log::warn!("pods still hold leases: the bridge and the plugins stay for their DELs");
-            return;
-        }
-    }
-    // No pod is left to publish a host port: the record of the nat tables
-    // is done with, unless what it found unused could not all go (the
-    // next uninstall of this boot tries again).
-    if !firewall_failed && let Err(e) = record.forget_firewall() {
-        log::error!("{e}");
-    }
-    // A bridge of that name the agent's conflist did not name may be
-    // another network's.
-    if conflist_was_ours {
-        match conflist::remove_bridge_if_unused(&settings.bridge) {
-            Ok(true) => log::info!("removed the bridge {}", settings.bridge),
-            Ok(false) => {}
-            Err(e) => log::error!("{e}"),
-        }
-    }
-    // Our own conflist is gone by now: only others' configurations count.
-    let still_named = conf_dir::named_plugins(&settings.cni_conf_dir);
-    match bin_dir.uninstall(&still_named) {
-        Ok(done) => {
-            for name in &done.restored {
-                log::info!("restored the node's own {name}");
-            }
-            for name in &done.removed {
-                log::info!("removed {name}");
-            }
-            for name in &done.left {
-                log::warn!("{name} was changed by someone else since it was installed: left as it is");
-            }
-            for name in &done.still_named {
-                log::warn!(
-                    "{name} stays: a configuration in {} still names it",
-                    settings.cni_conf_dir.display()
-                );
-            }
-            for failure in &done.failed {
-                log::error!("{failure}");
-            }
-        }
-        Err(e) => log::error!("{e}"),
-    }
 }

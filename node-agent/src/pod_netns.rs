@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use netlink::Netlink;
 use netns::NetNs;
 
-use crate::Error;
+use crate::error::Error;
 
 /// A namespace's identity: the device and inode of its nsfs file.
 type NamespaceId = (u64, u64);
@@ -36,9 +36,8 @@ fn start_time(proc_root: &Path, pid: &str) -> Option<u64> {
 /// The agent's own namespace (the host's) is never a pod's.
 pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> {
     let own = namespace_id(&proc_root.join("self/ns/net"))
-        .map_err(|e| Error::Io(format!("{}/self/ns/net: {e}", proc_root.display())))?;
-    let entries =
-        std::fs::read_dir(proc_root).map_err(|e| Error::Io(format!("{}: {e}", proc_root.display())))?;
+        .map_err(|e| Error::read(&proc_root.join("self/ns/net"), e))?;
+    let entries = std::fs::read_dir(proc_root).map_err(|e| Error::read(proc_root, e))?;
     // Each namespace once, by its oldest process.
     let mut oldest: HashMap<NamespaceId, (u64, String)> = HashMap::new();
     let (mut unreadable, mut last_error) = (0, String::new());

@@ -17,10 +17,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
 use crate::atomic::{lock_dir, read_text, replace_file};
-use crate::install::STATE_DIR;
+use crate::error::Error;
 
+/// The agent's own directory inside the bin directory, which holds this
+/// record and the install's (`installed.json`): each removes only its own
+/// entries.
+pub const STATE_DIR: &str = ".cni-suite";
 const FILE: &str = "node.json";
 
 /// The record's content.
@@ -85,10 +88,12 @@ impl Record {
     pub fn read(&self) -> Result<NodeRecord, Error> {
         let path = self.path();
         match read_text(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| Error::Io(format!("{} is not the agent's record: {e}", path.display()))),
+            Ok(text) => serde_json::from_str(&text).map_err(|source| Error::Record {
+                path: path.clone(),
+                source,
+            }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(NodeRecord::default()),
-            Err(e) => Err(Error::Io(format!("cannot read {}: {e}", path.display()))),
+            Err(e) => Err(Error::file("read", &path, e)),
         }
     }
 
@@ -111,13 +116,12 @@ impl Record {
             return match std::fs::remove_file(&path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Error::Io(format!("cannot remove {}: {e}", path.display()))),
+                Err(e) => Err(Error::file("remove", &path, e)),
             };
         }
         let dir = self.bin_dir.join(STATE_DIR);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-        let text = serde_json::to_vec_pretty(record).map_err(|e| Error::Io(e.to_string()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::file("create", &dir, e))?;
+        let text = serde_json::to_vec_pretty(record)?;
         replace_file(&path, &text, 0o644)
     }
 }
@@ -128,7 +132,7 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 fn boot_id() -> Result<String, Error> {
     std::fs::read_to_string(BOOT_ID)
         .map(|id| id.trim().to_owned())
-        .map_err(|e| Error::Io(format!("cannot read {BOOT_ID}: {e}")))
+        .map_err(|e| Error::file("read", Path::new(BOOT_ID), e))
 }
 
 /// Whether `recorded` is this boot's, so it is kept: an agent restarted
@@ -148,8 +152,10 @@ impl Record {
             if of_this_boot(record.firewall_before.as_ref(), &boot_id) {
                 return Ok(false);
             }
-            let snapshot = firewall::leftovers::snapshot()
-                .map_err(|e| Error::Io(format!("cannot read the node's nat tables: {e}")))?;
+            let snapshot = firewall::leftovers::snapshot().map_err(|source| Error::NatTables {
+                what: "cannot read the node's nat tables",
+                source,
+            })?;
             record.firewall_before = Some(FirewallBefore { boot_id, snapshot });
             Ok(true)
         })?
@@ -170,7 +176,10 @@ impl Record {
         };
         firewall::leftovers::remove_unused(&before.snapshot)
             .map(Some)
-            .map_err(|e| Error::Io(format!("the nat tables: {e}")))
+            .map_err(|source| Error::NatTables {
+                what: "the nat tables",
+                source,
+            })
     }
 
     /// Drops the snapshot, once the suite is gone from the node.

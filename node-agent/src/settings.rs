@@ -1,10 +1,14 @@
 //! What the agent is told: command-line flags, each also read from the
-//! environment a DaemonSet sets.
+//! environment a DaemonSet sets, and the modes they choose between. At
+//! the bottom of the crate: it imports nothing of it. Each controller
+//! takes from it only what it needs, as its `Options`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
+
+use crate::error::Error;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -77,7 +81,7 @@ pub struct Settings {
     /// Which iptables the rules go through when the agent's image carries
     /// both (`auto`: the node's kubelet's, see `iptables_mode`).
     #[arg(long, env = "IPTABLES_MODE", value_enum, default_value = "auto")]
-    pub iptables_mode: crate::iptables_mode::Mode,
+    pub iptables_mode: IptablesMode,
 
     /// Istio's chained install: istio-redirect appended last to the node's
     /// primary configuration, and put back when another agent rewrites it.
@@ -109,7 +113,7 @@ pub struct Settings {
     /// the plugin was chained: program their capture where they run
     /// (needs SYS_ADMIN and SYS_PTRACE), delete them, or label them.
     #[arg(long, env = "ISTIO_REPAIR", value_enum, default_value = "repair")]
-    pub istio_repair: crate::repair::Mode,
+    pub istio_repair: RepairMode,
 
     /// The init container that validates the capture.
     #[arg(long, env = "ISTIO_REPAIR_INIT_CONTAINER", default_value = "istio-validation")]
@@ -149,22 +153,36 @@ pub struct Settings {
     pub uninstall_on_stop: bool,
 }
 
+/// Which iptables the rules go through (`IPTABLES_MODE`; see
+/// `iptables_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IptablesMode {
+    Auto,
+    Nft,
+    Legacy,
+}
+
+/// What is done with a broken pod (`ISTIO_REPAIR`; see `controllers::repair`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RepairMode {
+    /// Program its capture where it runs (Istio's default).
+    Repair,
+    /// Delete it (UID and resourceVersion preconditions).
+    Delete,
+    /// Label it through the `pods/status` subresource.
+    Label,
+    /// Nothing.
+    Off,
+}
+
 impl Settings {
     pub fn conflist_path(&self) -> PathBuf {
         self.cni_conf_dir.join(&self.conflist_name)
     }
 
-    /// The plugins to install, without empty entries (`CNI_INSTALL_PLUGINS=""`).
-    pub fn plugins(&self) -> Vec<String> {
-        self.install_plugins
-            .iter()
-            .map(|name| name.trim().to_owned())
-            .filter(|name| !name.is_empty())
-            .collect()
-    }
-
-    /// Where the binaries to install are.
-    pub fn source_dir(&self) -> Result<PathBuf, crate::Error> {
+    /// Where the agent's own binaries are (what it installs, and `cnictl`):
+    /// `CNI_SOURCE_BIN_DIR`, else the directory of its executable.
+    pub fn source_dir(&self) -> Result<PathBuf, Error> {
         if let Some(dir) = &self.source_bin_dir {
             return Ok(dir.clone());
         }
@@ -172,7 +190,7 @@ impl Settings {
             .ok()
             .and_then(|exe| exe.parent().map(PathBuf::from))
             .ok_or_else(|| {
-                crate::Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
+                Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
             })
     }
 }

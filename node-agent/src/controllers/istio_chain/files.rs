@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::Error;
 use crate::atomic::{mode_of, read_text, replace_file};
-use crate::conflist::{render_text, write_if_changed};
+use crate::conf_dir::{render_text, write_if_changed};
+use crate::error::Error;
 use crate::record::Wrapped;
 
 /// The plugin type of our entry; entries of that type are ours to replace.
@@ -189,8 +189,7 @@ pub fn apply(plan: &Plan) -> Result<(), Error> {
     let mode = mode_of(&plan.target).unwrap_or(plan.mode);
     replace_file(&plan.target, plan.text.as_bytes(), mode)?;
     if let Some(wrapped) = &plan.wrapped {
-        std::fs::remove_file(&wrapped.conf)
-            .map_err(|e| Error::Io(format!("cannot remove {}: {e}", wrapped.conf.display())))?;
+        std::fs::remove_file(&wrapped.conf).map_err(|e| Error::file("remove", &wrapped.conf, e))?;
     }
     Ok(())
 }
@@ -231,8 +230,7 @@ pub fn unchain(path: &Path, wrapped: Option<&Wrapped>) -> Result<Unchained, Erro
         if std::fs::symlink_metadata(&wrapped.conf).is_err() {
             put_back(wrapped)?;
         }
-        std::fs::remove_file(path)
-            .map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
+        std::fs::remove_file(path).map_err(|e| Error::file("remove", path, e))?;
         return Ok(Unchained::PutBack(wrapped.conf.clone()));
     }
     Ok(if remove(path)? {
@@ -246,7 +244,7 @@ pub fn unchain(path: &Path, wrapped: Option<&Wrapped>) -> Result<Unchained, Erro
 fn put_back(wrapped: &Wrapped) -> Result<(), Error> {
     match &wrapped.link {
         Some(target) => std::os::unix::fs::symlink(target, &wrapped.conf)
-            .map_err(|e| Error::Io(format!("cannot put back {}: {e}", wrapped.conf.display()))),
+            .map_err(|e| Error::file("put back", &wrapped.conf, e)),
         None => replace_file(&wrapped.conf, wrapped.content.as_bytes(), wrapped.mode),
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::Error;
+use crate::error::Error;
 
 /// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
 pub fn server_url() -> Result<String, Error> {
@@ -32,8 +32,7 @@ pub fn config(account_dir: &Path) -> Result<kube::Config, Error> {
         .parse()
         .map_err(|e| Error::Setting(format!("the API server's address {server}: {e}")))?;
     let ca_path = account_dir.join("ca.crt");
-    let ca = crate::atomic::read_text(&ca_path)
-        .map_err(|e| Error::Setting(format!("{}: {e}", ca_path.display())))?;
+    let ca = crate::atomic::read_text(&ca_path).map_err(|e| Error::read(&ca_path, e))?;
     let roots = CertificateDer::pem_slice_iter(ca.as_bytes())
         .map(|cert| cert.map(|der| der.to_vec()))
         .collect::<Result<Vec<_>, _>>()

@@ -15,11 +15,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long the service gets to answer what it accepted and flush after
 /// SIGTERM before it is killed: beyond its own bound on that wait.
-const STOP_PATIENCE: Duration = ::lease::PATIENCE.saturating_add(Duration::from_secs(5));
+const STOP_PATIENCE: Duration = lease::PATIENCE.saturating_add(Duration::from_secs(5));
 /// The wait before starting it again after it exited.
 const RESTART_DELAY: Duration = Duration::from_secs(1);
 /// A service that exits sooner than this after its start is started again
@@ -47,14 +47,14 @@ impl LeaseService {
     pub fn start(bin_dir: &Path, lease_dir: &Path) -> LeaseService {
         let (orders, mut received) = watch::channel(Order::Run(0));
         let exe = bin_dir.join("host-local");
-        let socket = ::lease::data_dir_socket(lease_dir);
+        let socket = lease::data_dir_socket(lease_dir);
         let task = tokio::spawn(async move {
             let mut said_taken = false;
             loop {
                 // A service a plugin started (or an earlier agent's, left
                 // by a SIGKILL) serves there: the agent's would only fail
                 // to take the place. It takes over once that one exits.
-                if ::lease::is_served(&socket) {
+                if lease::is_served(&socket) {
                     if !said_taken {
                         log::info!(
                             "another lease service serves {}; starting one when it exits",
@@ -142,8 +142,8 @@ impl Restarter {
 /// that one otherwise: it has no idle exit). Only a root process named
 /// `host-local` is signalled. True when there was one.
 pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
-    let socket = ::lease::data_dir_socket(lease_dir);
-    let Some(pid) = ::lease::serving_pid(&socket) else {
+    let socket = lease::data_dir_socket(lease_dir);
+    let Some(pid) = lease::serving_pid(&socket) else {
         return Ok(false);
     };
     if pid == 0 {

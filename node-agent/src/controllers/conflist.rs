@@ -1,13 +1,125 @@
 //! This node's network configuration: the suite's bridge with host-local
 //! over the node's pod CIDRs, then the chained plugins, written where the
-//! runtime reads it.
+//! runtime reads it. Run by the Node watch.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
-use crate::Error;
+use crate::cluster::node::Nodes;
+use crate::error::Error;
+use crate::health::Health;
+use crate::settings::Settings;
+use crate::{changes, conf_dir};
+
+/// What the file is made of besides the Nodes and the chained plugins.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name: its Node's pod CIDRs are the file's.
+    pub node_name: String,
+    /// Where the file is written (`CNI_CONF_DIR`/`CNI_CONF_NAME`).
+    pub path: PathBuf,
+    /// The network's name in it.
+    pub network_name: String,
+    /// The pods' bridge.
+    pub bridge: String,
+    /// host-local's `dataDir`.
+    pub lease_dir: PathBuf,
+    /// Where the runtime finds plugins (whether portmap is installed).
+    pub cni_bin_dir: PathBuf,
+}
+
+impl Options {
+    pub fn from_settings(settings: &Settings) -> Options {
+        Options {
+            node_name: settings.node_name.clone(),
+            path: settings.conflist_path(),
+            network_name: settings.network_name.clone(),
+            bridge: settings.bridge.clone(),
+            lease_dir: settings.lease_dir.clone(),
+            cni_bin_dir: settings.cni_bin_dir.clone(),
+        }
+    }
+}
+
+/// The conflist controller: its options and the plugins chained after
+/// the bridge.
+#[derive(Debug)]
+pub struct Conflist {
+    options: Options,
+    chained: Chain,
+}
+
+impl Conflist {
+    pub fn new(options: Options, chained: Chain) -> Conflist {
+        Conflist { options, chained }
+    }
+
+    /// Writes this node's configuration if its content changed; a failure
+    /// is logged, and the agent is not ready until a run succeeds.
+    pub async fn run(&self, nodes: &Nodes, health: &Health) {
+        if let Err(e) = self.write_own(nodes, health).await {
+            log::error!("{e}");
+            health.set_configured(false);
+        }
+    }
+
+    /// Writes this node's configuration if its content changed.
+    async fn write_own(&self, nodes: &Nodes, health: &Health) -> Result<(), Error> {
+        let options = &self.options;
+        let Some(own) = nodes.get(&options.node_name) else {
+            health.set_configured(false);
+            log::warn!(
+                "node {} is not among the Nodes; waiting for it",
+                options.node_name
+            );
+            return Ok(());
+        };
+        if own.pod_cidrs.is_empty() {
+            health.set_configured(false);
+            log::warn!("node {} has no pod CIDR yet; waiting for one", own.name);
+            return Ok(());
+        }
+        let internal_ips = own.internal_ips.clone();
+        let mtu = changes::blocking(move || Ok(uplink_mtu(&internal_ips))).await?;
+        let network = NodeNetwork {
+            pod_cidrs: own.pod_cidrs.clone(),
+            mtu,
+        };
+        let content = render(options, &network, &self.chained.plugins(&options.cni_bin_dir));
+        let path = &options.path;
+        if conf_dir::write_if_changed(path, &content)? {
+            log::info!(
+                "wrote {} for pod CIDRs {:?}, MTU {mtu}",
+                path.display(),
+                network
+                    .pod_cidrs
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+            );
+        }
+        health.set_configured(true);
+        Ok(())
+    }
+}
+
+/// Removes the agent's conflist; whether there was one of its own.
+pub fn remove(options: &Options) -> bool {
+    let path = &options.path;
+    match remove_own(path, &options.network_name) {
+        Ok(true) => {
+            log::info!("removed {}", path.display());
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            log::error!("{e}");
+            false
+        }
+    }
+}
 
 /// What the file says, from the node's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +131,7 @@ pub struct NodeNetwork {
 /// The configuration list. The bridge masquerades nothing: traffic
 /// between pods of different nodes keeps its source address, and what
 /// leaves the cluster is the agent's own rule set's to masquerade.
-pub fn render(settings: &crate::settings::Settings, network: &NodeNetwork, chained: &[Value]) -> Value {
+pub fn render(options: &Options, network: &NodeNetwork, chained: &[Value]) -> Value {
     let ranges: Vec<Value> = network
         .pod_cidrs
         .iter()
@@ -35,7 +147,7 @@ pub fn render(settings: &crate::settings::Settings, network: &NodeNetwork, chain
         .collect();
     let mut plugins = vec![json!({
         "type": "bridge",
-        "bridge": settings.bridge,
+        "bridge": options.bridge,
         "isGateway": true,
         "ipMasq": false,
         "hairpinMode": true,
@@ -44,13 +156,13 @@ pub fn render(settings: &crate::settings::Settings, network: &NodeNetwork, chain
             "type": "host-local",
             "ranges": ranges,
             "routes": routes,
-            "dataDir": settings.lease_dir,
+            "dataDir": options.lease_dir,
         },
     })];
     plugins.extend(chained.iter().cloned());
     json!({
         "cniVersion": "1.0.0",
-        "name": settings.network_name,
+        "name": options.network_name,
         "plugins": plugins,
     })
 }
@@ -69,8 +181,8 @@ pub struct Chain {
 impl Chain {
     /// Checks `CNI_CHAINED_PLUGINS` (a wrong one fails the start before
     /// anything is changed).
-    pub fn new(settings: &crate::settings::Settings, istio: Option<Value>) -> Result<Chain, Error> {
-        let configured = match &settings.chained_plugins {
+    pub fn new(chained_plugins: Option<&str>, istio: Option<Value>) -> Result<Chain, Error> {
+        let configured = match chained_plugins {
             None => None,
             Some(text) => {
                 let value: Value = serde_json::from_str(text)
@@ -104,31 +216,6 @@ impl Chain {
     }
 }
 
-/// A configuration as the agent writes it: pretty JSON, one final newline.
-pub fn render_text(content: &Value) -> Result<String, Error> {
-    serde_json::to_string_pretty(content)
-        .map(|text| format!("{text}\n"))
-        .map_err(|e| Error::Io(e.to_string()))
-}
-
-/// Writes `content` to `path` unless it already holds exactly that: a
-/// file beside it (with the mode of the file it replaces), synced, then
-/// renamed over it, so the runtime never reads half a configuration.
-/// Returns whether it wrote.
-pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
-    let text = render_text(content)?;
-    if crate::atomic::read_text(path).is_ok_and(|old| old == text) {
-        return Ok(false);
-    }
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::Io(format!("{} has no directory", path.display())))?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let mode = crate::atomic::mode_of(path).unwrap_or(0o644);
-    crate::atomic::replace_file(path, text.as_bytes(), mode)?;
-    Ok(true)
-}
-
 /// Removes `path` if it holds what this agent writes (the network named
 /// `network_name` with the suite's bridge first): never an operator's file.
 pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
@@ -140,7 +227,7 @@ pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
     if !ours {
         return Ok(false);
     }
-    std::fs::remove_file(path).map_err(|e| Error::Io(format!("cannot remove {}: {e}", path.display())))?;
+    std::fs::remove_file(path).map_err(|e| Error::file("remove", path, e))?;
     Ok(true)
 }
 
@@ -148,7 +235,10 @@ pub fn remove_own(path: &Path, network_name: &str) -> Result<bool, Error> {
 /// on the node's first pod) once no link is its port; true when it did.
 /// One with ports is left: pods still use it.
 pub fn remove_bridge_if_unused(name: &str) -> Result<bool, Error> {
-    let failed = |e: netlink::Error| Error::Io(format!("bridge {name}: {e}"));
+    let failed = |source: netlink::Error| Error::Bridge {
+        name: name.to_owned(),
+        source,
+    };
     let nl = netlink::Netlink::connect().map_err(failed)?;
     let Some(bridge) = nl.link_by_name(name).map_err(failed)? else {
         return Ok(false);
@@ -200,9 +290,10 @@ pub fn uplink_mtu(internal_ips: &[std::net::IpAddr]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conf_dir::write_if_changed;
     use clap::Parser;
 
-    fn settings(extra: &[&str]) -> crate::settings::Settings {
+    fn settings(extra: &[&str]) -> Settings {
         let mut args = vec![
             "cni-node-agent",
             "--node-name",
@@ -211,7 +302,7 @@ mod tests {
             "/nonexistent",
         ];
         args.extend_from_slice(extra);
-        crate::settings::Settings::parse_from(args)
+        Settings::parse_from(args)
     }
 
     #[test]
@@ -223,7 +314,11 @@ mod tests {
             ],
             mtu: 1450,
         };
-        let conf = render(&settings(&[]), &network, &[json!({"type": "portmap"})]);
+        let conf = render(
+            &Options::from_settings(&settings(&[])),
+            &network,
+            &[json!({"type": "portmap"})],
+        );
         assert_eq!(conf["name"], "cni-suite");
         let bridge = &conf["plugins"][0];
         assert_eq!(bridge["ipMasq"], false);
@@ -243,16 +338,22 @@ mod tests {
     #[test]
     fn chained_plugins_must_each_name_a_type() {
         let bin = tempfile::tempdir().expect("tempdir");
-        let unset = Chain::new(&settings(&[]), None).expect("unset");
+        let unset = Chain::new(settings(&[]).chained_plugins.as_deref(), None).expect("unset");
         assert!(unset.plugins(bin.path()).is_empty());
         let set = settings(&["--chained-plugins", r#"[{"type":"portmap","snat":true}]"#]);
         assert_eq!(
-            Chain::new(&set, None).expect("set").plugins(bin.path())[0]["snat"],
+            Chain::new(set.chained_plugins.as_deref(), None)
+                .expect("set")
+                .plugins(bin.path())[0]["snat"],
             true
         );
         for bad in ["{}", "[{}]", "not json", r#"[{"type":1}]"#] {
             assert!(
-                Chain::new(&settings(&["--chained-plugins", bad]), None).is_err(),
+                Chain::new(
+                    settings(&["--chained-plugins", bad]).chained_plugins.as_deref(),
+                    None
+                )
+                .is_err(),
                 "{bad}"
             );
         }
@@ -262,7 +363,7 @@ mod tests {
     fn portmap_is_chained_once_it_is_installed_and_istio_last() {
         let bin = tempfile::tempdir().expect("tempdir");
         let istio = json!({"type": "istio-redirect"});
-        let chain = Chain::new(&settings(&[]), Some(istio.clone())).expect("chain");
+        let chain = Chain::new(settings(&[]).chained_plugins.as_deref(), Some(istio.clone())).expect("chain");
         assert_eq!(chain.plugins(bin.path()), std::slice::from_ref(&istio));
         std::fs::write(bin.path().join("portmap"), "installed").expect("install");
         let types: Vec<Value> = chain

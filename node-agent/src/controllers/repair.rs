@@ -26,30 +26,15 @@ use kube::runtime::watcher::{self, Event};
 use netns::NetNs;
 use serde_json::{Value, json};
 
-use crate::Error;
-use crate::settings::Settings;
+use crate::error::Error;
+use crate::settings::{RepairMode as Mode, Settings};
 
-/// What is done with a broken pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// Program its capture where it runs (Istio's default).
-    Repair,
-    /// Delete it (UID and resourceVersion preconditions).
-    Delete,
-    /// Label it through the `pods/status` subresource.
-    Label,
-    /// Nothing.
-    Off,
-}
-
-impl Mode {
-    /// The Events' reason, as Istio's controller names them.
-    fn reason(self) -> &'static str {
-        match self {
-            Mode::Delete => "DeleteBrokenPod",
-            Mode::Label => "LabelBrokenPod",
-            Mode::Repair | Mode::Off => "RepairBrokenPod",
-        }
+/// The Events' reason, as Istio's controller names them.
+fn event_reason(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Delete => "DeleteBrokenPod",
+        Mode::Label => "LabelBrokenPod",
+        Mode::Repair | Mode::Off => "RepairBrokenPod",
     }
 }
 
@@ -73,14 +58,6 @@ pub struct Criteria {
 }
 
 impl Criteria {
-    pub fn from_settings(settings: &Settings) -> Criteria {
-        Criteria {
-            init_container: settings.istio_repair_init_container.clone(),
-            exit_code: settings.istio_repair_exit_code,
-            termination_message: settings.istio_repair_termination_message.trim().to_owned(),
-        }
-    }
-
     /// Istio's test, field for field: the current state is checked first
     /// so that a pod whose validation has since passed is never touched.
     pub fn is_broken(&self, pod: &Pod) -> bool {
@@ -127,6 +104,39 @@ pub fn label(setting: &str) -> Result<(String, String), Error> {
     }
 }
 
+/// What the repair acts on, and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name: only its pods are looked at.
+    pub node_name: String,
+    /// Where the chained plugin is run from.
+    pub cni_bin_dir: PathBuf,
+    /// The network's name the plugin is told.
+    pub network_name: String,
+    pub mode: Mode,
+    pub criteria: Criteria,
+    /// `ISTIO_REPAIR_LABEL`'s key and value.
+    pub label: (String, String),
+}
+
+impl Options {
+    /// Fails on an `ISTIO_REPAIR_LABEL` that is not key=value.
+    pub fn from_settings(settings: &Settings) -> Result<Options, Error> {
+        Ok(Options {
+            node_name: settings.node_name.clone(),
+            cni_bin_dir: settings.cni_bin_dir.clone(),
+            network_name: settings.network_name.clone(),
+            mode: settings.istio_repair,
+            criteria: Criteria {
+                init_container: settings.istio_repair_init_container.clone(),
+                exit_code: settings.istio_repair_exit_code,
+                termination_message: settings.istio_repair_termination_message.trim().to_owned(),
+            },
+            label: label(&settings.istio_repair_label)?,
+        })
+    }
+}
+
 type Key = (String, String);
 
 fn key_of(pod: &Pod) -> Option<Key> {
@@ -136,10 +146,7 @@ fn key_of(pod: &Pod) -> Option<Key> {
 /// The controller's state: its node's pods and what it did to them.
 struct Controller {
     client: kube::Client,
-    settings: Settings,
-    mode: Mode,
-    criteria: Criteria,
-    label: (String, String),
+    options: Options,
     /// istio-redirect's chain entry, run against a pod to repair it.
     entry: Value,
     /// What was done, by pod UID and resourceVersion. A repair is done
@@ -153,20 +160,17 @@ struct Controller {
 }
 
 /// Follows this node's pods until the task is aborted (watch errors are
-/// retried with backoff); `label` is `ISTIO_REPAIR_LABEL`'s.
-pub async fn follow(client: kube::Client, settings: Settings, entry: Value, label: (String, String)) {
-    let mode = settings.istio_repair;
+/// retried with backoff); `entry` is istio-redirect's chain entry.
+pub async fn run(client: kube::Client, options: Options, entry: Value) {
+    let mode = options.mode;
     let mut controller = Controller {
         client: client.clone(),
-        criteria: Criteria::from_settings(&settings),
-        label,
-        settings,
-        mode,
+        options,
         entry,
         acted: HashMap::new(),
         failures: HashMap::new(),
     };
-    let selector = format!("spec.nodeName={}", controller.settings.node_name);
+    let selector = format!("spec.nodeName={}", controller.options.node_name);
     let pods: Api<Pod> = Api::all(client);
     let mut stream = watcher::watcher(pods, watcher::Config::default().fields(&selector))
         .default_backoff()
@@ -176,8 +180,8 @@ pub async fn follow(client: kube::Client, settings: Settings, entry: Value, labe
     let mut retry = tokio::time::interval(RETRY);
     log::info!(
         "repairing pods of node {} whose {} failed ({mode:?})",
-        controller.settings.node_name,
-        controller.criteria.init_container
+        controller.options.node_name,
+        controller.options.criteria.init_container
     );
     loop {
         let event = tokio::select! {
@@ -237,7 +241,7 @@ impl Controller {
         let Some(key) = key_of(pod) else {
             return;
         };
-        if pod.metadata.deletion_timestamp.is_some() || !self.criteria.is_broken(pod) {
+        if pod.metadata.deletion_timestamp.is_some() || !self.options.criteria.is_broken(pod) {
             self.failures.remove(&key);
             return;
         }
@@ -245,7 +249,7 @@ impl Controller {
         let version = pod.metadata.resource_version.clone().unwrap_or_default();
         let done_before = self.acted.get(&key);
         let action = async {
-            match self.mode {
+            match self.options.mode {
                 Mode::Off => None,
                 Mode::Repair if done_before.is_some_and(|(done, _)| *done == uid) => None,
                 Mode::Repair => Some(self.repair(pod).await.and_then(Capture::programmed)),
@@ -253,7 +257,7 @@ impl Controller {
                 Mode::Delete => Some(self.delete(pod, &key).await.map(|()| "deleted")),
                 Mode::Label => {
                     let labels = pod.metadata.labels.as_ref();
-                    let labelled = labels.is_some_and(|l| l.contains_key(&self.label.0));
+                    let labelled = labels.is_some_and(|l| l.contains_key(&self.options.label.0));
                     if labelled {
                         None
                     } else {
@@ -269,7 +273,7 @@ impl Controller {
             Ok(Some(outcome)) => outcome,
             Err(_) => Err(Error::Io(format!("no outcome within {ACTION_LIMIT:?}"))),
         };
-        let reason = self.mode.reason();
+        let reason = event_reason(self.options.mode);
         let (namespace, name) = &key;
         match outcome {
             Ok(done) => {
@@ -277,7 +281,7 @@ impl Controller {
                 self.acted.insert(key.clone(), (uid, version));
                 log::info!(
                     "pod {namespace}/{name}: its {} failed; {done}",
-                    self.criteria.init_container
+                    self.options.criteria.init_container
                 );
                 self.record(pod, "Normal", reason, &format!("pod detected as broken, {done}"))
                     .await;
@@ -307,16 +311,16 @@ impl Controller {
             return Err(Error::Io("the pod has no IP yet".into()));
         }
         let request = RepairRequest {
-            plugin: self.settings.cni_bin_dir.join("istio-redirect"),
-            bin_dir: self.settings.cni_bin_dir.clone(),
-            stdin: with_decisions_logged(plugin_config(&self.entry, &self.settings.network_name, pod)),
+            plugin: self.options.cni_bin_dir.join("istio-redirect"),
+            bin_dir: self.options.cni_bin_dir.clone(),
+            stdin: with_decisions_logged(plugin_config(&self.entry, &self.options.network_name, pod)),
             args: kubernetes_args(pod),
             container_id: pod_uid(pod),
             ips,
         };
         tokio::task::spawn_blocking(move || request.run())
             .await
-            .map_err(|e| Error::Io(format!("repairing: {e}")))?
+            .map_err(Error::task("repairing"))?
     }
 
     async fn delete(&self, pod: &Pod, (namespace, name): &Key) -> Result<(), Error> {
@@ -335,7 +339,7 @@ impl Controller {
     /// Through `pods/status`, which can change a pod's metadata too and is
     /// the smaller grant.
     async fn add_label(&self, (namespace, name): &Key) -> Result<(), Error> {
-        let (label, value) = &self.label;
+        let (label, value) = &self.options.label;
         let patch = json!({"metadata": {"labels": {label: value}}});
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -366,9 +370,9 @@ impl Controller {
             "reason": reason,
             "message": message,
             "type": kind,
-            "source": {"component": COMPONENT, "host": self.settings.node_name},
+            "source": {"component": COMPONENT, "host": self.options.node_name},
             "reportingComponent": COMPONENT,
-            "reportingInstance": self.settings.node_name,
+            "reportingInstance": self.options.node_name,
             "firstTimestamp": now.to_string(),
             "lastTimestamp": now.to_string(),
             "count": 1,

@@ -36,12 +36,10 @@ use nix::fcntl::{AT_FDCWD, AtFlags};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::Error;
 use crate::atomic::{TEMPORARY, read_text, replace_file, sync_dir};
+use crate::error::Error;
+use crate::record::STATE_DIR;
 
-/// The agent's own directory inside the bin directory (others' records
-/// live there too: uninstall removes only its own entries).
-pub const STATE_DIR: &str = ".cni-suite";
 const RECORD: &str = "installed.json";
 const REPLACED: &str = "replaced";
 
@@ -104,16 +102,12 @@ enum Undone {
     Gone,
 }
 
-fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
-    Error::Io(format!("cannot {what} {}: {e}", path.display()))
-}
-
 /// Whether anything, a dangling link included, has the name `path`.
 fn is_there(path: &Path) -> Result<bool, Error> {
     match fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_error("look at", path, e)),
+        Err(e) => Err(Error::file("look at", path, e)),
     }
 }
 
@@ -124,7 +118,7 @@ fn look(path: &Path) -> Result<Found, Error> {
     let metadata = match fs::symlink_metadata(path) {
         Ok(metadata) => metadata,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Absent),
-        Err(e) => return Err(io_error("look at", path, e)),
+        Err(e) => return Err(Error::file("look at", path, e)),
     };
     if metadata.file_type().is_symlink() {
         return Ok(Found::Link);
@@ -140,14 +134,14 @@ fn look(path: &Path) -> Result<Found, Error> {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Absent),
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => return Ok(Found::Link),
-        Err(e) => return Err(io_error("read", path, e)),
+        Err(e) => return Err(Error::file("read", path, e)),
     };
-    let metadata = file.metadata().map_err(|e| io_error("read", path, e))?;
+    let metadata = file.metadata().map_err(|e| Error::file("read", path, e))?;
     if let Some(kind) = small_file::not_regular(&metadata) {
         return Ok(Found::Other(kind));
     }
     let mut hasher = Sha256::new();
-    io::copy(&mut file, &mut hasher).map_err(|e| io_error("read", path, e))?;
+    io::copy(&mut file, &mut hasher).map_err(|e| Error::file("read", path, e))?;
     Ok(Found::File(hex(&hasher.finalize())))
 }
 
@@ -171,7 +165,7 @@ fn remove_if_empty(dir: &Path) -> Result<(), Error> {
         {
             Ok(())
         }
-        Err(e) => Err(io_error("remove", dir, e)),
+        Err(e) => Err(Error::file("remove", dir, e)),
     }
 }
 
@@ -179,7 +173,7 @@ fn remove_if_there(path: &Path) -> Result<(), Error> {
     match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_error("remove", path, e)),
+        Err(e) => Err(Error::file("remove", path, e)),
     }
 }
 
@@ -219,10 +213,12 @@ impl BinDir {
     fn read_record(&self) -> Result<Record, Error> {
         let path = self.record_path();
         match read_text(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| Error::Io(format!("{} is not the agent's record: {e}", path.display()))),
+            Ok(text) => serde_json::from_str(&text).map_err(|source| Error::Record {
+                path: path.clone(),
+                source,
+            }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Record::default()),
-            Err(e) => Err(io_error("read", &path, e)),
+            Err(e) => Err(Error::file("read", &path, e)),
         }
     }
 
@@ -231,8 +227,8 @@ impl BinDir {
         fs::DirBuilder::new()
             .recursive(true)
             .create(state.join(REPLACED))
-            .map_err(|e| io_error("create", &state, e))?;
-        let text = serde_json::to_vec_pretty(record).map_err(|e| Error::Io(e.to_string()))?;
+            .map_err(|e| Error::file("create", &state, e))?;
+        let text = serde_json::to_vec_pretty(record)?;
         replace_file(&self.record_path(), &text, 0o644)
     }
 
@@ -249,7 +245,7 @@ impl BinDir {
                 return Err(Error::Setting(format!("{name:?} is not a plugin's file name")));
             }
             let from = source.join(name);
-            let bytes = fs::read(&from).map_err(|e| io_error("read", &from, e))?;
+            let bytes = fs::read(&from).map_err(|e| Error::file("read", &from, e))?;
             let wanted = hex(&Sha256::digest(&bytes));
             let place = self.dir.join(name);
             let ours = record.installed.get(name).cloned().unwrap_or_default();
@@ -293,11 +289,11 @@ impl BinDir {
         fs::DirBuilder::new()
             .recursive(true)
             .create(dir)
-            .map_err(|e| io_error("create", dir, e))?;
+            .map_err(|e| Error::file("create", dir, e))?;
         match link_itself(place, &aside) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-            Err(e) => return Err(io_error("keep aside", place, e)),
+            Err(e) => return Err(Error::file("keep aside", place, e)),
         }
         sync_dir(dir);
         Ok(true)
@@ -369,18 +365,18 @@ impl BinDir {
         match look(&place)? {
             Found::File(present) if ours.contains(&present) => {
                 if original {
-                    fs::rename(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
+                    fs::rename(&aside, &place).map_err(|e| Error::file("restore", &place, e))?;
                     Ok(Undone::Restored)
                 } else if still_named.contains(name) {
                     Ok(Undone::StillNamed)
                 } else {
-                    fs::remove_file(&place).map_err(|e| io_error("remove", &place, e))?;
+                    fs::remove_file(&place).map_err(|e| Error::file("remove", &place, e))?;
                     Ok(Undone::Removed)
                 }
             }
             Found::Absent if original => {
-                link_itself(&aside, &place).map_err(|e| io_error("restore", &place, e))?;
-                fs::remove_file(&aside).map_err(|e| io_error("remove", &aside, e))?;
+                link_itself(&aside, &place).map_err(|e| Error::file("restore", &place, e))?;
+                fs::remove_file(&aside).map_err(|e| Error::file("remove", &aside, e))?;
                 Ok(Undone::Restored)
             }
             Found::Absent => Ok(Undone::Gone),

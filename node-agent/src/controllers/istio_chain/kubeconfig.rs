@@ -10,15 +10,15 @@ use std::path::Path;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::Error;
 use crate::atomic::read_text;
+use crate::error::Error;
 
 /// The kubeconfig for the service account in `account_dir` (JSON, which
 /// every kubeconfig reader takes as YAML).
 pub fn render(server: &str, account_dir: &Path) -> Result<Value, Error> {
     let read = |name: &str| {
         let path = account_dir.join(name);
-        read_text(&path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+        read_text(&path).map_err(|e| Error::read(&path, e))
     };
     let ca = base64::engine::general_purpose::STANDARD.encode(read("ca.crt")?);
     let token = read("token")?.trim().to_owned();
@@ -35,8 +35,8 @@ pub fn render(server: &str, account_dir: &Path) -> Result<Value, Error> {
 /// Writes `content` to `path` (mode 0600, through a file beside it
 /// renamed over it) unless it already holds it; true when it wrote.
 pub fn write_if_changed(path: &Path, content: &Value) -> Result<bool, Error> {
-    let text = serde_json::to_string_pretty(content).map_err(|e| Error::Io(e.to_string()))?;
-    let failed = |e: std::io::Error| Error::Io(format!("cannot write {}: {e}", path.display()));
+    let text = serde_json::to_string_pretty(content)?;
+    let failed = |e: std::io::Error| Error::file("write", path, e);
     let private = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600);
     if private && read_text(path).is_ok_and(|old| old == text) {
         return Ok(false);

@@ -7,7 +7,8 @@
 //! pod CIDR that would take the node's own traffic (one holding an address
 //! of the node, a subnet on one of its links, one whose Node's InternalIP
 //! is the node's own) gets no route: a cluster range overlapping the node
-//! network must not cut the node off its LAN and its API server.
+//! network must not cut the node off its LAN and its API server. Run by
+//! the Node watch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -16,8 +17,11 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 use netlink::{Netlink, RouteInfo};
 
-use crate::Error;
-use crate::nodes::NodeInfo;
+use crate::changes;
+use crate::cluster::node::Nodes;
+use crate::error::Error;
+use crate::health::Health;
+use crate::settings::Settings;
 
 /// The `rtm_protocol` of the agent's routes (`ip route show proto 201`);
 /// unassigned in iproute2's `rt_protos`.
@@ -126,6 +130,101 @@ impl Skips {
     }
 }
 
+/// What the routes are made of besides the Nodes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name: every other Node's pod CIDRs are routed.
+    pub node_name: String,
+}
+
+impl Options {
+    pub fn from_settings(settings: &Settings) -> Options {
+        Options {
+            node_name: settings.node_name.clone(),
+        }
+    }
+}
+
+/// The routes controller: its options, what its last run put in place
+/// (so a run that would change none of it costs nothing) and the pod
+/// CIDRs given no route.
+#[derive(Debug)]
+pub struct Routes {
+    options: Options,
+    routed: Option<BTreeMap<IpNetwork, Via>>,
+    skips: Skips,
+}
+
+impl Routes {
+    pub fn new(options: Options) -> Routes {
+        Routes {
+            options,
+            routed: None,
+            skips: Skips::default(),
+        }
+    }
+
+    /// Forgets what is in place: the next run checks it all again. The
+    /// skips are kept, so none is warned about twice.
+    pub fn forget(&mut self) {
+        self.routed = None;
+    }
+
+    /// Brings the routes in line with `nodes`.
+    pub async fn run(&mut self, nodes: &Nodes, health: &Health) {
+        let wanted = wanted(&self.options.node_name, nodes);
+        if self.routed.as_ref() != Some(&wanted.routes) {
+            // What the last reconciliation left in place, when it all went in:
+            // then only the difference is applied.
+            let before = self.routed.take();
+            let target = wanted.routes;
+            let applied = changes::blocking(move || {
+                changes::change(|| {
+                    let changes = match before.as_ref().and_then(|before| apply_changes(before, &target)) {
+                        Some(changes) => (changes?, true),
+                        None => (reconcile(&target)?, false),
+                    };
+                    Ok((changes, target))
+                })
+            })
+            .await;
+            match applied {
+                Ok(((changes, only_differences), target)) => {
+                    for (dst, gateway) in &changes.set {
+                        log::info!("route {dst} via {gateway}");
+                    }
+                    for dst in &changes.removed {
+                        log::info!("removed the route to {dst}");
+                    }
+                    for subnet in &changes.restored {
+                        log::warn!(
+                            "put back the connected route to {subnet}, which an earlier agent had replaced"
+                        );
+                    }
+                    if only_differences {
+                        self.skips.found.retain(|skip| target.contains_key(&skip.cidr));
+                        self.skips.found.extend(changes.skipped);
+                    } else {
+                        self.skips.found = changes.skipped;
+                    }
+                    if changes.failed.is_empty() {
+                        self.routed = Some(target);
+                        health.set_routed(true);
+                    } else {
+                        log::error!("{}", failure(&changes.failed));
+                        health.set_routed(false);
+                    }
+                }
+                Err(e) => {
+                    log::error!("{e}");
+                    health.set_routed(false);
+                }
+            }
+        }
+        self.skips.warn_new(wanted.skipped);
+    }
+}
+
 /// What the Nodes ask of the routing table, before it is read.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Wanted {
@@ -135,7 +234,7 @@ pub struct Wanted {
 
 /// Routes to every other Node's pod CIDRs, but none overlapping this
 /// node's own range or without an InternalIP of the family.
-pub fn wanted(own: &str, nodes: &BTreeMap<String, NodeInfo>) -> Wanted {
+pub fn wanted(own: &str, nodes: &Nodes) -> Wanted {
     let own_cidrs: Vec<IpNetwork> = nodes.get(own).map(|n| n.pod_cidrs.clone()).unwrap_or_default();
     let mut wanted = Wanted::default();
     for node in nodes.values().filter(|n| n.name != own) {
@@ -192,7 +291,7 @@ pub struct Changes {
 }
 
 /// Makes the main table hold exactly `wanted` among the agent's routes,
-/// but for destinations in the way (see [`conflict`]): those routes of
+/// but for destinations in the way (see `conflict`): those routes of
 /// the agent's no Node asks for removed, wrong ones replaced in one step
 /// (never deleted first), missing ones added without replacing a route
 /// someone else adds meanwhile. A route that fails is reported in
@@ -461,16 +560,17 @@ pub fn remove_all() -> Result<usize, Error> {
 
 /// The error of a reconciliation some routes of which failed.
 pub fn failure(failed: &[String]) -> Error {
-    Error::Io(format!("routes: {}", failed.join("; ")))
+    Error::RoutesFailed(failed.to_vec())
 }
 
 fn netlink_error(e: netlink::Error) -> Error {
-    Error::Io(format!("routes: {e}"))
+    Error::Routes(e)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::node::NodeInfo;
 
     fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> (String, NodeInfo) {
         (

@@ -3,13 +3,59 @@
 //! the plugin's kubeconfig current, recording every file it changes on the
 //! node before it changes it; and the uninstall that takes the entry out
 //! of every file it ever went into. The file operations themselves are
-//! `istio_chain`'s.
+//! `files`', the kubeconfig's `kubeconfig`'s.
+
+pub mod files;
+pub mod kubeconfig;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use serde_json::json;
+
+use crate::cluster::client::server_url;
+use crate::error::Error;
+use crate::health::Health;
+use crate::record::{NodeRecord, Record};
 use crate::settings::Settings;
-use crate::{Error, changes, cluster, conf_dir, health, istio_chain, istio_kubeconfig, record};
+use crate::{changes, conf_dir};
+
+/// Istio's entry and where it goes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// istio-redirect's entry: `ISTIO_PLUGIN_CONFIG`, else the default
+    /// (see [`files::entry`]), naming the kubeconfig unless it names one.
+    pub entry: serde_json::Value,
+    /// The CNI conf directory.
+    pub cni_conf_dir: PathBuf,
+    /// The primary configuration's file name (`ISTIO_CNI_CONF_FILE`);
+    /// unset: the first valid one.
+    pub conf_file: Option<String>,
+    /// The agent's own conflist.
+    pub own_conflist: PathBuf,
+    /// The kubeconfig written for istio-redirect (`ISTIO_KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// The service account the kubeconfig is made from.
+    pub service_account_dir: PathBuf,
+}
+
+impl Options {
+    /// Fails on an `ISTIO_PLUGIN_CONFIG` that is not istio-redirect's entry.
+    pub fn from_settings(settings: &Settings) -> Result<Options, Error> {
+        let mut entry = files::entry(settings.istio_plugin_config.as_deref())?;
+        if entry.get("kubeconfig").is_none() {
+            entry["kubeconfig"] = json!(settings.istio_kubeconfig);
+        }
+        Ok(Options {
+            entry,
+            cni_conf_dir: settings.cni_conf_dir.clone(),
+            conf_file: settings.istio_cni_conf_file.clone(),
+            own_conflist: settings.conflist_path(),
+            kubeconfig: settings.istio_kubeconfig.clone(),
+            service_account_dir: settings.service_account_dir.clone(),
+        })
+    }
+}
 
 /// How often the primary configuration is checked for Istio's entry: an
 /// agent that rewrites the file has it back within this.
@@ -18,13 +64,8 @@ const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 /// Keeps istio-redirect last in the node's primary configuration (waiting
 /// for one when the directory has none yet) and its kubeconfig current.
 /// A problem is logged when it first shows, not every check.
-pub async fn keep_chained(
-    settings: Settings,
-    entry: serde_json::Value,
-    record: record::Record,
-    health: health::Health,
-) {
-    warn_of_earlier_wraps(&settings);
+pub async fn run(options: Options, record: Record, health: Health) {
+    warn_of_earlier_wraps(&options);
     let mut every = tokio::time::interval(CHAIN_CHECK);
     let mut last_problem: Option<String> = None;
     // Files known to be in the record, so that a check finding the entry
@@ -32,9 +73,9 @@ pub async fn keep_chained(
     let mut recorded = BTreeSet::new();
     loop {
         every.tick().await;
-        let (settings, entry, record) = (settings.clone(), entry.clone(), record.clone());
+        let (options, record) = (options.clone(), record.clone());
         let checking = tokio::task::spawn_blocking(move || {
-            let checked = changes::change(|| chain_once(&settings, &entry, &record, &mut recorded));
+            let checked = changes::change(|| chain_once(&options, &record, &mut recorded));
             (checked, recorded)
         })
         .await;
@@ -45,7 +86,10 @@ pub async fn keep_chained(
             }
             Err(e) => {
                 recorded = BTreeSet::new();
-                Err(Error::Io(format!("chaining: {e}")))
+                Err(Error::Task {
+                    what: "chaining",
+                    source: e,
+                })
             }
         };
         match checked {
@@ -71,9 +115,9 @@ pub async fn keep_chained(
 /// Tells of lists an earlier release wrapped under Istio's name: that
 /// rename cannot be undone without splitting the node's leases again (pods
 /// set up since hold theirs under the new name), so the list keeps it.
-fn warn_of_earlier_wraps(settings: &Settings) {
-    for path in conf_dir::files(&settings.cni_conf_dir) {
-        if let Some(original) = istio_chain::renamed_by_an_earlier_wrap(&path) {
+fn warn_of_earlier_wraps(options: &Options) {
+    for path in conf_dir::files(&options.cni_conf_dir) {
+        if let Some(original) = files::renamed_by_an_earlier_wrap(&path) {
             log::warn!(
                 "{} was wrapped by an earlier release under the network name k8s-pod-network: \
                  pods set up since hold leases apart from pods set up before as {original:?}, \
@@ -88,40 +132,39 @@ fn warn_of_earlier_wraps(settings: &Settings) {
 /// file chained is recorded on the node before it is changed, so that
 /// uninstall finds it whatever happens to the agent in between.
 fn chain_once(
-    settings: &Settings,
-    entry: &serde_json::Value,
-    record: &record::Record,
+    options: &Options,
+    record: &Record,
     recorded: &mut BTreeSet<PathBuf>,
 ) -> Result<Vec<String>, Error> {
+    let entry = &options.entry;
     let mut done = Vec::new();
-    let kubeconfig = istio_kubeconfig::render(&cluster::server_url()?, &settings.service_account_dir)?;
-    if istio_kubeconfig::write_if_changed(&settings.istio_kubeconfig, &kubeconfig)? {
-        done.push(format!("wrote {}", settings.istio_kubeconfig.display()));
+    let rendered = kubeconfig::render(&server_url()?, &options.service_account_dir)?;
+    if kubeconfig::write_if_changed(&options.kubeconfig, &rendered)? {
+        done.push(format!("wrote {}", options.kubeconfig.display()));
     }
     // The file to chain is the one the runtime will use, which the agent's
     // own conflist, once written, may be.
-    let own = settings.conflist_path();
+    let own = options.own_conflist.clone();
     if std::fs::symlink_metadata(&own).is_err() {
         return Err(Error::Io(format!(
             "waiting for {} before choosing the file to chain istio-redirect into",
             own.display()
         )));
     }
-    let primary = istio_chain::primary(&settings.cni_conf_dir, settings.istio_cni_conf_file.as_deref())
-        .ok_or_else(|| {
-            Error::Io(format!(
-                "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
-                settings.cni_conf_dir.display()
-            ))
-        })?;
-    if istio_chain::in_place(&primary, entry) {
+    let primary = files::primary(&options.cni_conf_dir, options.conf_file.as_deref()).ok_or_else(|| {
+        Error::Io(format!(
+            "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
+            options.cni_conf_dir.display()
+        ))
+    })?;
+    if files::in_place(&primary, entry) {
         if primary != own && !recorded.contains(&primary) {
             record.update(|r| r.chained.insert(primary.clone()))?;
             recorded.insert(primary);
         }
         return Ok(done);
     }
-    let plan = istio_chain::plan(&primary, entry)?;
+    let plan = files::plan(&primary, entry)?;
     // A wrap writes the `.conf`'s list beside it: only over a list of the
     // agent's own making, never over someone's file of that name.
     if plan.wrapped.is_some()
@@ -144,7 +187,7 @@ fn chain_once(
         })?;
         recorded.insert(plan.target.clone());
     }
-    istio_chain::apply(&plan)?;
+    files::apply(&plan)?;
     done.push(format!("chained istio-redirect into {}", plan.target.display()));
     Ok(done)
 }
@@ -153,15 +196,16 @@ fn chain_once(
 /// record's, and the primary one in case the record was lost), putting a
 /// wrapped `.conf` back, and removes the plugin's kubeconfig. A file that
 /// cannot be undone stays in the record for the next uninstall.
-pub fn unchain(settings: &Settings, entry: &serde_json::Value, record: &record::Record) {
-    match std::fs::remove_file(&settings.istio_kubeconfig) {
-        Ok(()) => log::info!("removed {}", settings.istio_kubeconfig.display()),
+pub fn unchain(options: &Options, record: &Record) {
+    let entry = &options.entry;
+    match std::fs::remove_file(&options.kubeconfig) {
+        Ok(()) => log::info!("removed {}", options.kubeconfig.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => log::error!("cannot remove {}: {e}", settings.istio_kubeconfig.display()),
+        Err(e) => log::error!("cannot remove {}: {e}", options.kubeconfig.display()),
     }
     let recorded = record.read().unwrap_or_else(|e| {
         log::error!("{e}");
-        record::NodeRecord::default()
+        NodeRecord::default()
     });
     let mut files: BTreeSet<PathBuf> = recorded
         .chained
@@ -169,27 +213,27 @@ pub fn unchain(settings: &Settings, entry: &serde_json::Value, record: &record::
         .chain(recorded.wrapped.keys())
         .cloned()
         .collect();
-    files.extend(istio_chain::primary(
-        &settings.cni_conf_dir,
-        settings.istio_cni_conf_file.as_deref(),
+    files.extend(files::primary(
+        &options.cni_conf_dir,
+        options.conf_file.as_deref(),
     ));
     // Releases before this one recorded nothing: a file holding exactly
     // the agent's entry was chained by one of them.
     files.extend(
-        conf_dir::files(&settings.cni_conf_dir)
+        conf_dir::files(&options.cni_conf_dir)
             .into_iter()
-            .filter(|path| istio_chain::holds(path, entry)),
+            .filter(|path| files::holds(path, entry)),
     );
-    files.remove(&settings.conflist_path());
+    files.remove(&options.own_conflist);
     for path in files {
-        match istio_chain::unchain(&path, recorded.wrapped.get(&path)) {
+        match files::unchain(&path, recorded.wrapped.get(&path)) {
             Ok(outcome) => {
                 match outcome {
-                    istio_chain::Unchained::Nothing => {}
-                    istio_chain::Unchained::Removed => {
+                    files::Unchained::Nothing => {}
+                    files::Unchained::Removed => {
                         log::info!("removed istio-redirect from {}", path.display())
                     }
-                    istio_chain::Unchained::PutBack(conf) => {
+                    files::Unchained::PutBack(conf) => {
                         log::info!("removed {} and put {} back", path.display(), conf.display());
                     }
                 }

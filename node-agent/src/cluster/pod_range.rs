@@ -47,6 +47,16 @@ pub struct Reader {
     tried: Option<std::time::Instant>,
 }
 
+/// Without the client, which has no `Debug`.
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("range", &self.range)
+            .field("tried", &self.tried)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How often an unknown range is asked for again.
 pub const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 

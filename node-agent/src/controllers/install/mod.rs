@@ -1,0 +1,121 @@
+//! The install controller: the suite's plugins copied from the agent's
+//! image into the host's bin directory before anything else changes (a
+//! start that cannot install fails), then put back every resync when
+//! someone removed or changed them. How a binary is written, kept aside
+//! and restored is `bin_dir`'s.
+
+pub mod bin_dir;
+
+use std::path::PathBuf;
+
+use crate::changes::{self, RESYNC};
+use crate::controllers::lease_service::Restarter;
+use crate::error::Error;
+use crate::health::Health;
+use crate::settings::Settings;
+
+use bin_dir::{BinDir, Installed};
+
+/// What is installed, from where, to where.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The plugins to install, without empty entries (`CNI_INSTALL_PLUGINS=""`).
+    pub plugins: Vec<String>,
+    /// Where the binaries to install are (see [`Settings::source_dir`]).
+    pub source_dir: Result<PathBuf, String>,
+    /// The host's bin directory.
+    pub cni_bin_dir: PathBuf,
+}
+
+impl Options {
+    pub fn from_settings(settings: &Settings) -> Options {
+        Options {
+            plugins: settings
+                .install_plugins
+                .iter()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+                .collect(),
+            source_dir: settings.source_dir().map_err(|e| e.to_string()),
+            cni_bin_dir: settings.cni_bin_dir.clone(),
+        }
+    }
+
+    /// Where the binaries to install are.
+    fn source_dir(&self) -> Result<PathBuf, Error> {
+        self.source_dir.clone().map_err(Error::Setting)
+    }
+}
+
+/// The install controller: its options and the bin directory it manages.
+#[derive(Debug, Clone)]
+pub struct Installer {
+    options: Options,
+    bin_dir: BinDir,
+}
+
+impl Installer {
+    pub fn new(options: Options) -> Installer {
+        Installer {
+            bin_dir: BinDir::new(options.cni_bin_dir.clone()),
+            options,
+        }
+    }
+
+    /// The bin directory, for uninstall.
+    pub fn bin_dir(&self) -> &BinDir {
+        &self.bin_dir
+    }
+
+    /// Installs the plugins from the agent's image once.
+    pub async fn install(&self, health: &Health) -> Result<Installed, Error> {
+        let plugins = self.options.plugins.clone();
+        if plugins.is_empty() {
+            health.set_installed(true);
+            return Ok(Installed::default());
+        }
+        let source = self.options.source_dir()?;
+        let bin = self.bin_dir.clone();
+        let outcome = tokio::task::spawn_blocking(move || changes::change(|| bin.install(&source, &plugins)))
+            .await
+            .map_err(Error::task("installing"))?;
+        match &outcome {
+            Ok(done) => {
+                for name in &done.written {
+                    let aside = if done.kept_aside.contains(name) {
+                        " (the node's own kept aside)"
+                    } else {
+                        ""
+                    };
+                    log::info!(
+                        "installed {}{aside}",
+                        self.options.cni_bin_dir.join(name).display()
+                    );
+                }
+                health.set_installed(true);
+            }
+            Err(_) => health.set_installed(false),
+        }
+        outcome
+    }
+
+    /// Puts the binaries back when someone removed or changed them, every
+    /// resync; the lease service is told to start again from a host-local
+    /// it replaced.
+    pub async fn run(self, health: Health, restart_lease_service: Option<Restarter>) {
+        let mut every = tokio::time::interval(RESYNC);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            match self.install(&health).await {
+                Ok(done) if done.written.iter().any(|name| name == "host-local") => {
+                    if let Some(restart) = &restart_lease_service {
+                        restart.restart();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => log::error!("{e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The controllers: each keeps one thing on the node in line, with a small
+//! `Options` (built from the settings, holding only what it needs) and one
+//! `run`. Those made from the Nodes (`conflist`, `routes`, `egress`) are
+//! run in that order by `node_watch` at every change and resync; the
+//! others run as tasks of their own (`install`, `istio_chain`, `repair`,
+//! `lease_service`). A controller may use one below it in this list, never
+//! one above: `node_watch` runs the three made from the Nodes, and
+//! `install` restarts the lease service.
+
+pub mod node_watch;
+
+pub mod conflist;
+pub mod egress;
+pub mod install;
+pub mod istio_chain;
+pub mod repair;
+pub mod routes;
+
+pub mod lease_service;

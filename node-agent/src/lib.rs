@@ -1,0 +1,49 @@
+//! The node agent `cni-node-agent` as a library; `main.rs`, its binary,
+//! only parses the settings and wires the controllers. See
+//! docs/ARCHITECTURE.md, "The node agent".
+//!
+//! Layers, each importing only from those below it (and no two modules
+//! importing each other):
+//!
+//! 1. The bottom: [`error`] (the one error type), [`settings`] (every
+//!    flag and mode the agent is told) and [`cluster`] (the cluster as the
+//!    agent sees it: the API server's client configuration, what it reads
+//!    of the Nodes, the cluster's pod range).
+//! 2. The node's shared facilities, used by several controllers:
+//!    [`atomic`] (whole-file writes, bounded reads, the bin directory's
+//!    lock), [`changes`] (one change to the node at a time, none once
+//!    uninstall has begun; the resync period), [`conf_dir`] (the CNI
+//!    configuration directory), [`record`] (what the agent changed, kept on
+//!    the node), [`health`] (readiness and its probes), [`pod_netns`] (a
+//!    running pod's network namespace), [`iptables_mode`] (which iptables)
+//!    and [`logging`].
+//! 3. [`controllers`]: each keeps one thing in line, with a small
+//!    `Options` built from the settings and one `run`: the conflist, the
+//!    routes and the masquerade (`egress`), run by the Node watch
+//!    (`node_watch`); the plugins' install, Istio's chained install
+//!    (`istio_chain`), the repair of pods that raced it, and the lease
+//!    service.
+//! 4. [`uninstall`]: each controller's removal, in order, at stop.
+//!
+//! The controllers are a folder of their own, one file each, or a folder
+//! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
+//! and `kubeconfig.rs`, `lease_service/service.rs`), so the layers show
+//! in the tree.
+
+pub mod error;
+pub mod settings;
+
+pub mod cluster;
+
+pub mod atomic;
+pub mod changes;
+pub mod conf_dir;
+pub mod health;
+pub mod iptables_mode;
+pub mod logging;
+pub mod pod_netns;
+pub mod record;
+
+pub mod controllers;
+
+pub mod uninstall;

@@ -1,0 +1,155 @@
+//! Leaving the node as it was before the agent came (`UNINSTALL_ON_STOP`),
+//! once the controllers have stopped and the conflist is gone: each
+//! controller's removal, in an order that keeps pods' DELs working. Also
+//! what that needs recorded before the agent's first change: the node's
+//! nat tables.
+
+use std::path::PathBuf;
+
+use crate::conf_dir;
+use crate::controllers::install::bin_dir::BinDir;
+use crate::controllers::{conflist, lease_service, routes};
+use crate::error::Error;
+use crate::record::Record;
+use crate::settings::Settings;
+
+/// Where the agent's things are on the node.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub cni_bin_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub lease_dir: PathBuf,
+    /// The agent's own binaries (its image's), `cnictl` among them.
+    pub tools: Result<PathBuf, String>,
+    pub bridge: String,
+}
+
+impl Options {
+    pub fn from_settings(settings: &Settings) -> Options {
+        Options {
+            cni_bin_dir: settings.cni_bin_dir.clone(),
+            cni_conf_dir: settings.cni_conf_dir.clone(),
+            lease_dir: settings.lease_dir.clone(),
+            tools: settings.source_dir().map_err(|e| e.to_string()),
+            bridge: settings.bridge.clone(),
+        }
+    }
+}
+
+/// Records what the nat tables hold before the suite's changes, unless
+/// this boot's are recorded already.
+pub async fn remember_firewall(record: &Record) {
+    let remembering = record.clone();
+    match tokio::task::spawn_blocking(move || remembering.remember_firewall()).await {
+        Ok(Ok(true)) => log::info!("recorded the node's nat tables before the suite's changes"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => log::warn!("{e}: uninstall will leave the suite's unused nat chains"),
+        Err(e) => log::warn!("recording the node's nat tables: {e}"),
+    }
+}
+
+/// Leaves the node as it was before the agent came, once its conflist is
+/// gone: its routes and rules, the lease service a plugin may have started
+/// and the lease directory; then, unless pods are still there (their
+/// leases held: their DELs need the plugins and the bridge), the bridge
+/// and the binaries, the originals put back. Nothing else is touched, and
+/// each step is tried whatever the one before it did.
+pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
+    match routes::remove_all() {
+        Ok(count) => log::info!("removed {count} routes"),
+        Err(e) => log::error!("{e}"),
+    }
+    match firewall::egress::remove() {
+        Ok(families) if !families.is_empty() => log::info!("removed the masquerade rules ({families:?})"),
+        Ok(_) => {}
+        Err(e) => log::error!("masquerade: {e}"),
+    }
+    // After the masquerade, whose jumps kept nat base chains in use.
+    let record = Record::new(&options.cni_bin_dir);
+    let firewall_failed = match record.remove_unused_firewall() {
+        Ok(Some(removal)) => {
+            for what in &removal.removed {
+                log::info!("removed {what}");
+            }
+            for failure in &removal.failed {
+                log::error!("{failure}");
+            }
+            !removal.failed.is_empty()
+        }
+        Ok(None) => {
+            log::warn!(
+                "no record of the node's nat tables before the suite on this boot: the suite's unused chains and tables stay"
+            );
+            false
+        }
+        Err(e) => {
+            log::error!("{e}");
+            true
+        }
+    };
+    match lease_service::stop_remaining(&options.lease_dir) {
+        Ok(true) => log::info!(
+            "stopped the lease service left on {}",
+            options.lease_dir.display()
+        ),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
+    }
+    let leases = options
+        .tools
+        .clone()
+        .map_err(Error::Setting)
+        .and_then(|tools| lease_service::remove_unused(&options.lease_dir, &tools))
+        .unwrap_or_else(|e| {
+            log::error!("{e}");
+            lease_service::LeaseDir::Kept
+        });
+    match leases {
+        lease_service::LeaseDir::Removed => log::info!("removed {}", options.lease_dir.display()),
+        lease_service::LeaseDir::Absent => {}
+        lease_service::LeaseDir::Kept => {
+            log::warn!("pods still hold leases: the bridge and the plugins stay for their DELs");
+            return;
+        }
+    }
+    // No pod is left to publish a host port: the record of the nat tables
+    // is done with, unless what it found unused could not all go (the
+    // next uninstall of this boot tries again).
+    if !firewall_failed && let Err(e) = record.forget_firewall() {
+        log::error!("{e}");
+    }
+    // A bridge of that name the agent's conflist did not name may be
+    // another network's.
+    if conflist_was_ours {
+        match conflist::remove_bridge_if_unused(&options.bridge) {
+            Ok(true) => log::info!("removed the bridge {}", options.bridge),
+            Ok(false) => {}
+            Err(e) => log::error!("{e}"),
+        }
+    }
+    // Our own conflist is gone by now: only others' configurations count.
+    let still_named = conf_dir::named_plugins(&options.cni_conf_dir);
+    match bin_dir.uninstall(&still_named) {
+        Ok(done) => {
+            for name in &done.restored {
+                log::info!("restored the node's own {name}");
+            }
+            for name in &done.removed {
+                log::info!("removed {name}");
+            }
+            for name in &done.left {
+                log::warn!("{name} was changed by someone else since it was installed: left as it is");
+            }
+            for name in &done.still_named {
+                log::warn!(
+                    "{name} stays: a configuration in {} still names it",
+                    options.cni_conf_dir.display()
+                );
+            }
+            for failure in &done.failed {
+                log::error!("{failure}");
+            }
+        }
+        Err(e) => log::error!("{e}"),
+    }
+}
