@@ -1109,7 +1109,7 @@ fn floors(out: &mut Outcome, n: usize) {
         trues.push(exec(&ns, Path::new("/bin/true"), &[], &[], ""));
         let id = format!("floor-{i}");
         let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
-        let setup = firewall::masquerade::render_setup(firewall::Family::V4, "floor", &id, &[address]);
+        let setup = bridge::masquerade::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
         adds.push(exec(
             &ns,
             Path::new("/usr/sbin/iptables-restore"),
@@ -1119,7 +1119,7 @@ fn floors(out: &mut Outcome, n: usize) {
         ));
         let saved = node.run("iptables-save", &["-t", "nat"]).success().stdout;
         let table = firewall::iptables::SavedTable::parse(&saved, "nat");
-        let chain = firewall::masquerade::chain_name("floor", &id);
+        let chain = bridge::masquerade::iptables::chain_name("floor", &id);
         let teardown = firewall::iptables::render_nat_removal(&table, &[chain]).expect("rules to remove");
         dels.push(exec(
             &ns,

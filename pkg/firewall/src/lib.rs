@@ -7,8 +7,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeSet;
-
 pub mod conntrack;
 pub mod egress;
 pub mod exec;
@@ -16,11 +14,9 @@ pub mod forward;
 pub mod iptables;
 pub mod istio;
 pub mod leftovers;
-pub mod masquerade;
 pub mod nfnl;
 pub mod nft;
 pub mod portmap;
-pub mod spoofcheck;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -60,43 +56,6 @@ pub fn is_chain_name(name: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_graphic() && c != '"' && c != '\'')
 }
-
-/// One way of programming the bridge's masquerade (iptables or nftables),
-/// chosen once by the caller from its configuration, as netavark chooses
-/// its firewall driver. Rules are per (network, subnet); the per-container
-/// rules are the reference plugin's layout, still removed for nodes that
-/// ran it.
-pub trait MasqueradeBackend {
-    /// Leaves the masquerade of the subnets of `addresses` complete: made
-    /// by the first pod of a subnet, found in-process by later ones,
-    /// repaired in one batch when something removed part of it. Callers
-    /// hold the node's lock, so nothing is doubled.
-    fn ensure_network(&self, network: &str, addresses: &[ipnetwork::IpNetwork]) -> Result<()>;
-
-    /// Removes one pod's per-container rules, in `families` where the
-    /// layout is per family. Returns whether there were any.
-    fn teardown_container(
-        &self,
-        network: &str,
-        container_id: &str,
-        ifname: &str,
-        families: &[Family],
-    ) -> Result<bool>;
-
-    /// Removes the per-container rules of `network` whose attachment,
-    /// `(ifname, container ID)`, is not in `keep`; subnet rules stay.
-    fn collect_garbage(&self, network: &str, keep: &BTreeSet<(String, String)>) -> Result<()>;
-
-    /// Removes `network`'s subnet rules (once none of its attachments is
-    /// valid).
-    fn remove_network(&self, network: &str) -> Result<()>;
-
-    /// What CHECK finds missing of the subnet rules for `addresses`.
-    fn missing(&self, network: &str, addresses: &[ipnetwork::IpNetwork]) -> Result<Vec<String>>;
-}
-
-/// Every masquerade backend, in the order GC visits them.
-pub const MASQUERADE_BACKENDS: [&dyn MasqueradeBackend; 2] = [&masquerade::Iptables, &nft::Nftables];
 
 /// An address family, which picks the iptables binaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

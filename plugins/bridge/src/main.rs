@@ -1,18 +1,9 @@
-//! `bridge`: the node bridge, a veth pair into the pod, addresses, routes
-//! and masquerade; addressing is delegated to an IPAM plugin.
+//! `bridge`: the plugin binary (see the library).
 
 #![forbid(unsafe_code)]
-
-mod config;
-mod host;
-mod lease;
-mod masq;
-mod plugin;
-mod pod;
-mod undo;
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    cni::skel::run(&plugin::Bridge)
+    cni::skel::run(&bridge::Bridge)
 }

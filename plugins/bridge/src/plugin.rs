@@ -6,7 +6,9 @@ use cni::conf::NetConf;
 use cni::error::plugin_codes;
 use cni::result::{Interface, IpConfig, Route};
 use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result, fault};
-use firewall::{Family, spoofcheck};
+use firewall::Family;
+
+use crate::spoofcheck;
 use ipnetwork::IpNetwork;
 use netlink::{Link, Netlink};
 use netns::NetNs;
@@ -15,7 +17,7 @@ use podnet::{check_failed, combine, firewall_error, netlink_error, state_error};
 use crate::config::BridgeConfig;
 use crate::host;
 use crate::lease;
-use crate::masq;
+use crate::masquerade;
 use crate::pod::{self, Gateways};
 use crate::undo::Undo;
 
@@ -23,6 +25,7 @@ use crate::undo::Undo;
 /// container), as the reference numbers them.
 const CONTAINER_INTERFACE: usize = 2;
 
+#[derive(Debug)]
 pub struct Bridge;
 
 /// The runtime removes a pod's namespace when it gives up on the pod. The
@@ -187,7 +190,7 @@ impl Plugin for Bridge {
                 // from a thread started here, in the node's namespace.
                 let masquerading = cfg.ip_masq.then(|| {
                     let (cfg, network, addresses) = (&cfg, &req.conf.name, addresses.clone());
-                    scope.spawn(move || masq::ensure(cfg, network, &addresses))
+                    scope.spawn(move || masquerade::ensure(cfg, network, &addresses))
                 });
                 pod::configure(
                     &pod_ns,
@@ -282,7 +285,7 @@ impl Plugin for Bridge {
             let families = known
                 .filter(|f| !f.is_empty())
                 .unwrap_or_else(|| vec![Family::V4, Family::V6]);
-            if let Err(e) = masq::teardown(&cfg, &req.conf.name, att, &families) {
+            if let Err(e) = masquerade::teardown(&cfg, &req.conf.name, att, &families) {
                 failures.push(e);
             }
         }
@@ -361,7 +364,7 @@ impl Plugin for Bridge {
             }
         }
         if cfg.ip_masq && !mine.is_empty() {
-            masq::check(&cfg, &req.conf.name, &mine)?;
+            masquerade::check(&cfg, &req.conf.name, &mine)?;
         }
         if cfg.macspoofchk {
             let allowed = spoofcheck::allowed_mac(&spoofcheck::reference_id(&att.container_id, &att.ifname))
@@ -386,7 +389,7 @@ impl Plugin for Bridge {
             failures.push(e);
         }
         // Rules may outlive a configuration that stopped masquerading.
-        if let Err(e) = masq::collect_garbage(&req.conf.name, &valid) {
+        if let Err(e) = masquerade::collect_garbage(&req.conf.name, &valid) {
             failures.push(e);
         }
         combine(failures)

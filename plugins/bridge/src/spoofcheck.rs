@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use crate::nfnl::{self, TableFamily};
-use crate::{Error, Result, exec};
+use firewall::nfnl::{self, TableFamily};
+use firewall::{Error, Result, exec};
 
 const TABLE: &str = "bridge nat";
 const BASE: &str = "PREROUTING";

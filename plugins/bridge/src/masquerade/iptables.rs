@@ -25,9 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha512};
 
-use crate::iptables::{self, SavedTable, network_of, prefixed_chain_name, quote, restore, uses_nf_tables};
-use crate::nfnl;
-use crate::{Family, MasqueradeBackend, Result, exec};
+use firewall::iptables::{self, SavedTable, network_of, prefixed_chain_name, quote, restore, uses_nf_tables};
+use firewall::{Family, Result, exec, nfnl};
+
+use super::MasqueradeBackend;
 
 /// libcni utils' `FormatChainName`.
 pub fn chain_name(network: &str, container_id: &str) -> String {
@@ -45,7 +46,7 @@ pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
     let digest = Sha512::digest(format!("{network}:{}", network_of(subnet)).as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     let mut name = format!("CNI-NET-{hex}");
-    name.truncate(crate::MAX_CHAIN_NAME);
+    name.truncate(firewall::MAX_CHAIN_NAME);
     name
 }
 
