@@ -1081,7 +1081,7 @@ const FIREWALL_PHASE: ChainedPhase = ChainedPhase {
             .stdout;
         let filter = firewall::iptables::SavedTable::parse(&saved, "filter");
         let ip = chained_pod_address(pod).parse().expect("address");
-        firewall::forward::iptables::render_del(&filter, &[ip]).expect("rules to remove")
+        firewall_plugin::forward::iptables::render_del(&filter, &[ip]).expect("rules to remove")
     },
     leftovers: |suite| {
         let saved = suite
@@ -1109,7 +1109,8 @@ fn floors(out: &mut Outcome, n: usize) {
         trues.push(exec(&ns, Path::new("/bin/true"), &[], &[], ""));
         let id = format!("floor-{i}");
         let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
-        let setup = bridge::masquerade::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
+        let setup =
+            bridge::masquerade::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
         adds.push(exec(
             &ns,
             Path::new("/usr/sbin/iptables-restore"),

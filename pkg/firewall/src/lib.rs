@@ -10,7 +10,6 @@
 pub mod conntrack;
 pub mod egress;
 pub mod exec;
-pub mod forward;
 pub mod iptables;
 pub mod istio;
 pub mod leftovers;

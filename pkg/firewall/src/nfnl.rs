@@ -21,8 +21,8 @@ const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NLM_F_REQUEST: u16 = 0x1;
-pub(crate) const NLM_F_ACK: u16 = 0x4;
-pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_ACK: u16 = 0x4;
+pub const NLM_F_DUMP: u16 = 0x300;
 /// On a delete: refuse (EBUSY) rather than take the contents along.
 const NLM_F_NONREC: u16 = 0x100;
 const NLMSG_ERROR: u16 = 2;
@@ -38,7 +38,7 @@ const NFTA_RULE_HANDLE: u16 = 3;
 const NFTA_RULE_USERDATA: u16 = 7;
 /// nftnl's user-data type for a rule comment.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
-pub(crate) const ENOENT: i32 = 2;
+pub const ENOENT: i32 = 2;
 const EBUSY: i32 = 16;
 
 /// The nf_tables family of a table.
@@ -85,13 +85,7 @@ fn request(message: u16, flags: u16, family: TableFamily, attrs: &[(u16, &str)])
 
 /// A netfilter netlink request of `subsystem`: header, nfgenmsg for
 /// `family` (an NFPROTO_* value), then the encoded attributes.
-pub(crate) fn subsystem_request(
-    subsystem: u16,
-    message: u16,
-    flags: u16,
-    family: u8,
-    attrs: &[u8],
-) -> Vec<u8> {
+pub fn subsystem_request(subsystem: u16, message: u16, flags: u16, family: u8, attrs: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; 16];
     buf.push(family);
     buf.push(0); // NFNETLINK_V0
@@ -109,7 +103,7 @@ fn io_error(what: &str, e: &std::io::Error) -> Error {
     Error::Invalid(format!("netfilter {what}: {e}"))
 }
 
-pub(crate) fn read_u16(b: &[u8], at: usize) -> u16 {
+pub fn read_u16(b: &[u8], at: usize) -> u16 {
     u16::from_ne_bytes([b[at], b[at + 1]])
 }
 
@@ -120,7 +114,7 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
 /// Sends `request` and hands every reply message (type, payload after the
 /// nlmsghdr) to `each` until the kernel is done: an ACK, an error, or the
 /// end of a dump. A negative errno from the kernel is returned as `Err`.
-pub(crate) fn converse(
+pub fn converse(
     what: &str,
     request: &[u8],
     mut each: impl FnMut(u16, &[u8]),
@@ -185,7 +179,7 @@ fn attributes(payload: &[u8]) -> Vec<(u16, &[u8])> {
 
 /// The attributes in `bytes` from `at` on (a nested attribute's value from
 /// 0), each as (type without its flags, value).
-pub(crate) fn attributes_from(bytes: &[u8], mut at: usize) -> Vec<(u16, &[u8])> {
+pub fn attributes_from(bytes: &[u8], mut at: usize) -> Vec<(u16, &[u8])> {
     let payload = bytes;
     let mut out = Vec::new();
     while at + 4 <= payload.len() {

@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
+use crate::forward::IngressPolicy;
+use crate::forward::iptables::DEFAULT_ADMIN_CHAIN;
 use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
-use firewall::forward::IngressPolicy;
-use firewall::forward::iptables::DEFAULT_ADMIN_CHAIN;
 use firewall::{MAX_CHAIN_NAME, is_chain_name};
 use serde::de::DeserializeOwned;
 use serde_json::Value;

@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::forward::nft::Pod;
+use crate::forward::{FirewallBackend, IngressPolicy, PodRules, iptables, nft};
 use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
 use firewall::Family;
-use firewall::forward::nft::Pod;
-use firewall::forward::{IngressPolicy, iptables, nft};
 use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, combine, firewall_error, netlink_error};
@@ -16,6 +16,7 @@ use podnet::{check_failed, combine, firewall_error, netlink_error};
 use crate::config::{Backend, FirewallConfig};
 use crate::state::{Record, Store};
 
+#[derive(Debug)]
 pub struct Firewall;
 
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
@@ -80,6 +81,29 @@ fn pod<'a>(req: &'a Request, att: &'a Attachment) -> Pod<'a> {
         network: &req.conf.name,
         container_id: &att.container_id,
         ifname: &att.ifname,
+    }
+}
+
+/// The configured backend: the one place the configuration picks it.
+fn backend(cfg: &FirewallConfig) -> &'static dyn FirewallBackend {
+    match cfg.backend {
+        Backend::Iptables => &iptables::Iptables,
+        Backend::Nftables => &nft::Nftables,
+    }
+}
+
+fn pod_rules<'a>(
+    cfg: &'a FirewallConfig,
+    req: &'a Request,
+    att: &'a Attachment,
+    ips: &'a [IpAddr],
+    bridge: Option<&'a str>,
+) -> PodRules<'a> {
+    PodRules {
+        pod: pod(req, att),
+        ips,
+        admin_chain: &cfg.admin_chain,
+        bridge,
     }
 }
 
@@ -158,23 +182,8 @@ impl Plugin for Firewall {
         };
         store.save(&req.conf.name, &record).map_err(state_error)?;
         let _lock = node_lock()?;
-        match cfg.backend {
-            Backend::Iptables => {
-                for family in FAMILIES {
-                    let ips = of_family(&ips, family);
-                    let layout = iptables::Layout {
-                        admin: &cfg.admin_chain,
-                        bridge: bridge.as_deref(),
-                    };
-                    if !ips.is_empty() {
-                        iptables::add(family, &layout, &ips).map_err(firewall_error)?;
-                    }
-                }
-            }
-            Backend::Nftables => {
-                nft::add(&pod(req, att), &ips, bridge.as_deref()).map_err(firewall_error)?;
-            }
-        }
+        let rules = pod_rules(&cfg, req, att, &ips, bridge.as_deref());
+        backend(&cfg).add(&rules).map_err(firewall_error)?;
         Ok(result)
     }
 
@@ -183,24 +192,8 @@ impl Plugin for Firewall {
         let result = prev_result(req)?;
         let ips = addresses(&result);
         let bridge = isolated_bridge(&cfg, &result)?;
-        let mut missing = Vec::new();
-        match cfg.backend {
-            Backend::Iptables => {
-                for family in FAMILIES {
-                    let ips = of_family(&ips, family);
-                    let layout = iptables::Layout {
-                        admin: &cfg.admin_chain,
-                        bridge: bridge.as_deref(),
-                    };
-                    if !ips.is_empty() {
-                        missing.extend(iptables::check(family, &layout, &ips).map_err(firewall_error)?);
-                    }
-                }
-            }
-            Backend::Nftables => {
-                missing = nft::check(&pod(req, att), &ips, bridge.as_deref()).map_err(firewall_error)?;
-            }
-        }
+        let rules = pod_rules(&cfg, req, att, &ips, bridge.as_deref());
+        let missing = backend(&cfg).check(&rules).map_err(firewall_error)?;
         if missing.is_empty() {
             Ok(())
         } else {

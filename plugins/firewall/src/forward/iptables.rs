@@ -26,10 +26,10 @@
 
 use std::net::IpAddr;
 
-use super::rules;
-use crate::iptables::{SavedTable, quote, restore, uses_nf_tables};
-use crate::nfnl::TableFamily;
-use crate::{Family, Result};
+use super::{FirewallBackend, PodRules, rules};
+use firewall::iptables::{SavedTable, quote, restore, uses_nf_tables};
+use firewall::nfnl::TableFamily;
+use firewall::{Family, Result};
 
 pub const FORWARD_CHAIN: &str = "CNI-FORWARD";
 pub const DEFAULT_ADMIN_CHAIN: &str = "CNI-ADMIN";
@@ -228,7 +228,7 @@ pub fn missing(filter: &SavedTable, layout: &Layout, ips: &[IpAddr]) -> Vec<Stri
 /// iptables-nft, one `iptables-save -t filter` with iptables-legacy.
 pub fn read(family: Family, layout: &Layout) -> Result<SavedTable> {
     if !uses_nf_tables(family) {
-        return crate::iptables::read(family, "filter");
+        return firewall::iptables::read(family, "filter");
     }
     let table_family = match family {
         Family::V4 => TableFamily::Ip,
@@ -287,6 +287,48 @@ pub fn del(family: Family, ips: &[IpAddr]) -> Result<bool> {
 /// What is missing of `ips`' layout in `family`.
 pub fn check(family: Family, layout: &Layout, ips: &[IpAddr]) -> Result<Vec<String>> {
     read(family, layout).map(|filter| missing(&filter, layout, ips))
+}
+
+/// The reference's layout, one batch per family.
+#[derive(Debug, Clone, Copy)]
+pub struct Iptables;
+
+/// `ips` of `family`, with the layout `rules` asks for.
+fn per_family<'a>(rules: &'a PodRules, family: Family) -> (Layout<'a>, Vec<IpAddr>) {
+    let layout = Layout {
+        admin: rules.admin_chain,
+        bridge: rules.bridge,
+    };
+    let ips = rules
+        .ips
+        .iter()
+        .copied()
+        .filter(|ip| ip.is_ipv4() == (family == Family::V4))
+        .collect();
+    (layout, ips)
+}
+
+impl FirewallBackend for Iptables {
+    fn add(&self, rules: &PodRules) -> Result<()> {
+        for family in [Family::V4, Family::V6] {
+            let (layout, ips) = per_family(rules, family);
+            if !ips.is_empty() {
+                add(family, &layout, &ips)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self, rules: &PodRules) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            let (layout, ips) = per_family(rules, family);
+            if !ips.is_empty() {
+                missing.extend(check(family, &layout, &ips)?);
+            }
+        }
+        Ok(missing)
+    }
 }
 
 #[cfg(test)]
@@ -495,7 +537,7 @@ mod tests {
                     "nothing missing, nothing run"
                 );
                 assert!(check(family, &layout, &addresses).expect("check").is_empty());
-                let saved = crate::exec::run(family.save(), &["-t", "filter"], "").expect("save");
+                let saved = firewall::exec::run(family.save(), &["-t", "filter"], "").expect("save");
                 let by_chain = |mut f: SavedTable| {
                     f.rules.sort_by(|a, b| a.0.cmp(&b.0));
                     f.chains.retain(|c| c != "INPUT" && c != "OUTPUT");

@@ -29,9 +29,10 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::rules::{self, Rule};
-use crate::nfnl::TableFamily;
-use crate::nft::{instance_hash, network_hash};
-use crate::{Error, Result, exec};
+use super::{FirewallBackend, PodRules};
+use firewall::nfnl::TableFamily;
+use firewall::nft::{instance_hash, network_hash};
+use firewall::{Error, Result, exec};
 
 pub const TABLE: &str = "cni_firewall";
 const FORWARD: &str = "forward";
@@ -322,6 +323,20 @@ pub fn gc(network: &str, keep: &BTreeSet<(String, String)>) -> Result<bool> {
 /// What is missing of the pod's rules.
 pub fn check(pod: &Pod, ips: &[IpAddr], bridge: Option<&str>) -> Result<Vec<String>> {
     read(bridge.is_some()).map(|table| missing(&table, pod, ips, bridge))
+}
+
+/// Our own `inet cni_firewall` table.
+#[derive(Debug, Clone, Copy)]
+pub struct Nftables;
+
+impl FirewallBackend for Nftables {
+    fn add(&self, rules: &PodRules) -> Result<()> {
+        add(&rules.pod, rules.ips, rules.bridge).map(drop)
+    }
+
+    fn check(&self, rules: &PodRules) -> Result<Vec<String>> {
+        check(&rules.pod, rules.ips, rules.bridge)
+    }
 }
 
 #[cfg(test)]

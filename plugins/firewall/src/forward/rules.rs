@@ -7,8 +7,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::nfnl::{self, TableFamily};
-use crate::{Error, Result};
+use firewall::nfnl::{self, TableFamily};
+use firewall::{Error, Result};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETRULE: u16 = 7;
@@ -185,7 +185,7 @@ fn spec_of(exprs: &[Expr]) -> Option<String> {
             (Expr::Match { name, info }, _) if name == "comment" => {
                 matches.push(format!(
                     "-m comment --comment {}",
-                    crate::iptables::quote(&text(info))
+                    firewall::iptables::quote(&text(info))
                 ));
                 at += 1;
             }
