@@ -15,8 +15,9 @@
 //!    uninstall has begun; the resync period), [`conf_dir`] (the CNI
 //!    configuration directory), [`record`] (what the agent changed, kept on
 //!    the node), [`health`] (readiness and its probes), [`pod_netns`] (a
-//!    running pod's network namespace), [`iptables_mode`] (which iptables)
-//!    and [`logging`].
+//!    running pod's network namespace), [`iptables_mode`] (which iptables),
+//!    [`leftovers`] (what the suite left in the node's nat tables that no
+//!    one uses, recorded and removed) and [`logging`].
 //! 3. [`controllers`]: each keeps one thing in line, with a small
 //!    `Options` built from the settings and one `run`: the conflist, the
 //!    routes and the masquerade (`egress`), run by the Node watch
@@ -27,7 +28,7 @@
 //!
 //! The controllers are a folder of their own, one file each, or a folder
 //! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
-//! and `kubeconfig.rs`, `lease_service/service.rs`), so the layers show
+//! and `kubeconfig.rs`, `lease_service/service.rs`, `egress/rules.rs`), so the layers show
 //! in the tree.
 
 pub mod error;
@@ -40,6 +41,7 @@ pub mod changes;
 pub mod conf_dir;
 pub mod health;
 pub mod iptables_mode;
+pub mod leftovers;
 pub mod logging;
 pub mod pod_netns;
 pub mod record;

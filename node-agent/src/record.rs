@@ -45,7 +45,7 @@ pub struct NodeRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirewallBefore {
     pub boot_id: String,
-    pub snapshot: firewall::leftovers::Snapshot,
+    pub snapshot: crate::leftovers::Snapshot,
 }
 
 /// A bare `.conf` as it was before the agent wrapped it.
@@ -152,7 +152,7 @@ impl Record {
             if of_this_boot(record.firewall_before.as_ref(), &boot_id) {
                 return Ok(false);
             }
-            let snapshot = firewall::leftovers::snapshot().map_err(|source| Error::NatTables {
+            let snapshot = crate::leftovers::snapshot().map_err(|source| Error::NatTables {
                 what: "cannot read the node's nat tables",
                 source,
             })?;
@@ -165,7 +165,7 @@ impl Record {
     /// keeping what this boot's record says was there before; None when
     /// there is no such record: nothing then tells the node's own from the
     /// suite's, and nothing is removed.
-    pub fn remove_unused_firewall(&self) -> Result<Option<firewall::leftovers::Removal>, Error> {
+    pub fn remove_unused_firewall(&self) -> Result<Option<crate::leftovers::Removal>, Error> {
         let boot_id = boot_id()?;
         let Some(before) = self
             .read()?
@@ -174,7 +174,7 @@ impl Record {
         else {
             return Ok(None);
         };
-        firewall::leftovers::remove_unused(&before.snapshot)
+        crate::leftovers::remove_unused(&before.snapshot)
             .map(Some)
             .map_err(|source| Error::NatTables {
                 what: "the nat tables",
@@ -218,7 +218,7 @@ mod tests {
     fn before(boot_id: &str) -> FirewallBefore {
         FirewallBefore {
             boot_id: boot_id.into(),
-            snapshot: firewall::leftovers::Snapshot::default(),
+            snapshot: crate::leftovers::Snapshot::default(),
         }
     }
 

@@ -59,7 +59,7 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
         Ok(count) => log::info!("removed {count} routes"),
         Err(e) => log::error!("{e}"),
     }
-    match firewall::egress::remove() {
+    match crate::controllers::egress::rules::remove() {
         Ok(families) if !families.is_empty() => log::info!("removed the masquerade rules ({families:?})"),
         Ok(_) => {}
         Err(e) => log::error!("masquerade: {e}"),

@@ -8,11 +8,9 @@
 #![forbid(unsafe_code)]
 
 pub mod conntrack;
-pub mod egress;
 pub mod exec;
 pub mod iptables;
 pub mod istio;
-pub mod leftovers;
 pub mod nfnl;
 pub mod nft;
 pub mod portmap;

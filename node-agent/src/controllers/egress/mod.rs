@@ -2,11 +2,13 @@
 //! pods send outside the cluster's pod range is masqueraded, so pod-to-pod
 //! traffic between nodes keeps its source address. The range is
 //! `CLUSTER_CIDRS` when set, else kubeadm's and the Nodes' pod CIDRs,
-//! merged; the rules are `firewall::egress`'s. Run by the Node watch.
+//! merged; the rules are in [`rules`]. Run by the Node watch.
 
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
+
+pub mod rules;
 
 use crate::changes;
 use crate::cluster::node::Nodes;
@@ -76,7 +78,7 @@ impl Egress {
         }
         let (sources, cluster) = masquerade.clone();
         match changes::blocking(move || {
-            changes::change(|| firewall::egress::apply(&sources, &cluster).map_err(Error::Masquerade))
+            changes::change(|| rules::apply(&sources, &cluster).map_err(Error::Masquerade))
         })
         .await
         {

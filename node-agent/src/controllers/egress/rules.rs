@@ -21,8 +21,8 @@ use std::collections::BTreeSet;
 
 use ipnetwork::IpNetwork;
 
-use crate::iptables::{self, SavedTable, network_of, quote};
-use crate::{Family, Result};
+use firewall::iptables::{self, SavedTable, network_of, quote};
+use firewall::{Family, Result};
 
 /// The agent's chain in the nat table.
 pub const CHAIN: &str = "CNI-SUITE-EGRESS";
@@ -117,7 +117,7 @@ pub fn apply(sources: &[IpNetwork], cluster: &[IpNetwork]) -> Result<Vec<Family>
     let mut changed = Vec::new();
     for family in [Family::V4, Family::V6] {
         let has_sources = sources.iter().any(|s| Family::of(s) == family);
-        if !has_sources && crate::exec::find(family.save()).is_none() {
+        if !has_sources && firewall::exec::find(family.save()).is_none() {
             continue;
         }
         let table = iptables::read(family, "nat")?;

@@ -18,11 +18,11 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::iptables::SavedTable;
-use crate::nfnl::{self, Deleted};
-use crate::portmap::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
-use crate::portmap::nft as hostport_nft;
-use crate::{Error, Family, Result, exec};
+use firewall::iptables::SavedTable;
+use firewall::nfnl::{self, Deleted};
+use firewall::portmap::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
+use firewall::portmap::nft as hostport_nft;
+use firewall::{Error, Family, Result, exec};
 
 /// The chains portmap makes once for every pod of the node.
 const SHARED_CHAINS: [&str; 3] = [DNAT_CHAIN, SETMARK_CHAIN, MASQ_CHAIN];
@@ -314,7 +314,14 @@ fn remove_empty_nat(family: Family, before: Option<&BTreeSet<String>>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nfnl::tests::run;
+
+    fn run(program: &str, args: &[&str]) {
+        let status = std::process::Command::new(program)
+            .args(args)
+            .status()
+            .expect("runs");
+        assert!(status.success(), "{program} {args:?}");
+    }
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|n| (*n).to_owned()).collect()
