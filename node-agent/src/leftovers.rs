@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use firewall::iptables::SavedTable;
 use firewall::nfnl::{self, Deleted};
-use firewall::portmap::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
-use firewall::portmap::nft as hostport_nft;
 use firewall::{Error, Family, Result, exec};
+use portmap::mapper::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
+use portmap::mapper::nft as hostport_nft;
 
 /// The chains portmap makes once for every pod of the node.
 const SHARED_CHAINS: [&str; 3] = [DNAT_CHAIN, SETMARK_CHAIN, MASQ_CHAIN];

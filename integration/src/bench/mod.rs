@@ -1062,7 +1062,7 @@ const PORTMAP_PHASE: ChainedPhase = ChainedPhase {
     teardown: |suite, network, id, _| {
         let saved = suite.node.run("iptables-save", &["-t", "nat"]).success().stdout;
         let table = firewall::iptables::SavedTable::parse(&saved, "nat");
-        firewall::portmap::iptables::render_remove(&table, network, id).expect("rules to remove")
+        portmap::mapper::iptables::render_remove(&table, network, id).expect("rules to remove")
     },
     leftovers: |suite| {
         let chains = suite.node.nat_chains().into_iter();

@@ -13,7 +13,6 @@ pub mod iptables;
 pub mod istio;
 pub mod nfnl;
 pub mod nft;
-pub mod portmap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

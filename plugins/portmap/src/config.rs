@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::mapper::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
 use cni::keys::{self, Shape, field, plain};
 use cni::{Error, NetConf, Result};
-use firewall::portmap::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 

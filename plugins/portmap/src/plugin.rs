@@ -5,12 +5,12 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use crate::mapper::{self, Forward, Mapping, Pod, PortMapper, Protocol, Settings, iptables, nft};
 use cni::error::{Code, plugin_codes};
 use cni::keys::Shape;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
 use firewall::conntrack::{self, Filter};
-use firewall::portmap::{self, Forward, Mapping, Pod, Protocol, Settings, iptables, nft};
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
@@ -19,6 +19,7 @@ use podnet::{check_failed, combine, firewall_error, netlink_error};
 use crate::config::{Backend, KEYS, PortmapConfig};
 use crate::records::{self, Namespace, Record};
 
+#[derive(Debug)]
 pub struct Portmap;
 
 /// The node namespace's lock: our ADDs, DELs and GCs of a node never
@@ -58,10 +59,11 @@ fn pod<'a>(req: &'a Request, att: &'a Attachment, address: IpNetwork) -> Pod<'a>
     }
 }
 
-fn add_in(backend: Backend, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> firewall::Result<()> {
+/// The configured backend: the one place the configuration picks it.
+fn mapper(backend: Backend) -> &'static dyn PortMapper {
     match backend {
-        Backend::Iptables => iptables::add(pod, settings, mappings),
-        Backend::Nftables => nft::add(pod, settings, mappings),
+        Backend::Iptables => &iptables::Iptables,
+        Backend::Nftables => &nft::Nftables,
     }
 }
 
@@ -91,7 +93,7 @@ fn flush_removed_flows(forwards: &[Forward]) {
     let filters: Vec<Filter> = forwards
         .iter()
         .map(|f| Filter {
-            family: portmap::family_of(f.pod_ip),
+            family: mapper::family_of(f.pod_ip),
             protocol: f.protocol.number(),
             port: f.host_port,
             reply_source: Some(f.pod_ip),
@@ -205,7 +207,7 @@ fn settle_conflicts(cfg: &PortmapConfig, network: &str, container_id: &str, node
 }
 
 fn iptables_usable(family: Family) -> bool {
-    firewall::exec::find(family.restore()).is_some() && firewall::exec::find(family.save()).is_some()
+    firewall::iptables::available(family)
 }
 
 impl Plugin for Portmap {
@@ -226,7 +228,8 @@ impl Plugin for Portmap {
         settle_conflicts(&cfg, &req.conf.name, &att.container_id, &node)?;
         for address in pod_addresses(&result, &att.ifname) {
             let pod = pod(req, att, address);
-            add_in(cfg.backend, &pod, &cfg.settings, &cfg.mappings)
+            mapper(cfg.backend)
+                .add(&pod, &cfg.settings, &cfg.mappings)
                 .map_err(|e| firewall_error(e).context("unable to set up port mappings"))?;
             flush_udp_flows(pod.family(), &cfg.mappings);
             if cfg.settings.snat && address.is_ipv4() {
@@ -260,11 +263,7 @@ impl Plugin for Portmap {
         let mut gaps = Vec::new();
         for address in pod_addresses(&result, &att.ifname) {
             let pod = pod(req, att, address);
-            let found = match cfg.backend {
-                Backend::Iptables => firewall::iptables::read(pod.family(), "nat")
-                    .map(|table| iptables::missing(&table, &pod, &cfg.settings, &cfg.mappings)),
-                Backend::Nftables => nft::missing(&pod, &cfg.settings, &cfg.mappings),
-            };
+            let found = mapper(cfg.backend).missing(&pod, &cfg.settings, &cfg.mappings);
             gaps.extend(found.map_err(firewall_error)?);
         }
         if gaps.is_empty() {
@@ -385,11 +384,7 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<()> {
         let cfg = PortmapConfig::load(&req.conf)?;
-        let usable = match cfg.backend {
-            Backend::Iptables => iptables_usable(Family::V4),
-            Backend::Nftables => nft::usable().is_ok(),
-        };
-        if usable {
+        if mapper(cfg.backend).usable() {
             Ok(())
         } else {
             Err(Error::new(

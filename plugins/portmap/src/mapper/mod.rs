@@ -1,19 +1,34 @@
-//! Host port mappings (the `portmap` plugin): a pod's `containerPort`
-//! published on the node's `hostPort`.
+//! Host port mappings (the `portmap` plugin's rules): a pod's
+//! `containerPort` published on the node's `hostPort`.
 //!
-//! Two layouts, each a pure renderer here and applied in one transaction
-//! per family: [`iptables`], the reference plugin's chains and comments
-//! exactly (so ours and the reference's can replace each other on a live
-//! node), and [`nft`], upstream's `cni_hostport` tables.
+//! Two layouts behind one interface ([`PortMapper`]), each a pure renderer
+//! and applied in one transaction per family: [`iptables`], the reference
+//! plugin's chains and comments exactly (so ours and the reference's can
+//! replace each other on a live node), and [`nft`], upstream's
+//! `cni_hostport` tables.
 
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
-use crate::{Error, Family, Result};
+use firewall::{Error, Family, Result};
 
 pub mod iptables;
 pub mod nft;
+
+/// One way of publishing host ports (the reference's `PortMapper`), chosen
+/// once from the configuration for ADD, CHECK and STATUS; DEL and GC
+/// remove from both, whatever the configuration says now.
+pub trait PortMapper {
+    /// Publishes `mappings` for one family's pod address.
+    fn add(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<()>;
+
+    /// What the pod's rules of that family lack.
+    fn missing(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<Vec<String>>;
+
+    /// Whether its tools work on this node.
+    fn usable(&self) -> bool;
+}
 
 /// The reference's default mark bit: Kubernetes uses 14 and 15, Calico
 /// 20–31.

@@ -20,10 +20,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::iptables::{self, SavedTable, network_of, quote};
-use crate::nfnl;
-use crate::portmap::{DEFAULT_MARK_BIT, Forward, Mapping, Pod, Protocol, Settings, ip_port};
-use crate::{Family, Result};
+use firewall::iptables::{self, SavedTable, network_of, quote};
+use firewall::{Family, Result, nfnl};
+
+use super::{DEFAULT_MARK_BIT, Forward, Mapping, Pod, PortMapper, Protocol, Settings, ip_port};
 
 pub const DNAT_CHAIN: &str = "CNI-HOSTPORT-DNAT";
 pub const SETMARK_CHAIN: &str = "CNI-HOSTPORT-SETMARK";
@@ -504,6 +504,24 @@ pub fn collect_garbage(family: Family, network: &str, keep: &BTreeSet<String>) -
         iptables::restore(family, &input)?;
     }
     Ok(forwards)
+}
+
+/// The reference's chains, through iptables-restore.
+#[derive(Debug, Clone, Copy)]
+pub struct Iptables;
+
+impl PortMapper for Iptables {
+    fn add(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<()> {
+        add(pod, settings, mappings)
+    }
+
+    fn missing(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<Vec<String>> {
+        iptables::read(pod.family(), "nat").map(|table| missing(&table, pod, settings, mappings))
+    }
+
+    fn usable(&self) -> bool {
+        iptables::available(Family::V4)
+    }
 }
 
 #[cfg(test)]

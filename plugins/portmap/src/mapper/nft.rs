@@ -19,9 +19,9 @@
 
 use std::net::IpAddr;
 
-use crate::nfnl;
-use crate::portmap::{Forward, Mapping, Pod, Protocol, Settings, ip_port};
-use crate::{Error, Family, Result, exec};
+use firewall::{Error, Family, Result, exec, nfnl};
+
+use super::{Forward, Mapping, Pod, PortMapper, Protocol, Settings, ip_port};
 
 pub const TABLE: &str = "cni_hostport";
 const HOSTPORTS: &str = "hostports";
@@ -262,6 +262,24 @@ pub fn usable() -> Result<()> {
     exec::find("nft")
         .map(drop)
         .ok_or_else(|| Error::Invalid("nft not found".into()))
+}
+
+/// Upstream's `cni_hostport` tables, through nft.
+#[derive(Debug, Clone, Copy)]
+pub struct Nftables;
+
+impl PortMapper for Nftables {
+    fn add(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<()> {
+        add(pod, settings, mappings)
+    }
+
+    fn missing(&self, pod: &Pod, settings: &Settings, mappings: &[Mapping]) -> Result<Vec<String>> {
+        missing(pod, settings, mappings)
+    }
+
+    fn usable(&self) -> bool {
+        usable().is_ok()
+    }
 }
 
 #[cfg(test)]
