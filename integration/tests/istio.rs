@@ -9,10 +9,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use firewall::Family;
-use firewall::istio::{Mode, Redirect, Selection, render, render_nft};
 use integration::api_server::ApiServer;
 use integration::probe::Probe;
 use integration::{Netns, Node, Run, bin_dir, run_in};
+use istio_redirect::capture::{Mode, Redirect, Selection, render, render_nft};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 

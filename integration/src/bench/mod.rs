@@ -903,20 +903,20 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
             "sidecar.istio.io/status": status, "sidecar.istio.io/interceptionMode": "REDIRECT"}},
         "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.79.0.2/24"}]}})
     .to_string();
-    let redirect = firewall::istio::Redirect::default();
+    let redirect = istio_redirect::capture::Redirect::default();
     let (metric, tool, tool_args, rules): (&str, &str, &[&str], String) = if native_nftables {
         (
             report::ISTIO_NATIVE_METRIC,
             "/usr/sbin/nft",
             &["-f", "-"],
-            firewall::istio::render_nft(&redirect, false).fresh(),
+            istio_redirect::capture::render_nft(&redirect, false).fresh(),
         )
     } else {
         (
             report::ISTIO_METRIC,
             "/usr/sbin/iptables-nft-restore",
             &["--noflush"],
-            firewall::istio::render(&redirect, firewall::Family::V4).restore_fresh(),
+            istio_redirect::capture::render(&redirect, firewall::Family::V4).restore_fresh(),
         )
     };
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=u";

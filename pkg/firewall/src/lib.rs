@@ -10,7 +10,6 @@
 pub mod conntrack;
 pub mod exec;
 pub mod iptables;
-pub mod istio;
 pub mod nfnl;
 pub mod nft;
 

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::capture::apply::Backend;
 use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
-use firewall::istio::apply::Backend;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 

@@ -6,12 +6,14 @@ use cni::conf::POD_ANNOTATIONS_KEY;
 use cni::fault;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
-use firewall::istio::apply::{self, Backend, Outcome};
-use firewall::istio::{Mode, Redirect, TPROXY_MARK, TPROXY_TABLE, nft, render, render_nft};
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::NetNs;
 use podnet::{check_failed, firewall_error, netlink_error};
+
+use crate::capture::apply::{Backend, IptablesCapture, Outcome};
+use crate::capture::nft::NftablesCapture;
+use crate::capture::{CaptureBackend, Mode, Redirect, TPROXY_MARK, TPROXY_TABLE};
 
 use crate::annotations;
 use crate::config::IstioConfig;
@@ -25,6 +27,7 @@ const K8S_ARGS: [&str; 4] = [
     "K8S_POD_UID",
 ];
 
+#[derive(Debug)]
 pub struct IstioRedirect;
 
 /// What to do with a pod.
@@ -104,20 +107,29 @@ fn ipv6_enabled(nl: &Netlink, dual_stack: bool) -> Result<bool> {
     })
 }
 
-/// Where the capture rules go.
-#[derive(Debug, Clone, Copy)]
-enum Layout {
-    /// Istio's own `inet istio-proxy-*` tables (`native_nftables`).
-    NativeNftables,
-    /// iptables tables, in the operator's flavour or (None) the one
-    /// detected in the pod.
-    Iptables(Option<Backend>),
-}
-
 struct Target {
     ns: NetNs,
     families: Vec<Family>,
-    layout: Layout,
+    backend: &'static dyn CaptureBackend,
+}
+
+/// Where the capture rules go: Istio's own `inet istio-proxy-*` tables
+/// (`native_nftables`), or iptables tables in the operator's flavour or
+/// the one found in the pod. The one place the configuration picks it.
+fn capture_backend(cfg: &IstioConfig) -> &'static dyn CaptureBackend {
+    match (cfg.native_nftables, cfg.backend) {
+        (true, _) => &NftablesCapture,
+        (false, None) => &IptablesCapture { forced: None },
+        (false, Some(Backend::Default)) => &IptablesCapture {
+            forced: Some(Backend::Default),
+        },
+        (false, Some(Backend::Nft)) => &IptablesCapture {
+            forced: Some(Backend::Nft),
+        },
+        (false, Some(Backend::Legacy)) => &IptablesCapture {
+            forced: Some(Backend::Legacy),
+        },
+    }
 }
 
 fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(Target, Netlink)> {
@@ -127,12 +139,15 @@ fn target(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(T
     if ipv6_enabled(&nl, redirect.dual_stack)? {
         families.push(Family::V6);
     }
-    let layout = if cfg.native_nftables {
-        Layout::NativeNftables
-    } else {
-        Layout::Iptables(cfg.backend)
-    };
-    Ok((Target { ns, families, layout }, nl))
+    let backend = capture_backend(cfg);
+    Ok((
+        Target {
+            ns,
+            families,
+            backend,
+        },
+        nl,
+    ))
 }
 
 impl Target {
@@ -142,23 +157,10 @@ impl Target {
 
     /// Programs the rules: one nft transaction, or one restore per family.
     fn program(&self, redirect: &Redirect) -> Result<()> {
-        let outcomes = match self.layout {
-            Layout::NativeNftables => vec![(
-                "nftables".to_owned(),
-                nft::apply_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error)?,
-            )],
-            Layout::Iptables(forced) => {
-                let mut outcomes = Vec::new();
-                for family in &self.families {
-                    let backend = apply::backend_for(&self.ns, *family, forced).map_err(firewall_error)?;
-                    let outcome = apply::apply(&self.ns, *family, &render(redirect, *family), backend)
-                        .map_err(firewall_error)?;
-                    outcomes.push((format!("{family:?}"), outcome));
-                    fault::pause("istio-redirect:first-family");
-                }
-                outcomes
-            }
-        };
+        let outcomes = self
+            .backend
+            .program(&self.ns, redirect, &self.families)
+            .map_err(firewall_error)?;
         for (what, outcome) in outcomes {
             match outcome {
                 Outcome::Applied => {}
@@ -171,17 +173,9 @@ impl Target {
 
     /// The expected rules the pod lacks.
     fn missing(&self, redirect: &Redirect) -> Result<Vec<String>> {
-        let Layout::Iptables(forced) = self.layout else {
-            return nft::missing_nft(&self.ns, &render_nft(redirect, self.ipv6())).map_err(firewall_error);
-        };
-        let mut missing = Vec::new();
-        for family in &self.families {
-            let rules = render(redirect, *family);
-            let backend = apply::backend_for(&self.ns, *family, forced).map_err(firewall_error)?;
-            let saved = apply::read(&self.ns, *family, backend).map_err(firewall_error)?;
-            missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
-        }
-        Ok(missing)
+        self.backend
+            .missing(&self.ns, redirect, &self.families)
+            .map_err(firewall_error)
     }
 }
 

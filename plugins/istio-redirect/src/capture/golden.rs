@@ -10,7 +10,7 @@ use super::*;
 /// text (indented here).
 fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
     let unindented: String = save.lines().map(|line| format!("{}\n", line.trim())).collect();
-    crate::iptables::SavedTable::parse_all(&unindented)
+    firewall::iptables::SavedTable::parse_all(&unindented)
         .into_iter()
         .map(|(name, table)| {
             let rules = table.rules.into_iter().map(|(_, line)| line).collect();

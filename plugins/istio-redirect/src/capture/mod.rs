@@ -10,13 +10,30 @@ pub mod apply;
 pub mod nft;
 mod render;
 
+/// One way of programming a pod's capture, chosen once from the
+/// configuration: Istio's iptables rules ([`apply::IptablesCapture`], in
+/// the flavour the operator forces or the one found in the pod), or
+/// Istio's native nftables tables ([`nft::NftablesCapture`]).
+pub trait CaptureBackend {
+    /// Programs the capture of `families` in `ns`; what each transaction
+    /// did, named.
+    fn program(
+        &self,
+        ns: &NetNs,
+        redirect: &Redirect,
+        families: &[Family],
+    ) -> Result<Vec<(String, apply::Outcome)>>;
+
+    /// The expected rules the pod lacks.
+    fn missing(&self, ns: &NetNs, redirect: &Redirect, families: &[Family]) -> Result<Vec<String>>;
+}
+
 pub use nft::{NftCapture, render_nft};
 pub use render::{IstioRules, render};
 
+use firewall::{Family, Result};
 use ipnetwork::IpNetwork;
 use netns::NetNs;
-
-use crate::{Family, Result};
 
 /// Envoy's outbound listener.
 pub const OUTBOUND_PORT: u16 = 15001;

@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use firewall::Family;
 use ipnetwork::IpNetwork;
 
 use super::{
     DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
 };
-use crate::Family;
 
 const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
 

@@ -13,14 +13,15 @@
 
 use std::collections::BTreeMap;
 
+use firewall::{Error, Family, Result, exec, nfnl};
 use ipnetwork::IpNetwork;
 use netns::NetNs;
 
 use super::apply::Outcome;
 use super::{
-    DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
+    CaptureBackend, DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK,
+    TUNNEL_PORT, cidr,
 };
-use crate::{Error, Result, exec, nfnl};
 
 const NAT: &str = "istio-proxy-nat";
 const MANGLE: &str = "istio-proxy-mangle";
@@ -547,6 +548,26 @@ fn labelled(listing: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// Istio's native nftables tables, one transaction for both families.
+#[derive(Debug, Clone, Copy)]
+pub struct NftablesCapture;
+
+impl CaptureBackend for NftablesCapture {
+    fn program(
+        &self,
+        ns: &NetNs,
+        redirect: &Redirect,
+        families: &[Family],
+    ) -> Result<Vec<(String, Outcome)>> {
+        let capture = render_nft(redirect, families.contains(&Family::V6));
+        Ok(vec![("nftables".to_owned(), apply_nft(ns, &capture)?)])
+    }
+
+    fn missing(&self, ns: &NetNs, redirect: &Redirect, families: &[Family]) -> Result<Vec<String>> {
+        missing_nft(ns, &render_nft(redirect, families.contains(&Family::V6)))
+    }
 }
 
 #[cfg(test)]

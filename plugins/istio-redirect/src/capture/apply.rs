@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use firewall::iptables::SavedTable;
+use firewall::{Error, Family, Result, exec};
 use netns::NetNs;
 
-use super::render::IstioRules;
-use crate::iptables::SavedTable;
-use crate::{Error, Family, Result, exec};
+use super::render::{IstioRules, render};
+use super::{CaptureBackend, Redirect};
 
 /// Which iptables flavour programs the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,10 +322,47 @@ pub fn backend_for(ns: &NetNs, family: Family, forced: Option<Backend>) -> Resul
         .map_err(|e| Error::Invalid(e.to_string()))
 }
 
+/// Istio's iptables rules, one restore per family.
+#[derive(Debug, Clone, Copy)]
+pub struct IptablesCapture {
+    /// The operator's flavour; None: the one found in the pod.
+    pub forced: Option<Backend>,
+}
+
+impl CaptureBackend for IptablesCapture {
+    fn program(
+        &self,
+        ns: &NetNs,
+        redirect: &Redirect,
+        families: &[Family],
+    ) -> Result<Vec<(String, Outcome)>> {
+        let mut outcomes = Vec::new();
+        for family in families {
+            let backend = backend_for(ns, *family, self.forced)?;
+            outcomes.push((
+                format!("{family:?}"),
+                apply(ns, *family, &render(redirect, *family), backend)?,
+            ));
+            cni::fault::pause("istio-redirect:first-family");
+        }
+        Ok(outcomes)
+    }
+
+    fn missing(&self, ns: &NetNs, redirect: &Redirect, families: &[Family]) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for family in families {
+            let rules = render(redirect, *family);
+            let saved = read(ns, *family, backend_for(ns, *family, self.forced)?)?;
+            missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
+        }
+        Ok(missing)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::istio::{Mode, Redirect, render};
+    use crate::capture::{Mode, Redirect, render};
 
     fn saved_from(rules: &IstioRules) -> String {
         let mut out = String::new();
