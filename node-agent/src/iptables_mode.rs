@@ -73,7 +73,10 @@ pub fn select(mode: Mode) -> Option<PathBuf> {
     let joined = std::env::join_paths(dirs).ok()?;
     // SAFETY: called from main before the runtime or any thread starts, so
     // nothing reads the environment concurrently.
-    unsafe { std::env::set_var("PATH", joined) };
+    #[allow(unsafe_code)]
+    unsafe {
+        std::env::set_var("PATH", joined)
+    };
     Some(chosen)
 }
 

@@ -30,6 +30,13 @@
 //! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
 //! and `kubeconfig.rs`, `lease_service/service.rs`, `egress/rules.rs`), so the layers show
 //! in the tree.
+//!
+//! `unsafe`: one block, where `iptables_mode` puts the chosen iptables
+//! first on PATH (`std::env::set_var`, sound only before any thread
+//! starts; the agent sets it in `main` before its runtime); allowed there
+//! alone.
+
+#![deny(unsafe_code)]
 
 pub mod error;
 pub mod settings;

@@ -9,6 +9,8 @@
 //! options, started in order and stopped; what each does is the
 //! library's (`node_agent`, whose top doc lists its layers).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

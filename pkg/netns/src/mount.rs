@@ -25,6 +25,7 @@ pub fn hide_file_in_child(command: &mut Command, file: &Path) {
     // syscalls (unshare, mount) on strings prepared before the fork: no
     // allocation, no locks. Their results are checked and failures are
     // tolerated on purpose (see above).
+    #[allow(unsafe_code)]
     unsafe {
         command.pre_exec(move || {
             if libc::unshare(libc::CLONE_NEWNS) == 0 {
