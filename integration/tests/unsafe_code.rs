@@ -27,7 +27,11 @@ fn roots(dir: &Path) -> Vec<PathBuf> {
         .collect();
     let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("crate Cargo.toml");
     for line in manifest.lines() {
-        if let Some(path) = line.trim().strip_prefix("path = \"").and_then(|p| p.strip_suffix('"')) {
+        if let Some(path) = line
+            .trim()
+            .strip_prefix("path = \"")
+            .and_then(|p| p.strip_suffix('"'))
+        {
             let path = dir.join(path);
             if path.extension().is_some_and(|e| e == "rs") && !roots.contains(&path) {
                 roots.push(path);
@@ -80,7 +84,10 @@ fn every_shipping_crate_root_forbids_unsafe_or_says_why_not() {
 #[test]
 fn the_judgement_tells_each_case_apart() {
     assert_eq!(judge("#![forbid(unsafe_code)]\nfn main() {}"), None);
-    assert_eq!(judge("//! `unsafe`: one block, for a reason.\n#![deny(unsafe_code)]"), None);
+    assert_eq!(
+        judge("//! `unsafe`: one block, for a reason.\n#![deny(unsafe_code)]"),
+        None
+    );
     assert!(judge("#![deny(unsafe_code)]").is_some());
     assert!(judge("fn main() {}").is_some());
 }

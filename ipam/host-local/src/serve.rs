@@ -98,7 +98,7 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if idle_exit.is_some() {
         // Started by a plugin: nothing of the runtime's (its pipes, its
         // session) may stay with this process.
-        if let Err(e) = server::detach_from_starter() {
+        if let Err(e) = lease::start::detach_from_starter() {
             eprintln!("host-local serve: cannot close inherited descriptors: {e}");
         }
     }

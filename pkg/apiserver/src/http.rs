@@ -11,6 +11,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 
 use crate::config::Credentials;
+use crate::deadline::{is_timeout, left};
 use crate::{Error, Result, resolve};
 
 /// Bodies larger than this are refused (a pod object is a few KiB).
@@ -121,18 +122,6 @@ impl Server {
         }
         Err(last)
     }
-}
-
-/// What is left before `deadline`, or [`Error::Timeout`].
-pub(crate) fn left(deadline: Instant) -> Result<Duration> {
-    deadline
-        .checked_duration_since(Instant::now())
-        .filter(|d| !d.is_zero())
-        .ok_or(Error::Timeout)
-}
-
-pub(crate) fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock)
 }
 
 /// A connection whose every read and write ends by the deadline.

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod deadline;
 mod http;
 pub mod resolve;
 

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use crate::http::{is_timeout, left};
+use crate::deadline::{is_timeout, left};
 use crate::{Error, Result};
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);

@@ -92,18 +92,6 @@ struct IpamSection {
     _socket: Option<String>,
 }
 
-/// containerd marshals Go zero values, so an unset address arrives as "".
-pub(crate) fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
-    match Option::<String>::deserialize(d)? {
-        None => Ok(None),
-        Some(s) if s.is_empty() => Ok(None),
-        Some(s) => s
-            .parse::<IpAddr>()
-            .map(|ip| Some(ip.to_canonical()))
-            .map_err(serde::de::Error::custom),
-    }
-}
-
 fn config_error(msg: impl Into<String>) -> Error {
     Error::Config(msg.into())
 }

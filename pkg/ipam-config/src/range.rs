@@ -6,6 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::IpNetwork;
+use serde::Deserialize;
 
 use crate::Error;
 
@@ -66,17 +67,29 @@ pub struct Range {
     pub gateway: IpAddr,
 }
 
+/// containerd marshals Go zero values, so an unset address arrives as "".
+fn empty_as_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) if s.is_empty() => Ok(None),
+        Some(s) => s
+            .parse::<IpAddr>()
+            .map(|ip| Some(ip.to_canonical()))
+            .map_err(serde::de::Error::custom),
+    }
+}
+
 /// A range as written in the configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RangeConf {
     #[serde(default)]
     pub subnet: String,
-    #[serde(default, deserialize_with = "crate::config::empty_as_none")]
+    #[serde(default, deserialize_with = "empty_as_none")]
     pub range_start: Option<IpAddr>,
-    #[serde(default, deserialize_with = "crate::config::empty_as_none")]
+    #[serde(default, deserialize_with = "empty_as_none")]
     pub range_end: Option<IpAddr>,
-    #[serde(default, deserialize_with = "crate::config::empty_as_none")]
+    #[serde(default, deserialize_with = "empty_as_none")]
     pub gateway: Option<IpAddr>,
 }
 

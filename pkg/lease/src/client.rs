@@ -151,7 +151,7 @@ fn ask_place(place: &ServicePlace, request: &Request, deadline: Instant) -> Resu
     let outcome = forward_until(place, sent, deadline);
     match (&outcome, &place.start) {
         (Err(CallError::Unreachable { .. }), Some(exe)) => {
-            match crate::server::start_detached(exe, &place.socket, deadline) {
+            match crate::start::start_detached(exe, &place.socket, deadline) {
                 Ok(()) => forward_until(place, sent, deadline),
                 Err(e) => {
                     log::warn!("cannot start a lease service on {}: {e}", place.socket.display());

@@ -6,7 +6,8 @@
 //! - [`settings`]: which service and data directory a configuration names.
 //! - [`wire`]: what is asked ([`Call`]) and, private, how it travels.
 //! - [`client`]: the one path a call takes ([`ask`] along a [`Route`]).
-//! - [`server`]: the service process, generic over what answers.
+//! - [`server`]: the service process, generic over what answers, and
+//!   [`start`]: starting one on demand, detached.
 //! - [`trust`] and [`socket`]: which directories, sockets and peers are
 //!   trusted.
 
@@ -16,6 +17,7 @@ pub mod client;
 pub mod server;
 pub mod settings;
 pub mod socket;
+pub mod start;
 pub mod trust;
 pub mod wire;
 

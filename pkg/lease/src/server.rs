@@ -19,10 +19,10 @@
 //! [`crate::client`]), and one data directory has one service however its
 //! path is spelled.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -35,7 +35,7 @@ use cni::skel::Reply;
 
 use crate::client::{self, Route};
 use crate::settings::data_dir_socket;
-use crate::socket;
+use crate::socket::{self, open_lock_file, trusted_socket_dir};
 use crate::wire::{Call, Request, Response};
 
 /// How long the service waits for a client to send its request.
@@ -44,18 +44,6 @@ const MAX_REQUEST: u64 = 16 << 20;
 /// How often the service checks that its sockets are still where clients
 /// look for them.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A lock file of the service (created 0600, never through a symlink).
-fn open_lock_file(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
-}
 
 /// Holds `lock` without waiting; None when another process holds it.
 fn try_lock(lock: &Path) -> io::Result<Option<File>> {
@@ -184,22 +172,6 @@ impl Listening {
     }
 }
 
-fn refused_dir(dir: &Path, why: String) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::PermissionDenied,
-        format!("refusing to listen in {}: {why}", dir.display()),
-    )
-}
-
-/// The socket's directory with symlinks resolved, if trusted (see
-/// [`crate::trust::trusted_dir`]).
-fn trusted_socket_dir(dir: &Path) -> io::Result<PathBuf> {
-    crate::trust::trusted_dir(dir).map_err(|refusal| match refusal {
-        crate::trust::Refusal::Absent(e) => e,
-        crate::trust::Refusal::Untrusted(why) => refused_dir(dir, why),
-    })
-}
-
 /// Takes the place of the socket at `path`, its directory trusted and
 /// symlinks resolved: holds `<path>.lock` for as long as the service runs
 /// and binds the socket. None when another service has the place.
@@ -234,129 +206,6 @@ pub fn bind(path: &Path) -> io::Result<Listening> {
             format!("a lease service already listens on {}", path.display()),
         )
     })
-}
-
-/// How long a service that a plugin started serves without a request
-/// before it exits.
-pub const IDLE_EXIT: Duration = Duration::from_secs(300);
-/// How long a plugin waits for a service it started to listen.
-const START_PATIENCE: Duration = Duration::from_secs(3);
-/// A started service's log is emptied when it starts beyond this size.
-const LOG_LIMIT: u64 = 1 << 20;
-
-/// The service's stderr: `.service.log`, appended to and cut when over
-/// [`LOG_LIMIT`]; opened without blocking, and nothing but a regular file
-/// (a FIFO there would hold every call of the data directory behind the
-/// start lock). Something else there leaves the service without a log.
-fn service_log(path: &Path) -> std::io::Result<std::process::Stdio> {
-    let opened = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | cni::small_file::OPEN_FLAGS)
-        .open(path);
-    let log = match opened {
-        Ok(log) if log.metadata()?.is_file() => log,
-        Ok(_) | Err(_) => {
-            log::warn!(
-                "{} is not a regular file: the lease service logs nothing",
-                path.display()
-            );
-            return Ok(std::process::Stdio::null());
-        }
-    };
-    if log.metadata()?.len() > LOG_LIMIT {
-        log.set_len(0)?;
-    }
-    Ok(log.into())
-}
-
-/// Starts `exe serve` on `socket` (a data directory's own, logging to
-/// `.service.log` beside it) unless a
-/// service already listens there, and waits until it does. Plugins that
-/// race to start one take turns on `<socket>.start`: the first starts it,
-/// the others find it listening. The service gets no descriptor of the
-/// caller's (its stdio is /dev/null and its log file; it closes anything
-/// else it inherits and leaves the caller's session), so a runtime reading
-/// the plugin's output to the end is never held up by it; it exits after
-/// [`IDLE_EXIT`] without a request.
-pub fn start_detached(exe: &Path, socket: &Path, deadline: Instant) -> io::Result<()> {
-    let (dir, _) = socket::split(socket)?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    trusted_socket_dir(dir)?;
-    let mut turn_path = socket.as_os_str().to_owned();
-    turn_path.push(".start");
-    let turn = open_lock_file(Path::new(&turn_path))?;
-    turn.lock()?;
-    if socket::connect(socket).is_ok() {
-        return Ok(());
-    }
-    let log_path = dir.join(".service.log");
-    let log = service_log(&log_path)?;
-    let mut child = std::process::Command::new(exe)
-        .arg("serve")
-        .arg("--socket")
-        .arg(socket)
-        .arg("--idle-exit")
-        .arg(IDLE_EXIT.as_secs().to_string())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()?;
-    let until = deadline.min(Instant::now() + START_PATIENCE);
-    loop {
-        if socket::connect(socket).is_ok() {
-            log::info!(
-                "started the lease service {} on {} (log: {})",
-                child.id(),
-                socket.display(),
-                log_path.display()
-            );
-            return Ok(());
-        }
-        if let Some(status) = child.try_wait()? {
-            return Err(io::Error::other(format!(
-                "the lease service it started exited ({status}); see {}",
-                log_path.display()
-            )));
-        }
-        if Instant::now() >= until {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the lease service it started is not listening on {}",
-                    socket.display()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// The other half of [`start_detached`], run by the service it starts
-/// before it opens anything: leaves the starter's session, so signals to
-/// the runtime's terminal or process group do not reach it, and closes
-/// every descriptor above stderr, so it holds none of the runtime's pipes
-/// (a runtime reads a plugin's output until every writer has closed it,
-/// and may let the plugin inherit more than its stdio).
-pub fn detach_from_starter() -> io::Result<()> {
-    // Fails only for a process group leader, which a spawned child is not.
-    let _ = nix::unistd::setsid();
-    let inherited: Vec<std::os::fd::RawFd> = std::fs::read_dir("/proc/self/fd")?
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-        .filter(|fd| *fd > 2)
-        .collect();
-    for fd in inherited {
-        // Closing by number is sound only because nothing of this process
-        // owns a descriptor yet (see the docs); the listing's own one is
-        // closed already, and closing it again fails harmlessly.
-        let _ = nix::unistd::close(fd);
-    }
-    Ok(())
 }
 
 /// The socket a service manager bound and passed to this process, as

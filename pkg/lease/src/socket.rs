@@ -159,6 +159,34 @@ pub fn inode(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
+/// A lock file of the service (created 0600, never through a symlink).
+pub(crate) fn open_lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+}
+
+fn refused_dir(dir: &Path, why: String) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("refusing to listen in {}: {why}", dir.display()),
+    )
+}
+
+/// The socket's directory with symlinks resolved, if trusted (see
+/// [`crate::trust::trusted_dir`]).
+pub(crate) fn trusted_socket_dir(dir: &Path) -> io::Result<PathBuf> {
+    trusted_dir(dir).map_err(|refusal| match refusal {
+        Refusal::Absent(e) => e,
+        Refusal::Untrusted(why) => refused_dir(dir, why),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::forward::nft::Pod;
-use crate::forward::{FirewallBackend, IngressPolicy, PodRules, iptables, nft};
+use crate::forward::{FirewallBackend, IngressPolicy, Pod, PodRules, iptables, nft};
 use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
 use firewall::Family;
 use netlink::Netlink;

@@ -11,9 +11,9 @@ use netlink::Netlink;
 use netns::NetNs;
 use podnet::{check_failed, firewall_error, netlink_error};
 
-use crate::capture::apply::{Backend, IptablesCapture, Outcome};
+use crate::capture::apply::{Backend, IptablesCapture};
 use crate::capture::nft::NftablesCapture;
-use crate::capture::{CaptureBackend, Mode, Redirect, TPROXY_MARK, TPROXY_TABLE};
+use crate::capture::{CaptureBackend, Mode, Outcome, Redirect, TPROXY_MARK, TPROXY_TABLE};
 
 use crate::annotations;
 use crate::config::IstioConfig;

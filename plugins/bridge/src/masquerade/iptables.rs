@@ -28,7 +28,7 @@ use sha2::{Digest, Sha512};
 use firewall::iptables::{self, SavedTable, network_of, prefixed_chain_name, quote, restore, uses_nf_tables};
 use firewall::{Family, Result, exec, nfnl};
 
-use super::MasqueradeBackend;
+use super::backend::MasqueradeBackend;
 
 /// libcni utils' `FormatChainName`.
 pub fn chain_name(network: &str, container_id: &str) -> String {

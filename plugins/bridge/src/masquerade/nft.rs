@@ -22,7 +22,7 @@ use ipnetwork::IpNetwork;
 use serde_json::Value;
 use sha2::{Digest, Sha512};
 
-use super::MasqueradeBackend;
+use super::backend::MasqueradeBackend;
 
 pub const TABLE: &str = "cni_plugins_masquerade";
 const CHECKS: &str = "masq_checks";

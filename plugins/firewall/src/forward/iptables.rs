@@ -26,7 +26,8 @@
 
 use std::net::IpAddr;
 
-use super::{FirewallBackend, PodRules, rules};
+use super::backend::{FirewallBackend, PodRules};
+use super::rules;
 use firewall::iptables::{SavedTable, quote, restore, uses_nf_tables};
 use firewall::nfnl::TableFamily;
 use firewall::{Family, Result};

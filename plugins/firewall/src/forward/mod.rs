@@ -18,36 +18,12 @@
 //! the rules live in nf_tables ([`rules`]), so an ADD whose rules are in
 //! place, or a DEL with nothing to remove, starts no process.
 
-use std::net::IpAddr;
-
-use firewall::Result;
-
+pub mod backend;
 pub mod iptables;
 pub mod nft;
 pub mod rules;
 
-/// One pod's rules as its configuration asks for them.
-#[derive(Debug, Clone, Copy)]
-pub struct PodRules<'a> {
-    pub pod: nft::Pod<'a>,
-    /// Its addresses, of both families.
-    pub ips: &'a [IpAddr],
-    /// `iptablesAdminChainName`.
-    pub admin_chain: &'a str,
-    /// The bridge to isolate (`ingressPolicy: same-bridge`).
-    pub bridge: Option<&'a str>,
-}
-
-/// One way of programming the FORWARD path (upstream's `FirewallBackend`),
-/// chosen once from the configuration for ADD and CHECK; DEL and GC clean
-/// up in both, whatever the configuration says now.
-pub trait FirewallBackend {
-    /// Leaves the pod's rules complete.
-    fn add(&self, rules: &PodRules) -> Result<()>;
-
-    /// What the pod's rules lack.
-    fn check(&self, rules: &PodRules) -> Result<Vec<String>>;
-}
+pub use backend::{FirewallBackend, Pod, PodRules};
 
 /// The `ingressPolicy` values the reference (1.1.1) knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

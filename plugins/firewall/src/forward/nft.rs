@@ -28,8 +28,8 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
+use super::backend::{FirewallBackend, Pod, PodRules};
 use super::rules::{self, Rule};
-use super::{FirewallBackend, PodRules};
 use firewall::nfnl::TableFamily;
 use firewall::nft::{instance_hash, network_hash};
 use firewall::{Error, Result, exec};
@@ -43,14 +43,6 @@ const ADMIN_COMMENT: &str = "CNI firewall plugin admin overrides";
 const ISOLATION_COMMENT: &str = "CNI firewall plugin rules (ingressPolicy: same-bridge)";
 /// nftables keeps comments up to this length.
 const COMMENT_MAX: usize = 128;
-
-/// The attachment a rule belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pod<'a> {
-    pub network: &'a str,
-    pub container_id: &'a str,
-    pub ifname: &'a str,
-}
 
 impl Pod<'_> {
     /// What every comment of the pod starts with.

@@ -13,8 +13,9 @@ use firewall::iptables::SavedTable;
 use firewall::{Error, Family, Result, exec};
 use netns::NetNs;
 
+use super::backend::{CaptureBackend, Outcome};
+use super::redirect::Redirect;
 use super::render::{IstioRules, render};
-use super::{CaptureBackend, Redirect};
 
 /// Which iptables flavour programs the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,14 +104,6 @@ fn flavours_to_read(legacy_in_use: bool, installed: impl Fn(Backend) -> bool) ->
         backends.push(Backend::Default);
     }
     backends
-}
-
-/// What applying did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Applied,
-    Unchanged,
-    Replaced,
 }
 
 /// A pod's tables as `iptables-save` shows them.

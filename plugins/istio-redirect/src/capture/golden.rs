@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use ipnetwork::IpNetwork;
+
 use super::*;
 
 /// `-A` lines and declared ISTIO chains per table of an `iptables-save`

@@ -17,10 +17,9 @@ use firewall::{Error, Family, Result, exec, nfnl};
 use ipnetwork::IpNetwork;
 use netns::NetNs;
 
-use super::apply::Outcome;
-use super::{
-    CaptureBackend, DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK,
-    TUNNEL_PORT, cidr,
+use super::backend::{CaptureBackend, Outcome};
+use super::redirect::{
+    DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
 };
 
 const NAT: &str = "istio-proxy-nat";

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use firewall::Family;
 use ipnetwork::IpNetwork;
 
-use super::{
+use super::redirect::{
     DNS_PORT, INBOUND_PORT, Mode, OUTBOUND_PORT, Redirect, Selection, TPROXY_MARK, TUNNEL_PORT, cidr,
 };
 
