@@ -37,9 +37,25 @@ pub enum Error {
     /// The database or the lock file failed.
     #[error("{0}")]
     Store(String),
+    /// A file or directory of the store could not be made, opened, read
+    /// or written: what was done to which path, and the system's error.
+    #[error("{what}: {source}")]
+    File {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A protocol-level problem (CNI_ARGS, a runtime convention).
     #[error("{}", .0.msg)]
-    Cni(cni::Error),
+    Cni(#[from] cni::Error),
+}
+
+impl Error {
+    /// The store itself failed (its database, or one of its files): what
+    /// makes a lease service close the database and open it again.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(self, Error::Store(_) | Error::File { .. })
+    }
 }
 
 impl From<Error> for cni::Error {
@@ -50,6 +66,7 @@ impl From<Error> for cni::Error {
             Error::Check(msg) => cni::Error::plugin(plugin_codes::CHECK_FAILED, msg),
             Error::Busy(msg) => cni::Error::try_again_later(msg),
             Error::Store(msg) => cni::Error::io(msg),
+            e @ Error::File { .. } => cni::Error::io(e.to_string()),
             Error::Cni(e) => e,
         }
     }

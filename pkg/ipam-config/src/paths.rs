@@ -15,7 +15,10 @@ use crate::Error;
 /// An error of the store's files: `what` `path`, then the cause.
 pub fn io_error(what: &str, path: &Path) -> impl Fn(std::io::Error) -> Error {
     let what = format!("{what} {}", path.display());
-    move |e| Error::Store(format!("{what}: {e}"))
+    move |source| Error::File {
+        what: what.clone(),
+        source,
+    }
 }
 
 /// `<dataDir>/.sled`: every database of a data directory, and what is kept

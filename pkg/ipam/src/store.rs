@@ -457,7 +457,7 @@ impl Stores {
         if !self.keep_open {
             drop(db);
             wait_until_closed(&paths.db_dir);
-        } else if matches!(outcome, Err(Error::Store(_))) {
+        } else if outcome.as_ref().is_err_and(Error::is_storage_failure) {
             self.lock_open().remove(&key);
             drop(db);
             wait_until_closed(&paths.db_dir);
