@@ -1,8 +1,24 @@
 //! nftables as a mechanism: the names upstream's plugins give what they
 //! write in nftables (hashes of a network and of an attachment), shared by
-//! every feature's nft rules.
+//! every feature's nft rules, and what nftables keeps of a comment.
 
 use sha2::{Digest, Sha512};
+
+/// nftables keeps comments up to this length.
+pub const COMMENT_MAX: usize = 128;
+
+/// `text` cut to what nftables keeps of a comment, on a character
+/// boundary.
+pub fn fit_comment(mut text: String) -> String {
+    if text.len() > COMMENT_MAX {
+        let mut cut = COMMENT_MAX;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
 
 fn hash16(text: &str) -> String {
     Sha512::digest(text.as_bytes())

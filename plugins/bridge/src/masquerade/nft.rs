@@ -16,7 +16,8 @@
 use std::collections::BTreeSet;
 
 use firewall::nfnl::{self, TableFamily};
-use firewall::nft::{instance_hash, network_hash};
+use firewall::iptables::network_of;
+use firewall::nft::{fit_comment, instance_hash, network_hash};
 use firewall::{Error, Family, Result, exec};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
@@ -26,32 +27,19 @@ use super::backend::MasqueradeBackend;
 
 pub const TABLE: &str = "cni_plugins_masquerade";
 const CHECKS: &str = "masq_checks";
-/// nftables keeps comments up to this length.
-const COMMENT_MAX: usize = 128;
 
 /// The rule comment: the instance hash, then a readable (possibly cut)
 /// description.
 pub fn comment(network: &str, ifname: &str, container_id: &str) -> String {
     let strip = |s: &str| s.replace('"', "");
-    let mut text = format!(
+    let text = format!(
         "{}, net: {}, if: {}, id: {}",
         instance_hash(network, ifname, container_id),
         strip(network),
         strip(ifname),
         strip(container_id)
     );
-    if text.len() > COMMENT_MAX {
-        let mut cut = COMMENT_MAX;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-    }
-    text
-}
-
-fn network_of(subnet: &IpNetwork) -> String {
-    format!("{}/{}", subnet.network(), subnet.prefix())
+    fit_comment(text)
 }
 
 /// `net-<20 hex of sha512(network:subnet)>`: the chain of one subnet.
@@ -64,14 +52,12 @@ pub fn network_chain(network: &str, subnet: &IpNetwork) -> String {
 /// `<network hash>-net, net: <network>, subnet: <subnet>`; the `-net`
 /// tells it from a pod's `<network hash>-<instance hash>`.
 pub fn network_comment(network: &str, subnet: &IpNetwork) -> String {
-    let mut text = format!(
+    fit_comment(format!(
         "{}-net, net: {}, subnet: {}",
         network_hash(network),
         network.replace('"', ""),
         network_of(subnet)
-    );
-    text.truncate(COMMENT_MAX);
-    text
+    ))
 }
 
 fn is_network_comment(comment: &str) -> bool {

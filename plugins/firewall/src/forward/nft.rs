@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use super::backend::{FirewallBackend, Pod, PodRules};
 use super::rules::{self, Rule};
 use firewall::nfnl::TableFamily;
-use firewall::nft::{instance_hash, network_hash};
+use firewall::nft::{fit_comment, instance_hash, network_hash};
 use firewall::{Error, Result, exec};
 
 pub const TABLE: &str = "cni_firewall";
@@ -41,8 +41,6 @@ const STAGE_1: &str = "isolation_stage_1";
 const STAGE_2: &str = "isolation_stage_2";
 const ADMIN_COMMENT: &str = "CNI firewall plugin admin overrides";
 const ISOLATION_COMMENT: &str = "CNI firewall plugin rules (ingressPolicy: same-bridge)";
-/// nftables keeps comments up to this length.
-const COMMENT_MAX: usize = 128;
 
 impl Pod<'_> {
     /// What every comment of the pod starts with.
@@ -53,21 +51,14 @@ impl Pod<'_> {
     /// The comment of the pod's rules for `ip`.
     pub fn comment(&self, ip: IpAddr) -> String {
         let strip = |s: &str| s.replace(['"', '\\'], "");
-        let mut text = format!(
+        let text = format!(
             "{} ip: {ip}, net: {}, if: {}, id: {}",
             self.key(),
             strip(self.network),
             strip(self.ifname),
             strip(self.container_id)
         );
-        if text.len() > COMMENT_MAX {
-            let mut cut = COMMENT_MAX;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-        }
-        text
+        fit_comment(text)
     }
 }
 
@@ -468,7 +459,7 @@ mod tests {
             ifname: "eth0",
         };
         let comment = pod.comment(ip("fd00:1234:5678:9abc:def0:1234:5678:9abc"));
-        assert_eq!(comment.len(), COMMENT_MAX);
+        assert_eq!(comment.len(), firewall::nft::COMMENT_MAX);
         assert!(comment.starts_with(&pod.key()));
     }
 
