@@ -5,7 +5,7 @@
 # /var, /etc/cni/net.d and /opt/cni/bin, containerd, kubelet and kube-proxy.
 # Nothing of the machine's own network namespace, sysctls, /etc, /opt, /var
 # or cgroups outside the cluster's own is changed (see
-# ../../docs/ARCHITECTURE.md, "The real cluster").
+# ../../docs/decisions/016-real-cluster.md).
 #
 #   cluster.sh up [WORKERS]      the control plane and WORKERS (3) nodes;
 #                                each imports the archives in

@@ -1,6 +1,6 @@
 //! The node agent `cni-node-agent` as a library; `main.rs`, its binary,
 //! only parses the settings and wires the controllers. See
-//! docs/ARCHITECTURE.md, "The node agent".
+//! node-agent/README.md.
 //!
 //! Layers, each importing only from those below it (and no two modules
 //! importing each other):

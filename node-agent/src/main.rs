@@ -3,7 +3,7 @@
 //! object and keeps it current with the routes to other nodes' pods and
 //! the masquerade of traffic leaving the cluster, runs the lease service,
 //! answers health probes, and on SIGTERM stops (removing what it put on
-//! the node when told to uninstall). See docs/ARCHITECTURE.md, "The node agent".
+//! the node when told to uninstall). See node-agent/README.md.
 //!
 //! Only the wiring: the settings parsed, each controller given its
 //! options, started in order and stopped; what each does is the

@@ -4,8 +4,8 @@
 //! service listens where host-local looks first for a configuration with
 //! no `socket` key (`<dataDir>/.sled/.service.sock`), and it runs the very
 //! file the runtime executes, which is what lets the bridge ask it
-//! directly instead of executing host-local (docs/ARCHITECTURE.md, "zero
-//! setup").
+//! directly instead of executing host-local
+//! (docs/decisions/008-zero-setup.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
