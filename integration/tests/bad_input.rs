@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::{Netns, Node, bin};
 use serde_json::{Value, json};
+use test_kit::{Netns, Node, bin};
 
 /// Codes from the spec: incompatible version, invalid environment, I/O
 /// failure, undecodable stdin, invalid configuration.
@@ -90,7 +90,7 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
             code,
         });
     };
-    for binary in integration::PLUGINS {
+    for binary in test_kit::PLUGINS {
         let valid = valid_conf(binary, data_dir);
         let text = valid.to_string();
         // Not JSON, or not a JSON object.
@@ -607,7 +607,7 @@ fn every_binary_answers_every_malformed_input_with_one_cni_error_and_changes_not
     }
     // And the configuration every case departs from does work: each case
     // is refused for the one thing it changed.
-    for binary in integration::PLUGINS {
+    for binary in test_kit::PLUGINS {
         let mut env = base_env(&pod, binary);
         let conf = bytes(&valid_conf(binary, &data_dir));
         let added = run(&node.netns, binary, &env, &conf);

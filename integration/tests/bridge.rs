@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Barrier;
 
-use integration::{LeaseService, Netns, Node, Run, bin, bin_dir, cnitool_container_id, run_in};
 use serde_json::{Value, json};
+use test_kit::{LeaseService, Netns, Node, Run, bin, bin_dir, cnitool_container_id, run_in};
 
 const NETWORK: &str = "br-net";
 
@@ -386,8 +386,8 @@ fn every_add_repairs_the_subnet_masquerade_and_starts_no_process_when_complete()
         let pod = net.node.pod("quiet");
         let cache = net.node.cache_dir();
         let conf = net.node.conf_dir();
-        let bins = integration::bin_dir();
-        let (traced, programs) = integration::run_traced(
+        let bins = test_kit::bin_dir();
+        let (traced, programs) = test_kit::run_traced(
             net.node.netns.path(),
             &bin("cnictl"),
             &[
@@ -1200,7 +1200,7 @@ fn a_missing_firewall_tool_fails_the_add_and_rolls_back() {
         let bins = bin_dir();
         let cache = net.node.cache_dir();
         let hide = "mount -t tmpfs none /usr/sbin && exec \"$@\"";
-        let run = integration::run_in(
+        let run = test_kit::run_in(
             net.node.netns.path(),
             std::path::Path::new("unshare"),
             &[
@@ -1211,7 +1211,7 @@ fn a_missing_firewall_tool_fails_the_add_and_rolls_back() {
                 "-c",
                 hide,
                 "sh",
-                integration::bin("cnictl").to_str().expect("UTF-8"),
+                test_kit::bin("cnictl").to_str().expect("UTF-8"),
                 "--cache-dir",
                 cache.to_str().expect("UTF-8"),
                 "--json",

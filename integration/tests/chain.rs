@@ -7,8 +7,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use integration::{Node, bin_dir, cnitool_container_id};
 use serde_json::{Value, json};
+use test_kit::{Node, bin_dir, cnitool_container_id};
 
 const RECORDER: &str = r#"#!/bin/sh
 set -e

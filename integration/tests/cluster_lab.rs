@@ -14,13 +14,13 @@ use std::net::{IpAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use integration::api_server::ApiServer;
-use integration::containerd::Containerd;
-use integration::node_agent::{
+use serde_json::Value;
+use test_kit::fakes::api_server::ApiServer;
+use test_kit::fakes::containerd::Containerd;
+use test_kit::node_agent::{
     Agent, SUITE, agent_routes, egress_returns, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
-use integration::{Netns, Node, bin_dir, require_root, run_in, wait_for};
-use serde_json::Value;
+use test_kit::{Netns, Node, bin_dir, require_root, run_in, wait_for};
 
 const TOKEN: &str = "lab-token";
 const NETWORK: &str = "cni-suite";
@@ -182,7 +182,7 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
             out.insert(path.display().to_string(), "directory".into());
             out.extend(files(&path));
         } else if path.is_file() {
-            let hash = integration::run("sha256sum", &[path.to_str().expect("UTF-8")])
+            let hash = test_kit::run("sha256sum", &[path.to_str().expect("UTF-8")])
                 .success()
                 .stdout;
             out.insert(
@@ -437,7 +437,7 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     // The agent runs host-local's lease service for the lease directory,
     // from the host-local it installed.
     let socket = host_leases(&lab.nodes[0].node).join(".sled/.service.sock");
-    let services = integration::services_under(&host_leases(&lab.nodes[0].node));
+    let services = test_kit::services_under(&host_leases(&lab.nodes[0].node));
     assert_eq!(services.len(), 1, "one lease service for {}", socket.display());
     let exe = std::fs::read_link(format!("/proc/{}/exe", services[0])).expect("exe");
     assert_eq!(exe, host_bin(&lab.nodes[0].node).join("host-local"));
@@ -599,7 +599,7 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
             "{}: changed by the agent: {changed:#?}\n{log}",
             lab_node.name
         );
-        assert!(integration::services_under(&host_leases(&lab_node.node)).is_empty());
+        assert!(test_kit::services_under(&host_leases(&lab_node.node)).is_empty());
     }
     say("every agent stopped with uninstall: each node is as it was before");
 }
@@ -614,7 +614,7 @@ fn image() -> String {
 fn build_image(dir: &Path) -> std::path::PathBuf {
     let tar = dir.join("cni-suite-image.tar");
     let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/image.py");
-    integration::run(
+    test_kit::run(
         &tool,
         &[
             tar.to_str().expect("UTF-8"),
@@ -713,7 +713,7 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     // manifest.json, read here by skopeo's docker-archive transport, which
     // finds the image only by that tag.
     let copied = images.path().join("through-docker-archive");
-    integration::run(
+    test_kit::run(
         "skopeo",
         &[
             "copy",
@@ -755,12 +755,12 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     );
 
     let mut native = lab.nodes[0].agent(&lab.server, true);
-    let health = integration::node_agent::free_port(&lab.nodes[1].node);
+    let health = test_kit::node_agent::free_port(&lab.nodes[1].node);
     run_agent_container(&containerd, &lab, &lab.nodes[1], health);
     let container_log =
         || std::fs::read_to_string(lab.nodes[1].node.path("agent-container.log")).unwrap_or_default();
     let started = Instant::now();
-    while !integration::node_agent::ready(&lab.nodes[1].node, health) {
+    while !test_kit::node_agent::ready(&lab.nodes[1].node, health) {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "the agent in its container: {}",

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use integration::{Netns, Node, Run, cnitool_container_id, run_in};
 use serde_json::{Value, json};
+use test_kit::{Netns, Node, Run, cnitool_container_id, run_in};
 
 const VERSION: &str = "1.0.0";
 

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use integration::{Node, Run, bin, bin_dir, run_with_binds};
 use serde_json::Value;
+use test_kit::{Node, Run, bin, bin_dir, run_with_binds};
 
 fn examples() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf-examples");

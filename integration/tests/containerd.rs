@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use integration::containerd::Containerd;
-use integration::{Node, wait_for};
 use serde_json::json;
+use test_kit::fakes::containerd::Containerd;
+use test_kit::{Node, wait_for};
 
 const NETWORK: &str = "ctrnet";
 const IMAGE: &str = "localhost/busybox:cni";

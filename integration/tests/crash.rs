@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::{Netns, Node, Run, bin_dir, fault_bin, wait_for};
 use serde_json::{Value, json};
+use test_kit::{Netns, Node, Run, bin_dir, fault_bin, wait_for};
 
 const NETWORK: &str = "crash-net";
 const KILLS: usize = 100;
@@ -151,7 +151,7 @@ impl Chain {
 
     fn cnictl(&self, verb: &str, id: &str, pod: &Netns) -> Run {
         let child = self.spawn_cnictl(verb, id, pod);
-        integration::finish(&format!("cnictl {verb} {id}"), child)
+        test_kit::finish(&format!("cnictl {verb} {id}"), child)
     }
 
     /// istio-redirect after the bridge, as the Istio chain runs it: dual
@@ -163,7 +163,7 @@ impl Chain {
             netns: pod.path_str(),
         };
         let child = self.spawn_plugin(&bin_dir(), "istio-redirect", &istio_conf(prev), &[], &call);
-        integration::finish(&format!("istio-redirect {command} {id}"), child)
+        test_kit::finish(&format!("istio-redirect {command} {id}"), child)
     }
 
     /// The bridge's ADD, with an IPv6 address added on the pod's eth0 so
@@ -177,7 +177,7 @@ impl Chain {
 
     fn run(&self, command: &str, id: &str, pod: &Netns, prev: Option<&Value>) -> Run {
         let child = self.spawn(command, id, pod, prev);
-        integration::finish(&format!("bridge {command} {id}"), child)
+        test_kit::finish(&format!("bridge {command} {id}"), child)
     }
 
     /// Kills the process group after `delay` unless it finished; returns
@@ -186,7 +186,7 @@ impl Chain {
         let deadline = Instant::now() + delay;
         while Instant::now() < deadline {
             if child.try_wait().expect("try_wait").is_some() {
-                return Some(integration::finish("bridge", child));
+                return Some(test_kit::finish("bridge", child));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -355,7 +355,7 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     assert!(Path::new(&chain.data_dir()).exists());
     // The subnet's masquerade outlives its pods until GC finds none valid.
     chain.node.cnictl(&["gc", NETWORK, "--all"]).success();
-    let nat = integration::run_in(
+    let nat = test_kit::run_in(
         chain.node.netns.path(),
         Path::new("iptables-save"),
         &["-t", "nat"],
@@ -495,7 +495,7 @@ fn a_namespace_removed_during_add_fails_it_and_rolls_it_back() {
     let path = pod.path_str().to_owned();
     drop(pod);
     std::fs::write(&resume, "").expect("resume");
-    let failed = integration::finish("bridge ADD vanishing", child).failure();
+    let failed = test_kit::finish("bridge ADD vanishing", child).failure();
     let err = failed.json();
     assert_eq!(err["code"], 4, "{err}");
     assert!(err["msg"].as_str().unwrap_or_default().contains(&path), "{err}");
@@ -509,5 +509,5 @@ fn a_namespace_removed_during_add_fails_it_and_rolls_it_back() {
         netns: &path,
     };
     let del = chain.spawn_plugin(&bin_dir(), "bridge", &chain.conf(None), &[], &call);
-    integration::finish("bridge DEL vanishing", del).success();
+    test_kit::finish("bridge DEL vanishing", del).success();
 }

@@ -6,11 +6,11 @@
 
 use std::path::Path;
 
-use integration::containerd::{Containerd, Cri, Kubelet, PAUSE};
-use integration::probe::Probe;
-use integration::{Netns, Node, bin_dir, run_in};
 use k8s_cri::v1::{PortMapping, Protocol};
 use serde_json::json;
+use test_kit::fakes::containerd::{Containerd, Cri, Kubelet, PAUSE};
+use test_kit::probe::Probe;
+use test_kit::{Netns, Node, bin_dir, run_in};
 
 const NETWORK: &str = "k8s-pod-network";
 const STATUS: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"revision":"default"}"#;

@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::leases::{Ipam, address};
-use integration::{Node, bin, bin_dir, finish, services_under, spawn_in, wait_for};
 use serde_json::json;
+use test_kit::leases::{Ipam, address};
+use test_kit::{Node, bin, bin_dir, finish, services_under, spawn_in, wait_for};
 
 /// host-local's configuration with no `socket` key, as users write it.
 fn drop_in_conf(ipam: &Ipam, subnet: &str) -> String {
@@ -161,7 +161,7 @@ fn a_started_service_exits_when_idle() {
         socket.exists()
     });
     let ipam = Ipam::with_socket(node, &socket);
-    let conf = integration::leases::v4_conf(&ipam, "1.0.0", "10.75.0.0/24");
+    let conf = test_kit::leases::v4_conf(&ipam, "1.0.0", "10.75.0.0/24");
     ipam.add("a", &conf);
     let started = Instant::now();
     let status = loop {
@@ -198,7 +198,7 @@ fn the_bridge_skips_host_local_only_for_a_service_of_the_same_binary() {
             ("CNI_NETNS", pods[pod].path_str()),
             ("CNI_PATH", cni_path.to_str().expect("UTF-8")),
         ];
-        let (run, execs) = integration::run_traced(node.netns.path(), &bin("bridge"), &[], &env, &conf);
+        let (run, execs) = test_kit::run_traced(node.netns.path(), &bin("bridge"), &[], &env, &conf);
         run.success();
         execs.iter().filter(|p| *p == "host-local").count()
     };
@@ -213,7 +213,7 @@ fn the_bridge_skips_host_local_only_for_a_service_of_the_same_binary() {
         ("CNI_NETNS", pods[0].path_str()),
         ("CNI_PATH", bins.to_str().expect("UTF-8")),
     ];
-    integration::run_in(node.netns.path(), &bin("bridge"), &[], &first, &conf).success();
+    test_kit::run_in(node.netns.path(), &bin("bridge"), &[], &first, &conf).success();
     assert_eq!(services_under(&data_dir).len(), 1);
     assert_eq!(
         bridge("ADD", 1, &bin_dir()),

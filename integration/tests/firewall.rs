@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use integration::{Netns, Node, Run, run_in, run_with_binds, spawn_in};
 use serde_json::{Value, json};
+use test_kit::{Netns, Node, Run, run_in, run_with_binds, spawn_in};
 
 const REFERENCE: &str = "/usr/lib/cni/firewall";
 const NETWORK: &str = "fwnet";
@@ -90,7 +90,7 @@ fn exec(node: &Node, binary: &Path, command: &str, container: &str, netns: &str,
 }
 
 fn ours() -> std::path::PathBuf {
-    integration::bin("firewall")
+    test_kit::bin("firewall")
 }
 
 #[test]
@@ -379,7 +379,7 @@ fn every_del_path_and_gc_leave_only_the_base_chains() {
     let pods: Vec<Netns> = (0..5).map(|i| lab.node.pod(&format!("d{i}"))).collect();
     let ids: Vec<String> = pods
         .iter()
-        .map(|p| integration::cnitool_container_id(p.path_str()))
+        .map(|p| test_kit::cnitool_container_id(p.path_str()))
         .collect();
     let ips: Vec<String> = pods.iter().map(|p| lab.add(NETWORK, p)).collect();
     for ip in &ips {
@@ -485,7 +485,7 @@ fn the_nftables_backend_keeps_commented_rules_in_its_own_table() {
         .run("nft", &["list", "table", "inet", "cni_firewall"])
         .success()
         .stdout;
-    let id = integration::cnitool_container_id(a1.path_str());
+    let id = test_kit::cnitool_container_id(a1.path_str());
     assert!(
         listing.contains(&format!("ip saddr {ip_a1} accept comment"))
             && listing.contains(&format!("id: {id}")),
@@ -590,7 +590,7 @@ fn exec_within(node: &Node, command: &str, container: &str, netns: &str, stdin: 
     ];
     let what = format!("firewall {command} {container}");
     let child = spawn_in(node.netns.path(), &ours(), &[], &env, stdin);
-    integration::finish_within(&what, child, HUNG_AFTER)
+    test_kit::finish_within(&what, child, HUNG_AFTER)
         .unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"))
 }
 
@@ -622,9 +622,9 @@ fn special_files_in_the_state_directory_hold_no_del_or_gc() {
     add("c1", "10.79.0.5/24");
     add("c2", "10.79.0.6/24");
     let records = state.join(NETWORK);
-    integration::mkfifo(&records.join("fifo-eth0"));
+    test_kit::mkfifo(&records.join("fifo-eth0"));
     std::os::unix::fs::symlink(records.join("fifo-eth0"), records.join("linked-eth0")).expect("link");
-    integration::mkfifo(&state.join("fifo-network"));
+    test_kit::mkfifo(&state.join("fifo-network"));
     for id in ["fifo", "linked", "c1"] {
         exec_within(&node, "DEL", id, "", &with_state_dir(&state, None)).success();
     }
@@ -670,7 +670,7 @@ fn no_record_is_written_through_a_linked_state_directory() {
     let state = node.path("fw-state");
     std::fs::create_dir_all(&state).expect("mkdir");
     std::os::unix::fs::symlink(&also_elsewhere, state.join(NETWORK)).expect("link");
-    let written = |dir: &Path| integration::files_under(dir).join("\n");
+    let written = |dir: &Path| test_kit::files_under(dir).join("\n");
     for state_dir in [&linked_state, &state] {
         let prev = prev_result("cnifw0", &["10.79.0.7/24"]);
         let add = exec_within(

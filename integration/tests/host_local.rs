@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
-use integration::{LeaseService, Node, Run, bin, fault_bin, finish, spawn_in, wait_for};
 use serde_json::{Value, json};
+use test_kit::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
+use test_kit::{LeaseService, Node, Run, bin, fault_bin, finish, spawn_in, wait_for};
 
 #[test]
 fn results_in_every_version_with_routes_dns_and_dual_stack() {
@@ -469,7 +469,7 @@ fn reference_add(ipam: &Ipam, id: &str, conf: &str) -> Value {
         ("CNI_NETNS", "/var/run/netns/unused"),
         ("CNI_PATH", "/usr/lib/cni"),
     ]);
-    integration::run_in(
+    test_kit::run_in(
         ipam.node.netns.path(),
         Path::new("/usr/lib/cni/host-local"),
         &[],
@@ -993,7 +993,7 @@ fn refusals(node_netns: &str) -> Vec<Refusal> {
 fn a_refused_call_starts_no_lease_service_and_changes_nothing() {
     let node = Node::new();
     let pod = node.pod("refused-pod");
-    let bins = integration::bin_dir();
+    let bins = test_kit::bin_dir();
     let mut failures = Vec::new();
     let mut ran = 0;
     for (index, refusal) in refusals(node.netns.path_str()).iter().enumerate() {
@@ -1027,7 +1027,7 @@ fn a_refused_call_starts_no_lease_service_and_changes_nothing() {
                     .then_some(())
                     .ok_or_else(|| format!("code {} instead of {}: {doc}", doc["code"], refusal.code))
             };
-            let services = integration::services_under(&root);
+            let services = test_kit::services_under(&root);
             let after = tree_of(&root);
             let outcome = answer.and_then(|()| {
                 if !services.is_empty() {
@@ -1058,7 +1058,7 @@ fn a_refused_call_starts_no_lease_service_and_changes_nothing() {
         ]);
         node.exec_plugin(binary, &env, &valid.conf(binary, &root.join("data")))
             .success();
-        assert_eq!(integration::services_under(&root).len(), 1, "{binary}");
+        assert_eq!(test_kit::services_under(&root).len(), 1, "{binary}");
     }
     assert!(
         failures.is_empty(),
@@ -1091,13 +1091,13 @@ fn a_fifo_in_the_lease_stores_place_holds_no_call() {
         let data_dir = node.path(&format!("fifo-{index}"));
         let fifo = data_dir.join(place);
         let parent = fifo.parent().expect("parent");
-        integration::run("install", &["-d", "-m", "0700", parent.to_str().expect("UTF-8")]).success();
-        integration::run(
+        test_kit::run("install", &["-d", "-m", "0700", parent.to_str().expect("UTF-8")]).success();
+        test_kit::run(
             "chmod",
             &["0700", data_dir.join(".sled").to_str().expect("UTF-8")],
         )
         .success();
-        integration::mkfifo(&fifo);
+        test_kit::mkfifo(&fifo);
         let conf = json!({"cniVersion": "1.0.0", "name": network, "type": "host-local",
                           "ipam": {"type": "host-local", "subnet": "10.67.0.0/24", "dataDir": data_dir}})
         .to_string();
@@ -1110,9 +1110,9 @@ fn a_fifo_in_the_lease_stores_place_holds_no_call() {
         ];
         let what = format!("host-local ADD with a FIFO at {place}");
         let child = spawn_in(node.netns.path(), &bin("host-local"), &[], &env, &conf);
-        let finished = integration::finish_within(&what, child, HUNG_AFTER);
-        for pid in integration::services_under(&data_dir) {
-            let _ = integration::run("kill", &["-KILL", &pid.to_string()]);
+        let finished = test_kit::finish_within(&what, child, HUNG_AFTER);
+        for pid in test_kit::services_under(&data_dir) {
+            let _ = test_kit::run("kill", &["-KILL", &pid.to_string()]);
         }
         let run =
             finished.unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"));

@@ -10,11 +10,11 @@ use std::path::Path;
 
 use firewall::Family;
 use firewall::istio::{Mode, Redirect, Selection, render, render_nft};
-use integration::api_server::ApiServer;
-use integration::probe::Probe;
-use integration::{Netns, Node, Run, bin_dir, run_in};
 use serde_json::{Value, json};
 use tempfile::TempDir;
+use test_kit::fakes::api_server::ApiServer;
+use test_kit::probe::Probe;
+use test_kit::{Netns, Node, Run, bin_dir, run_in};
 
 const NETWORK: &str = "mesh";
 const STATUS: &str = "sidecar.istio.io/status";

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
-use integration::{LeaseService, Node, bin, fault_bin, finish, spawn_in, wait_for};
 use serde_json::{Value, json};
+use test_kit::leases::{Ipam, NETWORK, SmallFs, address, v4_conf};
+use test_kit::{LeaseService, Node, bin, fault_bin, finish, spawn_in, wait_for};
 
 /// The address without its prefix length, as `cnictl ipam ls` lists it.
 fn bare(address: &str) -> String {
@@ -558,7 +558,7 @@ fn an_attachment_added_from_a_second_pod_is_refused_and_its_del_frees_nothing() 
         };
         let conf = v4_conf(&ipam, "1.0.0", "10.70.0.0/24");
         let (pod_a, pod_b) = (ipam.node.pod("pod-a"), ipam.node.pod("pod-b"));
-        let run = |command: &str, pod: &integration::Netns| {
+        let run = |command: &str, pod: &test_kit::Netns| {
             ipam.run(command, "shared", &conf, &[("CNI_NETNS", pod.path_str())])
         };
         let first = address(&run("ADD", &pod_a).success().json());

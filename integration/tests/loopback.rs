@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use integration::{Node, cnitool_container_id};
 use serde_json::{Value, json};
+use test_kit::{Node, cnitool_container_id};
 
 const VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
@@ -307,7 +307,7 @@ fn gc_deletes_attachments_that_are_not_valid() {
     for pod in [&keep, &stale, &gone] {
         node.cnictl(&["add", "lo-net", pod.path_str()]).success();
     }
-    let id = |p: &integration::Netns| cnitool_container_id(p.path_str());
+    let id = |p: &test_kit::Netns| cnitool_container_id(p.path_str());
 
     node.cnictl(&["gc", "lo-net"]).failure();
     assert!(keep.link_is_up("lo"), "gc without a selector does nothing");

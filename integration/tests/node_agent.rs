@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use integration::api_server::ApiServer;
-use integration::node_agent::{
-    Agent, SUITE, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
-};
-use integration::{Node, require_root, wait_for};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions, WatchEvent, WatchParams};
 use serde_json::{Value, json};
+use test_kit::fakes::api_server::ApiServer;
+use test_kit::node_agent::{
+    Agent, SUITE, agent_routes, host_bin, host_conflist, host_leases, lab_node, node_object,
+};
+use test_kit::{Node, require_root, wait_for};
 
 const TOKEN: &str = "agent-token";
 
@@ -539,12 +539,12 @@ fn a_lease_service_left_by_an_agent_killed_with_sigkill_is_stopped_on_uninstall(
     let mut first = agent_of_n1(&node, &server, TOKEN, &[]);
     wait_for("readiness", Duration::from_secs(20), || first.ready(&node));
     let leases = host_leases(&node);
-    let services = integration::services_under(&leases);
+    let services = test_kit::services_under(&leases);
     assert_eq!(services.len(), 1, "the agent runs the lease service");
     first.kill();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        integration::services_under(&leases),
+        test_kit::services_under(&leases),
         services,
         "a SIGKILLed agent leaves its service running"
     );
@@ -567,10 +567,10 @@ fn a_lease_service_left_by_an_agent_killed_with_sigkill_is_stopped_on_uninstall(
         ],
     );
     wait_for("readiness", Duration::from_secs(20), || second.ready(&node));
-    assert_eq!(integration::services_under(&leases), services);
+    assert_eq!(test_kit::services_under(&leases), services);
     let (status, log) = second.stop();
     assert!(status.success(), "{log}");
-    assert!(integration::services_under(&leases).is_empty(), "{log}");
+    assert!(test_kit::services_under(&leases).is_empty(), "{log}");
     assert!(!leases.exists(), "{log}");
     let left: Vec<_> = std::fs::read_dir(host_bin(&node))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
@@ -757,7 +757,7 @@ fn bin_dir_snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
 /// Whether `place` is a regular file holding the suite's `name`.
 fn holds_the_suites(place: &Path, name: &str) -> bool {
     std::fs::symlink_metadata(place).is_ok_and(|m| m.is_file())
-        && std::fs::read(place).ok() == std::fs::read(integration::bin(name)).ok()
+        && std::fs::read(place).ok() == std::fs::read(test_kit::bin(name)).ok()
 }
 
 #[test]
@@ -923,7 +923,7 @@ fn a_pod_added_through_the_chain_the_agent_wrote_has_istios_capture() {
     let pod = node.pod("pod");
     node.cnictl_env(&["add", "cni-suite", pod.path_str()], &cni_path)
         .success();
-    let rules = integration::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
+    let rules = test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
         .success()
         .stdout;
     assert!(
@@ -996,7 +996,7 @@ fn runtime_network(node: &Node) -> String {
 }
 
 /// The IPv4 address cnictl's result gives the pod.
-fn pod_address(run: integration::Run) -> String {
+fn pod_address(run: test_kit::Run) -> String {
     let result = run.success().json();
     result["ips"][0]["address"]
         .as_str()
@@ -1211,7 +1211,7 @@ fn fifos_where_the_agent_reads_never_hang_it() {
     uplink(&node);
     let fifo = |path: &Path| {
         std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
-        integration::mkfifo(path);
+        test_kit::mkfifo(path);
     };
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
     fifo(&kubeconfig);
@@ -1379,7 +1379,7 @@ fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
     )
     .success();
     assert!(server.requests() > requests, "the plugin asked the API server");
-    let rules = integration::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
+    let rules = test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
         .success()
         .stdout;
     assert!(rules.contains("ISTIO_REDIRECT"), "{rules}");
@@ -1436,8 +1436,8 @@ struct Pause(std::process::Child);
 impl Pause {
     /// As the pause image runs it: uid and gid 65535, another user than
     /// the agent's.
-    fn start(pod: &integration::Netns) -> Pause {
-        Pause(integration::spawn_in(
+    fn start(pod: &test_kit::Netns) -> Pause {
+        Pause(test_kit::spawn_in(
             pod.path(),
             Path::new("setpriv"),
             &[
@@ -1460,8 +1460,8 @@ impl Drop for Pause {
     }
 }
 
-fn nat_rules(pod: &integration::Netns) -> String {
-    integration::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
+fn nat_rules(pod: &test_kit::Netns) -> String {
+    test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
         .success()
         .stdout
 }
@@ -1546,7 +1546,7 @@ fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captur
     );
 
     // It captures: the app's outbound connection lands on Envoy's port.
-    let probe = integration::probe::Probe::new();
+    let probe = test_kit::probe::Probe::new();
     let envoy = probe.listen(&pod, &[15001]);
     probe.connect(&pod, None, "10.199.7.1", 8080, None).success();
     envoy.wait_for("tcp 15001 10.199.7.1:8080");
@@ -1657,7 +1657,7 @@ fn broken_pods_are_deleted_with_preconditions_or_labelled_through_status_as_conf
 /// `pod_ip` (`host_ip` on the node's side, both /24): a pod the race left
 /// without capture. Addresses must be the calling test's alone, since the
 /// agent searches every process of the machine.
-fn running_pod(node: &Node, role: &str, link: &str, host_ip: &str, pod_ip: &str) -> integration::Netns {
+fn running_pod(node: &Node, role: &str, link: &str, host_ip: &str, pod_ip: &str) -> test_kit::Netns {
     let pod = node.pod(role);
     node.netns.veth_to(link, &pod);
     node.netns
@@ -1804,7 +1804,7 @@ fn a_pod_repaired_into_istios_own_nftables_tables_is_reported_as_captured() {
         "{:?}\n{log}",
         events_of(&server, "native")
     );
-    let tables = integration::run_in(pod.path(), Path::new("nft"), &["list", "tables"], &[], "")
+    let tables = test_kit::run_in(pod.path(), Path::new("nft"), &["list", "tables"], &[], "")
         .success()
         .stdout;
     assert!(tables.contains("table inet istio-proxy-nat"), "{tables}");

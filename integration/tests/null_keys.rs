@@ -9,8 +9,8 @@
 
 use std::path::Path;
 
-use integration::{Netns, Node, Run, bin, bin_dir, run_in};
 use serde_json::{Value, json};
+use test_kit::{Netns, Node, Run, bin, bin_dir, run_in};
 
 /// Keys whose absence means a default place on the machine itself (the
 /// data directory, the lease service's socket, the state directory): left
@@ -221,7 +221,7 @@ fn every_key_of_every_binary_answers_null_as_it_answers_the_key_absent() {
     // Keys without which ADD still succeeds: those compare whole runs.
     let mut added = 0;
     let mut differences = Vec::new();
-    for binary in integration::PLUGINS {
+    for binary in test_kit::PLUGINS {
         for (n, full) in full_confs(binary, &node, placeholder.path_str())
             .iter()
             .enumerate()

@@ -7,9 +7,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use integration::probe::{Listener, Probe};
-use integration::{Netns, Node, Run, bin, files_under, mkfifo, run_in, spawn_in, wait_for};
 use serde_json::{Value, json};
+use test_kit::probe::{Listener, Probe};
+use test_kit::{Netns, Node, Run, bin, files_under, mkfifo, run_in, spawn_in, wait_for};
 
 const REFERENCE: &str = "/usr/lib/cni/portmap";
 const NETWORK: &str = "pm";
@@ -126,7 +126,7 @@ impl Site {
 /// test does not share the code under test: `CNI-DN-` and the start of
 /// sha512(network + container ID).
 fn dnat_chain(network: &str, container_id: &str) -> String {
-    let hash = integration::run(
+    let hash = test_kit::run(
         "sh",
         &[
             "-c",
@@ -250,7 +250,7 @@ fn traffic_reaches_pods_through_host_ports(backend: &str, bridge: &str, subnet: 
 
     site.run(&["check", NETWORK, pod.path_str()], &mappings())
         .success();
-    let container_id = integration::cnitool_container_id(pod.path_str());
+    let container_id = test_kit::cnitool_container_id(pod.path_str());
     site.del(&pod, &mappings());
     site.del(&neighbour, &json!([]));
     site.probe
@@ -681,7 +681,7 @@ fn a_host_port_held_by_a_running_pod_is_refused() {
     site.add(&first, &port);
     second.ip(&["link", "set", "lo", "up"]).success();
     let refused = site.run(&["add", NETWORK, second.path_str()], &port).failure();
-    let first_id = integration::cnitool_container_id(first.path_str());
+    let first_id = test_kit::cnitool_container_id(first.path_str());
     assert!(
         refused
             .stderr
@@ -720,7 +720,7 @@ fn a_host_port_held_by_a_running_pod_is_refused() {
         &format!("tcp 8080 {}:8080", pod_address(&result, true)),
         1,
     );
-    let second_id = integration::cnitool_container_id(second.path_str());
+    let second_id = test_kit::cnitool_container_id(second.path_str());
     site.del(&second, &port);
     assert!(site.leftovers(&second_id).is_empty(), "{}", site.rules());
     let records = std::fs::read_dir(site.node.path("portmap").join(NETWORK))
@@ -745,7 +745,7 @@ fn exec_within(node: &Node, command: &str, container_id: &str, netns: &str, stdi
     ];
     let what = format!("portmap {command} {container_id}");
     let child = spawn_in(node.netns.path(), &bin("portmap"), &[], &env, stdin);
-    integration::finish_within(&what, child, HUNG_AFTER)
+    test_kit::finish_within(&what, child, HUNG_AFTER)
         .unwrap_or_else(|run| panic!("{what} did not return within {HUNG_AFTER:?}: {run:?}"))
 }
 

@@ -10,9 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use integration::cluster::{AGNHOST, Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll};
-use integration::node_agent::egress_returns;
 use serde_json::Value;
+use test_kit::cluster::{AGNHOST, Cluster, Namespace, Pod, condition_of, deploy_dir, host_port, poll};
+use test_kit::node_agent::egress_returns;
 
 const CONFLIST: &str = "/etc/cni/net.d/10-cni-suite.conflist";
 
@@ -450,7 +450,7 @@ fn pod_footprint(cluster: &Cluster, node: &str) -> BTreeSet<String> {
     let files = "find /var/lib/cni /run/cni-suite -path '*/.sled' -prune -o -type f -print 2>/dev/null; true";
     lines.extend(node_lines(cluster, node, "state", &["sh", "-c", files]));
     lines.extend(firewall_rules(cluster, node));
-    let cnictl = integration::bin("cnictl");
+    let cnictl = test_kit::bin("cnictl");
     let export = ["ipam", "--data-dir", "/run/cni-suite/ipam", "export", "cni-suite"];
     let mut args = vec![cnictl.to_str().expect("a UTF-8 path")];
     args.extend(export);

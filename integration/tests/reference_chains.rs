@@ -5,9 +5,9 @@
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use integration::probe::Probe;
-use integration::{Netns, Node, bin, run, run_in};
 use serde_json::{Value, json};
+use test_kit::probe::Probe;
+use test_kit::{Netns, Node, bin, run, run_in};
 
 const REFERENCE: &str = "/usr/lib/cni";
 const VERSIONS: [&str; 3] = ["0.3.1", "0.4.0", "1.0.0"];
@@ -42,7 +42,7 @@ struct Chain<'a> {
 }
 
 impl Chain<'_> {
-    fn run(&self, args: &[&str]) -> integration::Run {
+    fn run(&self, args: &[&str]) -> test_kit::Run {
         self.node.cnictl_env(args, &self.env)
     }
 

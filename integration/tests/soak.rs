@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use integration::{LeaseService, Node, bin, bin_dir};
 use serde_json::{Value, json};
+use test_kit::{LeaseService, Node, bin, bin_dir};
 
 const NETWORK: &str = "soak-net";
 const WORKERS: usize = 16;

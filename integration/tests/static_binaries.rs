@@ -1,6 +1,6 @@
 //! The shipped binaries run on any node image: statically linked.
 
-use integration::{bin_dir, run};
+use test_kit::{bin_dir, run};
 
 #[test]
 fn every_binary_is_statically_linked() {

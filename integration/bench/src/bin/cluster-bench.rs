@@ -16,10 +16,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use integration::bench::report;
-use integration::bench::sandbox::{self, BurstOptions};
-use integration::bench::scale::{self, ScaleOptions, ScaleOutcome};
-use integration::cluster::Cluster;
+use cni_bench::report;
+use cni_bench::sandbox::{self, BurstOptions};
+use cni_bench::scale::{self, ScaleOptions, ScaleOutcome};
+use test_kit::cluster::Cluster;
 
 const README_BEGIN: &str = "<!-- cluster-bench-table:begin -->";
 const README_END: &str = "<!-- cluster-bench-table:end -->";
@@ -131,7 +131,7 @@ fn main() -> ExitCode {
     }
     // Bench Node i's IPv4 pod CIDR is 10.(225 + i / 256).(i % 256).0/24.
     options.additions = options.additions.min(7900 - options.nodes);
-    integration::require_root();
+    test_kit::require_root();
     let cluster = Cluster::get();
     if run_scale && cluster.fact("POD_CIDRS") != WIDE_POD_CIDRS {
         eprintln!(

@@ -199,14 +199,14 @@ impl Containerd {
         )
     }
 
-    /// Builds a busybox image (see `tools/busybox_oci.py`) whose command is
+    /// Builds a busybox image (see `integration/tools/busybox_oci.py`) whose command is
     /// `cmd` and imports it into `namespace`.
     pub fn import_busybox(&self, node: &Node, namespace: &str, name: &str, cmd: &[&str]) {
         let tar = self
             .dir
             .path()
             .join(format!("{}.tar", name.replace(['/', ':'], "_")));
-        let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/busybox_oci.py");
+        let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/busybox_oci.py");
         let mut args = vec![tar.to_str().expect("UTF-8"), name];
         args.extend_from_slice(cmd);
         run(&tool, &args).success();

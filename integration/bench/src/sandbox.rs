@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::measure::{interrupt, quantile, wait_until_quiet};
 use super::scale::ScaleOutcome;
-use crate::cluster::{Cluster, Namespace, try_poll};
+use test_kit::cluster::{Cluster, Namespace, try_poll};
 
 /// The conflist the suite's agent writes.
 const SUITE_CONFLIST: &str = "10-cni-suite.conflist";
@@ -417,7 +417,7 @@ fn burst_pod(name: &str, label: &str, host_network: bool) -> Result<Pod, String>
             "hostNetwork": host_network,
             "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "pause", "image": crate::cluster::PAUSE, "imagePullPolicy": "Never"}],
+            "containers": [{"name": "pause", "image": test_kit::cluster::PAUSE, "imagePullPolicy": "Never"}],
         }
     }))
     .map_err(|e| e.to_string())

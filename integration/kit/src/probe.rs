@@ -14,7 +14,7 @@ use crate::{Netns, Run, run_as, run_in, spawn_in, wait_for};
 
 /// Debian's own interpreter: `python3` on PATH may be another one.
 const PYTHON: &str = "/usr/bin/python3";
-const PROBE: &str = include_str!("../tools/capture_probe.py");
+const PROBE: &str = include_str!("../../tools/capture_probe.py");
 
 /// The probe script in a directory every uid can read.
 #[derive(Debug)]

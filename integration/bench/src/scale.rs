@@ -29,9 +29,9 @@ use serde_json::{Value, json};
 
 use super::measure::{ms, quantile};
 use super::sandbox::BurstOptions;
-use crate::Netns;
-use crate::cluster::{Cluster, Namespace};
-use crate::node_agent::egress_returns;
+use test_kit::Netns;
+use test_kit::cluster::{Cluster, Namespace};
+use test_kit::node_agent::egress_returns;
 
 /// The label every Node the bench makes carries (and nothing else does).
 const FAKE_LABEL: &str = "cni-bench";
@@ -144,9 +144,9 @@ impl BenchNode {
         let netns = Netns::new("scale");
         let underlay = cluster.underlay_netns();
         let peer = "v-cnibench";
-        let _ = crate::run("ip", &["-n", underlay, "link", "del", peer]);
-        crate::veth_between(underlay, peer, &netns);
-        crate::run(
+        let _ = test_kit::run("ip", &["-n", underlay, "link", "del", peer]);
+        test_kit::veth_between(underlay, peer, &netns);
+        test_kit::run(
             "ip",
             &["-n", underlay, "link", "set", peer, "master", "br0", "up"],
         )
@@ -455,7 +455,8 @@ impl BenchAgent {
         ];
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let started = Instant::now();
-        let mut child = crate::spawn_in(node.netns.path(), &crate::bin("cni-node-agent"), &[], &env, "");
+        let mut child =
+            test_kit::spawn_in(node.netns.path(), &test_kit::bin("cni-node-agent"), &[], &env, "");
         drop(child.stdout.take());
         let said = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(stderr) = child.stderr.take() {
@@ -626,7 +627,7 @@ fn pod_netns(address: &str) -> Option<Netns> {
         .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "pause"))
         .collect();
     pids.into_iter().find_map(|pid| {
-        let shown = crate::run(
+        let shown = test_kit::run(
             "nsenter",
             &[&format!("--net=/proc/{pid}/ns/net"), "ip", "-o", "addr"],
         );
@@ -641,7 +642,7 @@ fn pod_netns(address: &str) -> Option<Netns> {
 /// measured by this binary re-executed inside the pod's namespace.
 fn connect_times(pod: &Netns, target: &str, count: usize) -> Result<Vec<f64>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let run = crate::run_in(
+    let run = test_kit::run_in(
         pod.path(),
         &exe,
         &["--connect", target, &count.to_string()],
@@ -698,7 +699,7 @@ impl Paths {
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: scale}}\nspec:\n  \
                  nodeName: {node}\n  containers:\n  - name: netexec\n    image: {}\n    \
                  args: [netexec, --http-port=8080]\n",
-                crate::cluster::AGNHOST
+                test_kit::cluster::AGNHOST
             ));
         }
         let pods = namespace.ready_pods("app=scale", 2, Duration::from_secs(120));
@@ -827,7 +828,7 @@ fn start_floor(
     std::fs::write(&header, format!("Authorization: Bearer {token}\n")).map_err(|e| e.to_string())?;
     let header = format!("@{}", header.display());
     let url = format!("https://{}:6443/api/v1/nodes", cluster.fact("CONTROL_PLANE_IP"));
-    let list = crate::run_in(
+    let list = test_kit::run_in(
         node.netns.path(),
         Path::new("curl"),
         &[
@@ -946,7 +947,7 @@ fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutco
     // The bench agent's start.
     // Counted from procfs every 20 ms, nothing listening meanwhile: a
     // monitor would take each of the routes' notifications.
-    let counted = crate::run_in(
+    let counted = test_kit::run_in(
         node.netns.path(),
         Path::new("sh"),
         &[

@@ -1,5 +1,5 @@
 //! The node agent as tests run it: a process in a lab node's namespace,
-//! talking to [`crate::api_server::ApiServer`], with every host path (CNI
+//! talking to [`crate::fakes::api_server::ApiServer`], with every host path (CNI
 //! bin and conf directories, leases, the service account) under the
 //! node's temporary directory.
 
@@ -10,7 +10,7 @@ use std::process::Child;
 
 use serde_json::{Value, json};
 
-use crate::api_server::ApiServer;
+use crate::fakes::api_server::ApiServer;
 use crate::{Node, bin, spawn_in};
 
 /// The plugins the agent installs by default.

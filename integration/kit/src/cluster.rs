@@ -28,12 +28,12 @@ const DEFAULT_DIR: &str = "/tmp/cni-suite-cluster";
 
 /// The checkout's `integration/cluster/cluster.sh`.
 fn cluster_script_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/cluster.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../cluster/cluster.sh")
 }
 
 /// The checkout's `deploy/` directory (the manifests users apply).
 pub fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
 #[derive(Debug)]

@@ -5,7 +5,8 @@
 //! executed directly as libcni executes them.
 //!
 //! It fails on any failed call, duplicate address or leak in either suite,
-//! never on a timing.
+//! never on a timing. `sandbox` and `scale` are `cluster-bench`'s (`make
+//! bench-cluster`), on the real cluster.
 
 pub mod measure;
 pub mod report;
@@ -22,9 +23,9 @@ use std::time::{Duration, Instant};
 use netns::NetNs;
 use serde_json::{Value, json};
 
-use crate::containerd::{Containerd, Cri, Kubelet, PAUSE};
-use crate::{LeaseService, Netns, Node, bin_dir, services_under};
 use measure::{Call, exec, median, ms, process_cpu, quantile};
+use test_kit::fakes::containerd::{Containerd, Cri, Kubelet, PAUSE};
+use test_kit::{LeaseService, Netns, Node, bin_dir, services_under};
 
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use integration::bench::{self, Options, report};
+use cni_bench::{Options, report};
 
 /// Set in the re-executed bench, inside its private mount namespace.
 const INSIDE: &str = "CNI_BENCH_PRIVATE_RUN";
@@ -49,7 +49,7 @@ fn parse() -> Mode {
             "--pods" => options.pods = number().max(1),
             "--repeats" => options.repeats = number().max(1),
             "--full-leases" => options.full_leases = number().min(65000),
-            "--only" if bench::PHASES.contains(&value.as_str()) => options.only = Some(value.clone()),
+            "--only" if cni_bench::PHASES.contains(&value.as_str()) => options.only = Some(value.clone()),
             "--out" => options.out = PathBuf::from(&value),
             "--update-readme" => readme = Some(PathBuf::from(&value)),
             "--from" => from = Some(PathBuf::from(&value)),
@@ -108,11 +108,11 @@ fn main() -> ExitCode {
         Mode::Run(options) => options,
         Mode::UpdateReadme { readme, from } => return update_readme(&readme, &from),
     };
-    integration::require_root();
+    test_kit::require_root();
     if std::env::var_os(INSIDE).is_none() {
         return rerun_privately();
     }
-    let outcome = bench::run(&options);
+    let outcome = cni_bench::run(&options);
     let figures = outcome.figures();
     let machine = machine();
     let mut stdout = std::io::stdout().lock();

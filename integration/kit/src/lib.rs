@@ -5,6 +5,10 @@
 //! namespace is never touched.
 //!
 //! Tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and fail loudly without it.
+//!
+//! Besides: the lease helpers (`leases`), a traffic probe (`probe`), the
+//! node agent's harness (`node_agent`), the real cluster's handle
+//! (`cluster`), and stand-ins for what a node talks to (`fakes`).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -19,10 +23,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use serde_json::Value;
 use tempfile::TempDir;
 
-pub mod api_server;
-pub mod bench;
 pub mod cluster;
-pub mod containerd;
+pub mod fakes;
 pub mod leases;
 pub mod node_agent;
 pub mod probe;
@@ -40,7 +42,7 @@ static SWEEP: Once = Once::new();
 pub fn bin_dir() -> PathBuf {
     let dir = std::env::var_os("CNI_SUITE_BIN_DIR").map_or_else(
         || {
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
             workspace.join("target").join(host_triple()).join("release")
         },
         PathBuf::from,
@@ -298,7 +300,7 @@ pub fn wait_for(what: &str, limit: std::time::Duration, mut ready: impl FnMut() 
 /// build): `CNI_SUITE_FAULT_BIN`, else where `make fault-bin` puts it.
 pub fn fault_bin() -> PathBuf {
     let path = std::env::var_os("CNI_SUITE_FAULT_BIN").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fault/debug/host-local"),
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/fault/debug/host-local"),
         PathBuf::from,
     );
     assert!(
@@ -313,7 +315,7 @@ pub fn fault_bin() -> PathBuf {
 /// `target/tools/cnitool`.
 pub fn cnitool_bin() -> PathBuf {
     let path = std::env::var_os("CNI_SUITE_CNITOOL").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/cnitool"),
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/cnitool"),
         PathBuf::from,
     );
     assert!(
