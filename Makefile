@@ -199,12 +199,14 @@ bench-smoke: build
 SOAK_PODS ?= 1000
 # Further seeds of the random crash campaign (each 100 kills of the chain).
 SOAK_CRASH_SEEDS ?= 1 2 3 4 5
+# (The faults tier's two modules, soak first, as when they were two binaries.)
+SOAK_ENV = CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS)
 soak: build fault-bin
-	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
-		cargo test --locked -p integration --test soak --test crash -- --nocapture
+	$(SOAK_ENV) cargo test --locked -p integration --test faults -- --nocapture soak::
+	$(SOAK_ENV) cargo test --locked -p integration --test faults -- --nocapture crash::
 	for seed in $(SOAK_CRASH_SEEDS); do \
 		CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_CRASH_SEED=$$seed \
-			cargo test --locked -p integration --test crash -- --nocapture hundred_kills || exit 1; \
+			cargo test --locked -p integration --test faults -- --nocapture crash::a_hundred_kills || exit 1; \
 	done
 
 test: lint unit integration validate-manifest image check-install bench-smoke fuzz cluster-test
@@ -241,7 +243,7 @@ cluster-test: image kubernetes
 	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR); \
 	integration/cluster/interrupted-up.sh && \
 	$(CLUSTER) up && \
-	cargo test --locked -p integration --test real_cluster -- --ignored --nocapture && \
+	cargo test --locked -p integration --test cluster -- --ignored --nocapture real_cluster:: && \
 	target/release/cluster-bench --only sandbox --burst-pods 6 --burst-rounds 1 --out target/cluster-bench-smoke > /dev/null && \
 	integration/cluster/e2e.sh subset
 
@@ -288,7 +290,7 @@ demo: build
 # agent against the API test server; pods on different nodes talk.
 demo-cluster: build
 	@CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) LAB_SAY=1 cargo test --locked -q -p integration \
-		--test cluster_lab -- --nocapture three_nodes
+		--test cluster -- --nocapture cluster_lab::three_nodes
 
 clean:
 	cargo clean

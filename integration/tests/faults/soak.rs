@@ -25,6 +25,7 @@ fn pods_wanted() -> usize {
 
 #[test]
 fn churn_by_sixteen_workers_never_duplicates_and_leaves_nothing() {
+    let _alone = super::alone();
     let node = Node::new();
     let service = LeaseService::start(&bin("host-local"), node.path("hl.sock"), &[]);
     let data_dir = node.path("ipam");

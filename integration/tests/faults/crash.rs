@@ -268,6 +268,7 @@ const CALIBRATION_CALLS: usize = 5;
 
 #[test]
 fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
+    let _no_soak = super::beside_crash_tests();
     let chain = Chain::new();
     chain.write_istio_conflist();
     // Pods that were answered before the campaign: their leases must
@@ -371,6 +372,7 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
 /// (`cni::fault::POINTS`, `make fault-bin`): the kill lands exactly there.
 #[test]
 fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
+    let _no_soak = super::beside_crash_tests();
     let chain = Chain::new();
     let fault_dir = fault_bin()
         .parent()
@@ -380,7 +382,7 @@ fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
     let anchor_result = chain.run("ADD", "anchor", &anchor, None).success().json();
     let anchors = BTreeMap::from([("anchor".to_owned(), address(&anchor_result))]);
     // A lease service's own point is reached by no plugin process
-    // (lease_path.rs kills the service there).
+    // (plugins/lease_path.rs kills the service there).
     for point in cni::fault::POINTS
         .into_iter()
         .filter(|p| !p.starts_with("istio-redirect:") && *p != "host-local:release-answered")
@@ -419,6 +421,7 @@ fn a_kill_at_every_named_point_leaves_nothing_and_loses_nothing() {
 /// all in place, CHECK passes).
 #[test]
 fn a_kill_inside_istio_redirect_is_undone_by_del_and_a_retry_converges() {
+    let _no_soak = super::beside_crash_tests();
     let chain = Chain::new();
     let fault_dir = fault_bin()
         .parent()
@@ -474,6 +477,7 @@ fn a_kill_inside_istio_redirect_is_undone_by_del_and_a_retry_converges() {
 /// the ADD fails naming the namespace, and undoes the veth and the lease.
 #[test]
 fn a_namespace_removed_during_add_fails_it_and_rolls_it_back() {
+    let _no_soak = super::beside_crash_tests();
     let chain = Chain::new();
     let fault_dir = fault_bin()
         .parent()

@@ -200,7 +200,7 @@ fn corpus(data_dir: &Path) -> Vec<Case> {
         ];
         for (key, value) in env_cases {
             // The reference loopback, portmap and firewall never read
-            // CNI_ARGS (tests/loopback.rs).
+            // CNI_ARGS (tests/plugins/loopback.rs).
             if matches!(binary, "loopback" | "portmap" | "firewall") && key == "CNI_ARGS" {
                 continue;
             }
