@@ -137,13 +137,14 @@ lint: deps
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# The end-to-end tests, their kit and the bench are `make integration`'s.
 unit: deps
-	cargo test --workspace --locked --exclude integration
+	cargo test --workspace --locked --exclude integration --exclude test-kit --exclude cni-bench
 
 # End-to-end tests run the static release binaries, as they ship.
 integration: build fault-bin cnitool
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local \
-		CNI_SUITE_CNITOOL=$(CURDIR)/$(CNITOOL) cargo test --locked -p integration
+		CNI_SUITE_CNITOOL=$(CURDIR)/$(CNITOOL) cargo test --locked -p integration -p test-kit -p cni-bench
 
 # install and uninstall into a scratch DESTDIR, checked file by file.
 check-install: build
@@ -159,7 +160,7 @@ bench: build
 	@dpkg -s linux-perf >/dev/null 2>&1 || command -v perf >/dev/null 2>&1 || \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends linux-perf || \
 		echo "bench: perf is not installable here; its profiles are skipped"
-	cargo build --release --locked -p integration --bin cni-bench
+	cargo build --release --locked -p cni-bench --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
 	$(MAKE) bench-cluster
 
@@ -168,7 +169,7 @@ bench: build
 # ranges holding 5000 node CIDRs) and taken down afterwards.
 CLUSTER_BENCH_ARGS ?=
 bench-cluster: image kubernetes
-	cargo build --release --locked -p integration --bin cluster-bench
+	cargo build --release --locked -p cni-bench --bin cluster-bench
 	@trap '$(CLUSTER) down' EXIT; \
 	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR) CNI_CLUSTER_POD_CIDRS=10.224.0.0/11,fd00:10:224::/48; \
 	$(CLUSTER) up && \
@@ -180,7 +181,7 @@ bench-cluster: image kubernetes
 # bench`, then this, which keeps those runs' reports, chart and JSON in
 # docs/bench.
 bench-readme:
-	cargo build --release --locked -p integration --bin cni-bench --bin cluster-bench
+	cargo build --release --locked -p cni-bench --bin cni-bench --bin cluster-bench
 	install -d docs/bench
 	cp bench-results/run.json bench-results/report.md bench-results/latency.svg docs/bench/
 	cp bench-results/cluster.json bench-results/cluster.md docs/bench/
@@ -189,7 +190,7 @@ bench-readme:
 
 # The same program, tiny, so the bench keeps working (no timing is judged).
 bench-smoke: build
-	cargo build --release --locked -p integration --bin cni-bench
+	cargo build --release --locked -p cni-bench --bin cni-bench
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --pods 4 --repeats 1 --full-leases 300 \
 		--out target/bench-smoke > /dev/null
 
@@ -198,12 +199,14 @@ bench-smoke: build
 SOAK_PODS ?= 1000
 # Further seeds of the random crash campaign (each 100 kills of the chain).
 SOAK_CRASH_SEEDS ?= 1 2 3 4 5
+# (The faults tier's two modules, soak first, as when they were two binaries.)
+SOAK_ENV = CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS)
 soak: build fault-bin
-	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_FAULT_BIN=$(CURDIR)/$(FAULT_DIR)/debug/host-local CNI_SUITE_SOAK_PODS=$(SOAK_PODS) \
-		cargo test --locked -p integration --test soak --test crash -- --nocapture
+	$(SOAK_ENV) cargo test --locked -p integration --test faults -- --nocapture soak::
+	$(SOAK_ENV) cargo test --locked -p integration --test faults -- --nocapture crash::
 	for seed in $(SOAK_CRASH_SEEDS); do \
 		CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) CNI_SUITE_CRASH_SEED=$$seed \
-			cargo test --locked -p integration --test crash -- --nocapture hundred_kills || exit 1; \
+			cargo test --locked -p integration --test faults -- --nocapture crash::a_hundred_kills || exit 1; \
 	done
 
 test: lint unit integration validate-manifest image check-install bench-smoke fuzz cluster-test
@@ -235,12 +238,12 @@ cluster-down:
 # the reference plugins and back; no timing is judged), Kubernetes' e2e
 # subset, and the cluster gone afterwards whatever happened.
 cluster-test: image kubernetes
-	cargo build --release --locked -p integration --bin cluster-bench
+	cargo build --release --locked -p cni-bench --bin cluster-bench
 	@trap '$(CLUSTER) down' EXIT; \
 	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR); \
 	integration/cluster/interrupted-up.sh && \
 	$(CLUSTER) up && \
-	cargo test --locked -p integration --test real_cluster -- --ignored --nocapture && \
+	cargo test --locked -p integration --test cluster -- --ignored --nocapture real_cluster:: && \
 	target/release/cluster-bench --only sandbox --burst-pods 6 --burst-rounds 1 --out target/cluster-bench-smoke > /dev/null && \
 	integration/cluster/e2e.sh subset
 
@@ -287,7 +290,7 @@ demo: build
 # agent against the API test server; pods on different nodes talk.
 demo-cluster: build
 	@CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) LAB_SAY=1 cargo test --locked -q -p integration \
-		--test cluster_lab -- --nocapture three_nodes
+		--test cluster -- --nocapture cluster_lab::three_nodes
 
 clean:
 	cargo clean

@@ -1,0 +1,239 @@
+//! The node agent as tests run it: a process in a lab node's namespace,
+//! talking to [`crate::fakes::api_server::ApiServer`], with every host path (CNI
+//! bin and conf directories, leases, the service account) under the
+//! node's temporary directory.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Child;
+
+use serde_json::{Value, json};
+
+use crate::fakes::api_server::ApiServer;
+use crate::{Node, bin, spawn_in};
+
+/// The plugins the agent installs by default.
+pub const SUITE: [&str; 6] = [
+    "bridge",
+    "host-local",
+    "loopback",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
+
+/// A Node object as the API server serves it.
+pub fn node_object(name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) -> Value {
+    let mut addresses: Vec<Value> = internal_ips
+        .iter()
+        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+        .collect();
+    addresses.push(json!({"type": "Hostname", "address": name}));
+    json!({
+        "metadata": {"name": name},
+        "spec": {"podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs},
+        "status": {"addresses": addresses},
+    })
+}
+
+/// A running agent in a node's namespace, SIGTERMed when dropped.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    pub health: u16,
+}
+
+/// The node's CNI bin directory, where its agent installs the plugins.
+pub fn host_bin(node: &Node) -> PathBuf {
+    node.path("bin")
+}
+
+/// The lease directory the agent's conflist names.
+pub fn host_leases(node: &Node) -> PathBuf {
+    node.path("leases")
+}
+
+/// The conflist the agent writes.
+pub fn host_conflist(node: &Node) -> PathBuf {
+    node.conf_dir().join("10-cni-suite.conflist")
+}
+
+impl Agent {
+    /// Starts the agent of Node `name` in `node`, reaching `server` at
+    /// `server_host`; `extra` adds or overrides settings.
+    pub fn start(
+        node: &Node,
+        name: &str,
+        server: &ApiServer,
+        server_host: &str,
+        token: &str,
+        extra: &[(&str, &str)],
+    ) -> Agent {
+        Agent::start_under(node, name, server, server_host, token, extra, &[])
+    }
+
+    /// [`Agent::start`], run through `wrapper` (a command and its
+    /// arguments, the agent's path appended), as `setpriv` to give it a
+    /// container's capabilities only.
+    pub fn start_under(
+        node: &Node,
+        name: &str,
+        server: &ApiServer,
+        server_host: &str,
+        token: &str,
+        extra: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Agent {
+        let account = server.service_account(&node.path(""), token);
+        let health = free_port(node);
+        let listen = format!("127.0.0.1:{health}");
+        let port = server.port.to_string();
+        let conf_dir = node.conf_dir();
+        let lease_dir = host_leases(node);
+        let bin_dir = host_bin(node);
+        // The default is the host's /run/cni-suite: never a test's.
+        let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+        let mut env = vec![
+            ("NODE_NAME", name),
+            ("KUBERNETES_SERVICE_HOST", server_host),
+            ("KUBERNETES_SERVICE_PORT", port.as_str()),
+            ("SERVICE_ACCOUNT_DIR", account.to_str().expect("UTF-8")),
+            ("CNI_CONF_DIR", conf_dir.to_str().expect("UTF-8")),
+            ("CNI_LEASE_DIR", lease_dir.to_str().expect("UTF-8")),
+            ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
+            ("HEALTH_LISTEN", listen.as_str()),
+            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+        ];
+        env.extend_from_slice(extra);
+        let agent = bin("cni-node-agent");
+        let child = match wrapper.split_first() {
+            None => spawn_in(node.netns.path(), &agent, &[], &env, ""),
+            Some((program, args)) => {
+                let mut args = args.to_vec();
+                args.push(agent.to_str().expect("UTF-8"));
+                spawn_in(node.netns.path(), std::path::Path::new(program), &args, &env, "")
+            }
+        };
+        Agent {
+            child: Some(child),
+            health,
+        }
+    }
+
+    /// GET `path` of the health endpoint: status code and body.
+    pub fn probe(&self, node: &Node, path: &str) -> Option<(u16, String)> {
+        probe(node, self.health, path)
+    }
+
+    pub fn ready(&self, node: &Node) -> bool {
+        ready(node, self.health)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL: nothing of the agent's stop runs.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+    }
+
+    /// SIGTERM, then the exit status and what it logged.
+    pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let output = child.wait_with_output().expect("wait");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// GET `path` of an agent's health endpoint on `port` of the node's
+/// loopback: status code and body.
+pub fn probe(node: &Node, port: u16, path: &str) -> Option<(u16, String)> {
+    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
+    let mut stream = ns
+        .run(|| TcpStream::connect(("127.0.0.1", port)))
+        .expect("enter")
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()))
+}
+
+/// Whether the agent answering on `port` is ready.
+pub fn ready(node: &Node, port: u16) -> bool {
+    probe(node, port, "/readyz").is_some_and(|(code, _)| code == 200)
+}
+
+pub fn free_port(node: &Node) -> u16 {
+    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
+    ns.run(|| std::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("enter")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A node whose loopback is up (the API test server and the probes use
+/// it).
+pub fn lab_node() -> Node {
+    let node = Node::new();
+    node.netns.ip(&["link", "set", "lo", "up"]).success();
+    node
+}
+
+/// `ip [-6] route show proto 201` in the node: the agent's routes, as
+/// `<dst> via <gateway>`, sorted.
+pub fn agent_routes(node: &Node) -> Vec<String> {
+    let mut routes = Vec::new();
+    for family in ["-4", "-6"] {
+        let shown = node
+            .netns
+            .ip(&[family, "route", "show", "proto", "201"])
+            .success()
+            .stdout;
+        routes.extend(shown.lines().map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            format!(
+                "{} via {}",
+                words.first().unwrap_or(&""),
+                words.get(2).unwrap_or(&"")
+            )
+        }));
+    }
+    routes.sort();
+    routes
+}
+
+/// The destinations the agent's masquerade chain returns for as the
+/// cluster's pods, from `iptables-save -t nat` (or ip6tables-save) output.
+pub fn egress_returns(nat_rules: &str) -> Vec<String> {
+    nat_rules
+        .lines()
+        .filter(|l| l.starts_with("-A CNI-SUITE-EGRESS -d ") && l.contains("to pods of the cluster"))
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        .collect()
+}

@@ -1,0 +1,300 @@
+//! `deploy/cni-suite.yaml` and `deploy/cni-suite-istio.yaml`, checked
+//! without a server: every document round-trips through its `k8s-openapi`
+//! type without losing a field, what each tells the agent is what the agent
+//! and the image understand, and the Istio one is the base with Istio
+//! mode's additions and nothing else. (`make validate-manifest` also runs
+//! `kubernetes-validate` from PyPI, which bundles the API's schemas, over
+//! both, and fails when the Istio one is not what `deploy/render.py`
+//! renders now.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use test_kit::{bin, run};
+
+const BASE: &str = "cni-suite.yaml";
+/// `make manifests` renders it from the base (`deploy/render.py`).
+const ISTIO: &str = "cni-suite-istio.yaml";
+/// Every check but the last runs on both.
+const MANIFESTS: [&str; 2] = [BASE, ISTIO];
+
+/// What Istio mode adds to the base, all of it.
+const ISTIO_SETTING: (&str, &str) = ("ISTIO_CHAINED", "true");
+const ISTIO_CAPABILITIES: [&str; 2] = ["SYS_ADMIN", "SYS_PTRACE"];
+fn istio_rules() -> Value {
+    json!([
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ])
+}
+
+fn manifest(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(file)
+}
+
+/// Every YAML document of a manifest as JSON (Debian's python3-yaml
+/// parses it; the suite has no YAML crate).
+fn documents(file: &str) -> Vec<Value> {
+    let parsed = run(
+        "python3",
+        &[
+            "-c",
+            "import json, sys, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d]))",
+            manifest(file).to_str().expect("UTF-8"),
+        ],
+    )
+    .success();
+    serde_json::from_str(&parsed.stdout).expect("JSON")
+}
+
+fn round_trip<T: DeserializeOwned + Serialize>(file: &str, document: &Value) -> T {
+    let typed: T = serde_json::from_value(document.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{file}: {} is not a valid {}: {e}",
+            document["metadata"]["name"], document["kind"]
+        )
+    });
+    let back = serde_json::to_value(&typed).expect("serialize");
+    assert_eq!(&back, document, "{file}: a field was lost or changed");
+    typed
+}
+
+fn of_kind<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
+    documents
+        .iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+fn of_kind_mut<'a>(documents: &'a mut [Value], kind: &str) -> &'a mut Value {
+    documents
+        .iter_mut()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+/// A setting's value: the ConfigMap's, else the default `--help` shows
+/// on the line after its `[env: ...]`.
+fn setting(settings: &BTreeMap<String, String>, help: &str, key: &str) -> String {
+    if let Some(value) = settings.get(key) {
+        return value.clone();
+    }
+    let env = format!("[env: {key}=");
+    help.lines()
+        .skip_while(|line| !line.contains(&env))
+        .nth(1)
+        .and_then(|line| line.trim().strip_prefix("[default: "))
+        .and_then(|line| line.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("{key} is not set and has no default"))
+        .to_owned()
+}
+
+#[test]
+fn every_document_round_trips_through_its_kubernetes_type() {
+    for file in MANIFESTS {
+        let documents = documents(file);
+        let kinds: Vec<&str> = documents.iter().filter_map(|d| d["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "ConfigMap",
+                "DaemonSet"
+            ],
+            "{file}"
+        );
+        for document in &documents {
+            match document["kind"].as_str() {
+                Some("ServiceAccount") => drop(round_trip::<ServiceAccount>(file, document)),
+                Some("ClusterRole") => drop(round_trip::<ClusterRole>(file, document)),
+                Some("ClusterRoleBinding") => drop(round_trip::<ClusterRoleBinding>(file, document)),
+                Some("Role") => drop(round_trip::<Role>(file, document)),
+                Some("RoleBinding") => drop(round_trip::<RoleBinding>(file, document)),
+                Some("ConfigMap") => drop(round_trip::<ConfigMap>(file, document)),
+                Some("DaemonSet") => drop(round_trip::<DaemonSet>(file, document)),
+                other => panic!("{file}: unexpected kind {other:?}"),
+            }
+        }
+    }
+}
+
+/// Reading nodes; in Istio mode also pods and events, for the plugin's
+/// lookup and repair.
+#[test]
+fn the_role_grants_reading_nodes_and_in_istio_mode_pods_and_events() {
+    for file in MANIFESTS {
+        let documents = documents(file);
+        let role: ClusterRole = round_trip(file, of_kind(&documents, "ClusterRole"));
+        let mut expected =
+            vec![json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]})];
+        if file == ISTIO {
+            expected.extend(istio_rules().as_array().expect("rules").iter().cloned());
+        }
+        assert_eq!(
+            serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
+            Value::Array(expected),
+            "{file}"
+        );
+        // In kube-system, the one ConfigMap holding kubeadm's pod range,
+        // read only, bound to the agent's account.
+        let role: Role = round_trip(file, of_kind(&documents, "Role"));
+        assert_eq!(role.metadata.namespace.as_deref(), Some("kube-system"), "{file}");
+        assert_eq!(
+            serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
+            json!([{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kubeadm-config"], "verbs": ["get"]}]),
+            "{file}"
+        );
+        let binding: RoleBinding = round_trip(file, of_kind(&documents, "RoleBinding"));
+        assert_eq!(binding.role_ref.kind, "Role", "{file}");
+        assert_eq!(
+            binding.role_ref.name,
+            role.metadata.name.expect("a name"),
+            "{file}"
+        );
+        let subjects = binding.subjects.expect("subjects");
+        assert_eq!(subjects.len(), 1, "{file}");
+        assert_eq!(
+            (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+            ("cni-suite-node-agent", Some("kube-system")),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn the_agent_understands_every_setting_and_its_mounts_hold_its_paths() {
+    let help = run(bin("cni-node-agent"), &["--help"]).success().stdout;
+    for file in MANIFESTS {
+        settings_and_mounts(file, &help);
+    }
+}
+
+fn settings_and_mounts(file: &str, help: &str) {
+    let documents = documents(file);
+    let config: ConfigMap = round_trip(file, of_kind(&documents, "ConfigMap"));
+    let settings = config.data.expect("data");
+    for key in settings.keys() {
+        assert!(
+            help.contains(&format!("[env: {key}=")),
+            "{file}: the agent has no setting {key}"
+        );
+    }
+    let daemon_set: DaemonSet = round_trip(file, of_kind(&documents, "DaemonSet"));
+    let pod = daemon_set.spec.expect("spec").template.spec.expect("pod spec");
+    assert_eq!(pod.host_network, Some(true));
+    let tolerations = pod.tolerations.expect("tolerations");
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none())
+    );
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    let container = &pod.containers[0];
+    let env: Vec<&str> = container.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["NODE_NAME"]);
+    // Each hostPath is mounted at its own path, so the paths the agent
+    // writes into the conflist are the host's.
+    let volumes = pod.volumes.expect("volumes");
+    let mut mounted = BTreeSet::new();
+    for mount in container.volume_mounts.iter().flatten() {
+        let volume = volumes
+            .iter()
+            .find(|v| v.name == mount.name)
+            .expect("a volume per mount");
+        let host = volume.host_path.as_ref().expect("hostPath");
+        assert_eq!(host.path, mount.mount_path, "{}", mount.name);
+        mounted.insert(mount.mount_path.clone());
+    }
+    assert_eq!(
+        mounted,
+        [
+            "/etc/cni/net.d",
+            "/opt/cni/bin",
+            "/run/cni-suite",
+            "/run/xtables.lock"
+        ]
+        .map(str::to_owned)
+        .into()
+    );
+    // ISTIO_KUBECONFIG's default too: Istio mode needs no mount of its own.
+    for key in ["CNI_BIN_DIR", "CNI_CONF_DIR", "CNI_LEASE_DIR", "ISTIO_KUBECONFIG"] {
+        let path = setting(&settings, help, key);
+        assert!(
+            mounted.iter().any(|m| Path::new(&path).starts_with(m)),
+            "{file}: {key}={path} is on no mount"
+        );
+    }
+    // The image make image builds, and its command.
+    // The tag `make image` gives it: the workspace's version.
+    let image = format!("cni-suite/node-agent:{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(container.image.as_deref(), Some(image.as_str()));
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&["/opt/cni-suite/bin/cni-node-agent".to_owned()][..])
+    );
+    let capabilities = container
+        .security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .expect("capabilities");
+    let mut expected = vec!["NET_ADMIN", "NET_RAW"];
+    if file == ISTIO {
+        expected.extend(ISTIO_CAPABILITIES);
+    }
+    assert_eq!(capabilities, expected, "{file}");
+    let readiness = container
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("probe");
+    assert_eq!(readiness.path.as_deref(), Some("/readyz"));
+    assert!(settings["HEALTH_LISTEN"].ends_with(&format!(
+        ":{}",
+        serde_json::to_value(&readiness.port).expect("port")
+    )));
+}
+
+/// Undoing exactly Istio mode's additions gives the base back: the same
+/// objects under the same names, so applying one file over the other
+/// switches modes and changes nothing else.
+#[test]
+fn the_istio_manifest_is_the_base_plus_istio_mode_and_nothing_else() {
+    let base = documents(BASE);
+    let mut istio = documents(ISTIO);
+
+    let data = of_kind_mut(&mut istio, "ConfigMap")["data"]
+        .as_object_mut()
+        .expect("data");
+    let (key, value) = ISTIO_SETTING;
+    assert_eq!(data.remove(key), Some(json!(value)));
+
+    let rules = of_kind_mut(&mut istio, "ClusterRole")["rules"]
+        .as_array_mut()
+        .expect("rules");
+    let added = istio_rules().as_array().expect("rules").len();
+    assert!(rules.len() > added, "{rules:?}");
+    let extra = rules.split_off(rules.len() - added);
+    assert_eq!(Value::Array(extra), istio_rules());
+
+    let capabilities = of_kind_mut(&mut istio, "DaemonSet")
+        .pointer_mut("/spec/template/spec/containers/0/securityContext/capabilities/add")
+        .and_then(Value::as_array_mut)
+        .expect("capabilities");
+    assert!(capabilities.len() > ISTIO_CAPABILITIES.len(), "{capabilities:?}");
+    let extra = capabilities.split_off(capabilities.len() - ISTIO_CAPABILITIES.len());
+    assert_eq!(extra, ISTIO_CAPABILITIES);
+
+    assert_eq!(istio, base);
+}
