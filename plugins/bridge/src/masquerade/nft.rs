@@ -15,8 +15,8 @@
 
 use std::collections::BTreeSet;
 
-use firewall::nfnl::{self, TableFamily};
 use firewall::iptables::network_of;
+use firewall::nfnl::{self, TableFamily};
 use firewall::nft::{fit_comment, instance_hash, network_hash};
 use firewall::{Error, Family, Result, exec};
 use ipnetwork::IpNetwork;
