@@ -38,9 +38,10 @@ impl SavedTable {
                     if let Some(chain) = decl.split_whitespace().next() {
                         saved.chains.insert(chain.to_owned());
                     }
-                } else if let Some((chain, _)) =
-                    line.strip_prefix("-A ").and_then(|rule| rule.split_once(' '))
-                {
+                } else if let Some(rule) = line.strip_prefix("-A ") {
+                    // A rule with no match and no target prints as its
+                    // chain alone.
+                    let chain = rule.split_once(' ').map_or(rule, |(chain, _)| chain);
                     saved.rules.push((chain.to_owned(), line.to_owned()));
                 }
             }
@@ -64,7 +65,8 @@ impl SavedTable {
 
     /// The specs of `chain`'s rules: each line after `-A <chain> `.
     pub fn specs_of<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.rules_of(chain).map(move |line| &line[3 + chain.len() + 1..])
+        self.rules_of(chain)
+            .map(move |line| line.get(3 + chain.len() + 1..).unwrap_or_default())
     }
 
     /// Rules of `from` jumping to `chain`.
@@ -187,6 +189,9 @@ mod tests {
             nat.jumps_from("POSTROUTING", "CNI-X").collect::<Vec<_>>(),
             ["-A POSTROUTING -j CNI-X"]
         );
+        let bare = SavedTable::parse("*filter\n:ISTIO_X - [0:0]\n-A ISTIO_X\nCOMMIT\n", "filter");
+        assert_eq!(bare.rules_of("ISTIO_X").collect::<Vec<_>>(), ["-A ISTIO_X"]);
+        assert_eq!(bare.specs_of("ISTIO_X").collect::<Vec<_>>(), [""]);
         let mut pushed = SavedTable::default();
         pushed.push_rule("CNI-FORWARD", "-s 10.0.0.1/32 -j ACCEPT");
         assert_eq!(pushed.rules, filter.rules);

@@ -549,20 +549,28 @@ impl Stores {
         self.claim_once(paths.sled_dir(), key.0)?;
         check_sled_files(&paths.db_dir)?;
         discard_unfinished_snapshots(&paths.db_dir);
-        let db = sled::Config::new()
-            .path(&paths.db_dir)
-            .flush_every_ms(None)
-            .cache_capacity(64 << 20)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Corruption { .. } => damaged(paths, &e.to_string()),
-                // sled says so only in words: the kernel is asked instead.
-                sled::Error::Io(_) if held_by_another_process(&paths.db_dir) => Error::Busy(format!(
-                    "the lease database {} is held by another process (a lease service?)",
-                    paths.db_dir.display()
-                )),
-                e => Error::Store(format!("cannot open {}: {e}", paths.db_dir.display())),
-            })?;
+        let open = || {
+            sled::Config::new()
+                .path(&paths.db_dir)
+                .flush_every_ms(None)
+                .cache_capacity(64 << 20)
+                .open()
+        };
+        let db = match open() {
+            // sled says a lock was held only in words, and the kernel is
+            // asked instead (below); a holder that let go between sled's
+            // try and that question is not there to ask: once more.
+            Err(sled::Error::Io(_)) if !held_by_another_process(&paths.db_dir) => open(),
+            opened => opened,
+        }
+        .map_err(|e| match e {
+            sled::Error::Corruption { .. } => damaged(paths, &e.to_string()),
+            sled::Error::Io(_) if held_by_another_process(&paths.db_dir) => Error::Busy(format!(
+                "the lease database {} is held by another process (a lease service?)",
+                paths.db_dir.display()
+            )),
+            e => Error::Store(format!("cannot open {}: {e}", paths.db_dir.display())),
+        })?;
         if self.keep_open {
             self.lock_open().insert(key.clone(), db.clone());
         }

@@ -98,11 +98,12 @@ pub fn render_teardown(installed: &Installed) -> Option<String> {
 fn read(id: &str) -> Result<Installed> {
     match exec::run("nft", &["-j", "list", "table", "bridge", "nat"], "") {
         Ok(json) => parse(&json, id),
-        // The listing fails without the table; the kernel says whether
-        // that is why.
-        Err(Error::Failed { .. }) if !nfnl::table_exists(TableFamily::Bridge, "nat")? => {
-            Ok(Installed::default())
-        }
+        // The listing fails without the table: the kernel says whether
+        // that is why, else nft's own error stands.
+        Err(e @ Error::Failed { .. }) => match nfnl::table_exists(TableFamily::Bridge, "nat") {
+            Ok(false) => Ok(Installed::default()),
+            _ => Err(e),
+        },
         Err(e) => Err(e),
     }
 }

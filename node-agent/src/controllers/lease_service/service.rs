@@ -247,7 +247,14 @@ pub fn remove_unused(lease_dir: &Path, tools: &Path) -> Result<LeaseDir, Error> 
 /// itself under the network's lock, or asking a service that took the
 /// data directory meanwhile.
 fn held_leases(tools: &Path, lease_dir: &Path, network: &str) -> Result<usize, Error> {
-    let cnictl = tools.join("cnictl");
+    // The one shipped beside the agent first (its image's), then the one
+    // among the binaries it installs from.
+    let beside_agent = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("cnictl")));
+    let cnictl = beside_agent
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| tools.join("cnictl"));
     let listing = |e: String| {
         Error::Io(format!(
             "listing the leases of {network} with {}: {e}",
@@ -257,7 +264,7 @@ fn held_leases(tools: &Path, lease_dir: &Path, network: &str) -> Result<usize, E
     let output = std::process::Command::new(&cnictl)
         .args(["--json", "ipam", "--socket", "", "--data-dir"])
         .arg(lease_dir)
-        .args(["ls", network])
+        .args(["ls", "--", network])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| listing(e.to_string()))?;

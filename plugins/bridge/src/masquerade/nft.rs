@@ -138,9 +138,12 @@ fn saddr_of(rule: &Value) -> Option<String> {
 pub fn read() -> Result<Masquerade> {
     match exec::run("nft", &["-j", "list", "table", "inet", TABLE], "") {
         Ok(json) => Masquerade::parse(&json),
-        Err(Error::Failed { .. }) if !nfnl::table_exists(TableFamily::Inet, TABLE)? => {
-            Ok(Masquerade::default())
-        }
+        // nft's listing fails without the table: the kernel says whether
+        // that is why, else nft's own error stands.
+        Err(e @ Error::Failed { .. }) => match nfnl::table_exists(TableFamily::Inet, TABLE) {
+            Ok(false) => Ok(Masquerade::default()),
+            _ => Err(e),
+        },
         Err(e) => Err(e),
     }
 }
