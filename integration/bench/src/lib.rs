@@ -9,6 +9,7 @@
 //! bench-cluster`), on the real cluster.
 
 pub mod measure;
+pub mod outcome;
 pub mod report;
 pub mod sandbox;
 pub mod scale;

@@ -25,7 +25,7 @@ use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 use super::measure::{interrupt, quantile, wait_until_quiet};
-use super::scale::ScaleOutcome;
+use super::outcome::ScaleOutcome;
 use test_kit::cluster::{Cluster, Namespace, try_poll};
 
 /// The conflist the suite's agent writes.

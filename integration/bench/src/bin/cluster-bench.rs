@@ -16,9 +16,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use cni_bench::outcome::ScaleOutcome;
 use cni_bench::report;
 use cni_bench::sandbox::{self, BurstOptions};
-use cni_bench::scale::{self, ScaleOptions, ScaleOutcome};
+use cni_bench::scale::{self, ScaleOptions};
 use test_kit::cluster::Cluster;
 
 const README_BEGIN: &str = "<!-- cluster-bench-table:begin -->";
