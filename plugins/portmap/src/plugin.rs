@@ -135,7 +135,7 @@ fn remove_everywhere(
             .map(|a| (mappings, a.ip()))
     };
     for family in [Family::V4, Family::V6] {
-        if iptables_usable(family) {
+        if firewall::iptables::available(family) {
             match iptables::remove(family, settings, network, container_id, known(family)) {
                 Ok(found) => forwards.extend(found),
                 Err(e) => failures.push(firewall_error(e)),
@@ -204,10 +204,6 @@ fn settle_conflicts(cfg: &PortmapConfig, network: &str, container_id: &str, node
         })?;
     }
     Ok(())
-}
-
-fn iptables_usable(family: Family) -> bool {
-    firewall::iptables::available(family)
 }
 
 impl Plugin for Portmap {
@@ -342,7 +338,7 @@ impl Plugin for Portmap {
             .collect();
         let mut forwards = Vec::new();
         for family in [Family::V4, Family::V6] {
-            if iptables_usable(family) {
+            if firewall::iptables::available(family) {
                 match iptables::collect_garbage(family, network, &keep) {
                     Ok(found) => forwards.extend(found),
                     Err(e) => failures.push(firewall_error(e)),
