@@ -58,9 +58,10 @@ pub struct Ipam {
     /// host-local's dataDir.
     #[arg(long, global = true, default_value = lease::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
-    /// The lease service's socket; "" to always open the database directly.
-    #[arg(long, global = true, env = "HOST_LOCAL_SOCKET", default_value = lease::DEFAULT_SOCKET)]
-    pub socket: String,
+    /// A lease service to ask before the data directory's own
+    /// (<dataDir>/.sled/.service.sock), which is asked whenever one runs.
+    #[arg(long, global = true, env = "HOST_LOCAL_SOCKET")]
+    pub socket: Option<String>,
     #[command(subcommand)]
     pub command: IpamCommand,
 }

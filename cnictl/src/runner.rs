@@ -206,7 +206,7 @@ fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
     };
     let data_dir = std::path::absolute(&args.data_dir).map_err(|e| fail(cni::Error::io(e.to_string())))?;
     let call = Call::admin(data_dir.clone(), network.clone(), op.clone());
-    let route = Route::new(&SocketSetting::parse(Some(&args.socket)), &data_dir);
+    let route = Route::new(&SocketSetting::parse(args.socket.as_deref()), &data_dir);
     let reply = lease::ask(&route, &call, &|_: &Call| {
         let stores = ipam::store::Stores::direct();
         lease::admin_reply(ipam::admin::run(&stores, &data_dir, network, &op).map_err(Into::into))

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::Path;
 use std::sync::Barrier;
 use std::time::Duration;
@@ -638,57 +639,151 @@ fn cnictl_ipam_inspects_and_repairs() {
     assert_eq!(direct.leased_ips().len(), 2);
 }
 
-/// systemd's socket activation, as `systemd-socket-activate` performs it:
-/// the socket bound by someone else, passed as fd 3 with LISTEN_FDS and
-/// LISTEN_PID naming the service process.
+/// systemd's socket activation: the socket bound and listened on by
+/// another process (whose pid the socket's credentials keep naming), passed
+/// to the forked service as fd 3 with LISTEN_FDS and LISTEN_PID naming the
+/// service process. The starter prints the service's pid, hands it a
+/// SIGTERM and exits when it does.
 const SOCKET_ACTIVATE: &str = r#"
-import os, socket, sys
+import os, signal, socket, sys
 path, binary = sys.argv[1], sys.argv[2]
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 listener.bind(path)
 os.chmod(path, 0o600)
 listener.listen(64)
-os.dup2(listener.fileno(), 3)
-os.set_inheritable(3, True)
-env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
-os.execve(binary, [binary, "serve"], env)
+child = os.fork()
+if child == 0:
+    os.dup2(listener.fileno(), 3)
+    os.set_inheritable(3, True)
+    env = dict(os.environ, LISTEN_FDS="1", LISTEN_PID=str(os.getpid()))
+    os.execve(binary, [binary, "serve"], env)
+listener.close()
+print(child, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGTERM))
+os.waitpid(child, 0)
 "#;
+
+/// A host-local service started by socket activation at `socket`, stopped
+/// (SIGTERM, as systemd stops it) when dropped.
+struct Activated {
+    starter: std::process::Child,
+    service_pid: u32,
+}
+
+impl Activated {
+    fn start(socket: &Path) -> Self {
+        use std::io::BufRead;
+        let binary = bin("host-local");
+        let mut starter = std::process::Command::new("python3")
+            .args([
+                "-c",
+                SOCKET_ACTIVATE,
+                socket.to_str().expect("UTF-8"),
+                binary.to_str().expect("UTF-8"),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        let stdout = starter.stdout.take().expect("piped");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the service's pid");
+        let service_pid = line.trim().parse().expect("a pid");
+        Activated { starter, service_pid }
+    }
+
+    /// Stops the service and returns what it logged.
+    fn stop(mut self) -> String {
+        self.terminate();
+        let mut text = String::new();
+        if let Some(mut pipe) = self.starter.stderr.take() {
+            use std::io::Read;
+            pipe.read_to_string(&mut text).ok();
+        }
+        text
+    }
+
+    fn terminate(&mut self) {
+        let pid = self.starter.id().to_string();
+        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = self.starter.wait();
+    }
+
+    /// Whether the service process holds `file` open.
+    fn holds_open(&self, file: &Path) -> bool {
+        fs::read_dir(format!("/proc/{}/fd", self.service_pid))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|target| target == file))
+    }
+}
+
+impl Drop for Activated {
+    fn drop(&mut self) {
+        if self.starter.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}
 
 #[test]
 fn the_service_accepts_a_socket_from_the_service_manager() {
     let node = Node::new();
     let socket = node.path("activated.sock");
-    let binary = bin("host-local");
-    let mut activated = std::process::Command::new("python3")
-        .args([
-            "-c",
-            SOCKET_ACTIVATE,
-            socket.to_str().expect("UTF-8"),
-            binary.to_str().expect("UTF-8"),
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    wait_for("the activated service", Duration::from_secs(10), || {
-        socket.exists()
-    });
+    let activated = Activated::start(&socket);
     let ipam = Ipam::with_socket(node, &socket);
     let conf = v4_conf(&ipam, "1.0.0", "10.120.0.0/24");
     assert_eq!(address(&ipam.add("a", &conf)), "10.120.0.2/24");
-    activated.kill().expect("kill");
-    let stderr = {
-        activated.wait().expect("reaped");
-        let mut text = String::new();
-        if let Some(mut pipe) = activated.stderr.take() {
-            use std::io::Read;
-            pipe.read_to_string(&mut text).ok();
-        }
-        text
-    };
+    let stderr = activated.stop();
     assert!(
         stderr.contains("listening on the socket passed by the service manager"),
         "{stderr}"
     );
+}
+
+/// The shipped systemd unit listens on the default data directory's own
+/// socket: a configuration with no `socket` key (and one with `""`) is
+/// served there, by the service holding the database, the socket file
+/// systemd made left in place (not taken over, so activation keeps working
+/// after the service stops).
+#[test]
+fn systemds_socket_at_the_data_directory_serves_it() {
+    let node = Node::new();
+    let data_dir = node.path("data");
+    let socket = lease::data_dir_socket(&data_dir);
+    let parent = socket.parent().expect("in .sled");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(parent)
+        .expect("systemd's DirectoryMode=0700");
+    let activated = Activated::start(&socket);
+    let made_by_systemd = fs::symlink_metadata(&socket).expect("the socket").ino();
+    let ipam = Ipam {
+        node,
+        data_dir: data_dir.clone(),
+        socket: String::new(),
+    };
+    let mut unset: Value = serde_json::from_str(&v4_conf(&ipam, "1.0.0", "10.121.0.0/24")).expect("JSON");
+    unset["ipam"].as_object_mut().expect("ipam").remove("socket");
+    assert_eq!(address(&ipam.add("a", &unset.to_string())), "10.121.0.2/24");
+    let db = data_dir.join(".sled").join(NETWORK).join("db");
+    assert!(
+        activated.holds_open(&db),
+        "the activated service keeps {}",
+        db.display()
+    );
+    let off = v4_conf(&ipam, "1.0.0", "10.121.0.0/24");
+    assert_eq!(address(&ipam.add("b", &off)), "10.121.0.3/24");
+    assert_eq!(
+        fs::symlink_metadata(&socket).expect("the socket").ino(),
+        made_by_systemd
+    );
+    let stderr = activated.stop();
+    assert!(!stderr.contains("is served by the lease service at"), "{stderr}");
 }
 
 /// A database that lost committed leases (here its snapshot is gone and its

@@ -16,7 +16,7 @@ use std::time::Duration;
 use cni::skel::{Reply, dispatch};
 use ipam::store::{ClaimHook, Stores};
 use lease::server::{self, Claimer, Handler, Service, Stopper, Unclaimed};
-use lease::{Call, DEFAULT_SOCKET};
+use lease::{Call, DEFAULT_DATA_DIR};
 
 use crate::plugin::HostLocal;
 
@@ -72,11 +72,12 @@ fn claiming(claimer: Claimer) -> ClaimHook {
 }
 
 const USAGE: &str = "usage: host-local serve [--socket PATH] [--idle-exit SECONDS]\n  \
-    --socket     where to listen (default /run/cni/host-local.sock)\n  \
+    --socket     where to listen (default /var/lib/cni/networks/.sled/.service.sock,\n               \
+    the default data directory's own socket)\n  \
     --idle-exit  exit after this long without a request, detached from whoever started it";
 
 pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
-    let mut socket = PathBuf::from(DEFAULT_SOCKET);
+    let mut socket = lease::data_dir_socket(Path::new(DEFAULT_DATA_DIR));
     let mut idle_exit = None;
     while let Some(arg) = args.next() {
         match arg.to_str() {

@@ -3,10 +3,11 @@
 //! way is absent, busy, restarting or dies mid-request.
 //!
 //! A request is tried at its [`Route`]'s places in order:
-//! - a plugin process or `cnictl`: the node's lease service (the configured
-//!   socket, else the default one; none for `"socket": ""`), then the
-//!   service in charge of the data directory (`<dataDir>/.sled/.service.sock`),
-//!   then this process, opening the database itself;
+//! - a plugin process or `cnictl`: the service an operator named with
+//!   `socket`, if any, then the service in charge of the data directory
+//!   (`<dataDir>/.sled/.service.sock`, whoever started it: a plugin, the
+//!   node agent or systemd), then this process, opening the database
+//!   itself;
 //! - a lease service: itself, then the service in charge of the data
 //!   directory when that is another one.
 //!
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use cni::skel::Reply;
 
 use crate::settings::{LeaseSettings, SocketSetting, data_dir_socket};
-use crate::socket;
+use crate::socket::{self, FileId};
 use crate::trust::Refusal;
 use crate::wire::{Call, Request, Response, is_busy};
 
@@ -59,9 +60,6 @@ pub enum CallError {
     #[error("lease service at {path} gave no answer: {reason}")]
     Broken { path: PathBuf, reason: String },
 }
-
-/// A file by device and inode.
-pub type FileId = (u64, u64);
 
 /// A service to try, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,8 +172,8 @@ enum Place {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     places: Vec<Place>,
-    /// No `socket` was configured: nobody runs a service on purpose, so
-    /// the data directory's own may be started.
+    /// No `socket` was configured: the data directory's own service may
+    /// be started.
     unset: bool,
 }
 
@@ -185,8 +183,8 @@ fn in_charge_of(data_dir: &Path) -> Place {
 }
 
 impl Route {
-    /// For a plugin process or `cnictl`: the node service `socket` says,
-    /// then the data directory's own, then here.
+    /// For a plugin process or `cnictl`: the service `socket` names, then
+    /// the data directory's own, then here.
     pub fn new(socket: &SocketSetting, data_dir: &Path) -> Self {
         if !data_dir.is_absolute() {
             return Route::here_only();
@@ -334,12 +332,9 @@ mod tests {
     }
 
     #[test]
-    fn processes_ask_the_node_service_then_the_data_dirs_then_themselves() {
+    fn processes_ask_the_named_service_then_the_data_dirs_then_themselves() {
         let unset = Route::new(&SocketSetting::Unset, Path::new("/d"));
-        assert_eq!(
-            sockets(&unset),
-            ["/run/cni/host-local.sock", "/d/.sled/.service.sock*", "here"]
-        );
+        assert_eq!(sockets(&unset), ["/d/.sled/.service.sock*", "here"]);
         let off = Route::new(&SocketSetting::Off, Path::new("/d"));
         assert_eq!(sockets(&off), ["/d/.sled/.service.sock*", "here"]);
         let same = Route::new(
@@ -354,7 +349,7 @@ mod tests {
         let exe = PathBuf::from("/opt/cni/bin/host-local");
         assert_eq!(
             sockets(&unset.start_with(exe.clone())),
-            ["/run/cni/host-local.sock", "/d/.sled/.service.sock*+", "here"]
+            ["/d/.sled/.service.sock*+", "here"]
         );
         assert_eq!(
             sockets(&off.start_with(exe.clone())),

@@ -24,7 +24,7 @@ pub mod wire;
 use std::path::Path;
 
 pub use client::{PATIENCE, Route, ask};
-pub use settings::{DEFAULT_DATA_DIR, DEFAULT_SOCKET, LeaseSettings, SocketSetting, data_dir_socket};
+pub use settings::{DEFAULT_DATA_DIR, LeaseSettings, SocketSetting, data_dir_socket};
 pub use wire::{AdminOp, Call, admin_reply};
 
 /// Who serves at `socket`: the process id of a trusted service listening

@@ -27,7 +27,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,7 @@ fn try_lock(lock: &Path) -> io::Result<Option<File>> {
 #[derive(Debug)]
 struct OwnSocket {
     path: PathBuf,
-    inode: Option<(u64, u64)>,
+    inode: Option<socket::FileId>,
     lock: Arc<File>,
     lock_path: PathBuf,
 }
@@ -113,6 +113,12 @@ impl Listening {
                 lock_path,
             }),
         })
+    }
+
+    /// Where it listens, by the socket's own address.
+    fn path(&self) -> Option<PathBuf> {
+        let address = self.listener.local_addr().ok()?;
+        address.as_pathname().map(Path::to_path_buf)
     }
 
     fn watch(&self) -> Watch {
@@ -280,7 +286,13 @@ pub enum Unclaimed {
 
 /// Takes charge of data directories for a [`Service`] while it runs.
 #[derive(Debug, Clone)]
-pub struct Claimer(mpsc::Sender<Event>);
+pub struct Claimer {
+    events: mpsc::Sender<Event>,
+    /// The file of the socket a service manager passed, once the service
+    /// runs: when it is a data directory's socket (systemd's unit listens
+    /// on the default data directory's), that directory is already served.
+    passed: Arc<OnceLock<socket::FileId>>,
+}
 
 impl Claimer {
     /// Takes charge of `data_dir` before its first database opens: listens
@@ -288,8 +300,15 @@ impl Claimer {
     /// [`Unclaimed::Busy`] naming the service that has it.
     pub fn claim(&self, data_dir: &Path) -> Result<(), Unclaimed> {
         let socket = data_dir_socket(data_dir);
-        // Started on this very socket (a service a plugin started).
-        if socket::listened_on_by_this_process(&socket) {
+        // Started on this very socket (a service a plugin or the agent
+        // started), or passed it by systemd (whose pid the socket's
+        // credentials name, not this process's).
+        if socket::listened_on_by_this_process(&socket)
+            || self
+                .passed
+                .get()
+                .is_some_and(|passed| socket::inode(&socket) == Some(*passed))
+        {
             return Ok(());
         }
         let listening = match take_socket(&socket) {
@@ -308,7 +327,7 @@ impl Claimer {
             }
         };
         log::info!("serving the data directory's socket {}", socket.display());
-        self.0
+        self.events
             .send(Event::Claimed(listening))
             .map_err(|_| Unclaimed::Stopped)
     }
@@ -328,6 +347,7 @@ enum Event {
 #[derive(Debug)]
 pub struct Service {
     events: mpsc::Sender<Event>,
+    passed: Arc<OnceLock<socket::FileId>>,
     incoming: mpsc::Receiver<Event>,
     idle_exit: Option<Duration>,
 }
@@ -393,6 +413,7 @@ impl Service {
         let (events, incoming) = mpsc::channel();
         Service {
             events,
+            passed: Arc::default(),
             incoming,
             idle_exit: None,
         }
@@ -415,7 +436,10 @@ impl Service {
     /// store's hook, called before a data directory's first database
     /// opens).
     pub fn claimer(&self) -> Claimer {
-        Claimer(self.events.clone())
+        Claimer {
+            events: self.events.clone(),
+            passed: Arc::clone(&self.passed),
+        }
     }
 
     /// Serves on `first` and every socket claimed later, until it has been
@@ -444,6 +468,11 @@ impl Service {
                 .name("accept".into())
                 .spawn(move || accept(&listener, &workers, stopped.as_deref()))
         };
+        if first.own.is_none()
+            && let Some(passed) = first.path().as_deref().and_then(socket::inode)
+        {
+            let _ = self.passed.set(passed);
+        }
         let mut acceptors = vec![accepting(&first)?];
         let mut watched = vec![first];
         loop {

@@ -1,6 +1,6 @@
-//! What a configuration says about the lease path: which node service to
-//! ask (`ipam.socket`) and which data directory the leases are in
-//! (`ipam.dataDir`), read from the raw configuration before anything else
+//! What a configuration says about the lease path: which service an
+//! operator named (`ipam.socket`) and which data directory the leases are
+//! in (`ipam.dataDir`, whose own service is asked in any case), read from the raw configuration before anything else
 //! is checked (the request is sent before it is parsed properly), as Go's
 //! decoder matches keys (case-insensitively, the last one winning, `null`
 //! as absent).
@@ -12,24 +12,26 @@ use serde_json::Value;
 
 /// host-local's default `dataDir`, the reference's.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
-/// Where the node-local lease service listens unless the configuration
-/// names another socket (or `""` to never use one).
-pub const DEFAULT_SOCKET: &str = "/run/cni/host-local.sock";
 
 /// `<dataDir>/.sled/.service.sock`: where the service in charge of a data
-/// directory listens (beside the databases it keeps open).
+/// directory listens (beside the databases it keeps open), whoever started
+/// it: a plugin, the node agent or systemd. One data directory, one
+/// service, one socket.
 pub fn data_dir_socket(data_dir: &Path) -> PathBuf {
     data_dir.join(".sled").join(".service.sock")
 }
 
-/// What a configuration says about the node's lease service.
+/// What a configuration says about the lease service besides the data
+/// directory's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SocketSetting {
-    /// No `socket` key: the default socket.
+    /// No `socket` key: the data directory's own service, started on
+    /// demand when none runs.
     Unset,
-    /// `"socket": ""`: no node service.
+    /// `"socket": ""`: the data directory's own service if one runs, but
+    /// none started for this call.
     Off,
-    /// `"socket": "<path>"`: the operator named the service.
+    /// `"socket": "<path>"`: the operator named a service, asked first.
     Named(PathBuf),
 }
 
@@ -43,11 +45,10 @@ impl SocketSetting {
         }
     }
 
-    /// The socket to ask, if any.
+    /// The socket the operator named, if any.
     pub fn path(&self) -> Option<PathBuf> {
         match self {
-            SocketSetting::Unset => Some(PathBuf::from(DEFAULT_SOCKET)),
-            SocketSetting::Off => None,
+            SocketSetting::Unset | SocketSetting::Off => None,
             SocketSetting::Named(path) => Some(path.clone()),
         }
     }
@@ -99,7 +100,7 @@ mod tests {
         assert_eq!(read(br#"{"ipam":{"socket":""}}"#).socket.path(), None);
         let defaults = read(br#"{"ipam":{"dataDir":""}}"#);
         assert_eq!(defaults.socket, SocketSetting::Unset);
-        assert_eq!(defaults.socket.path(), Some(PathBuf::from(DEFAULT_SOCKET)));
+        assert_eq!(defaults.socket.path(), None);
         assert_eq!(defaults.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
         assert_eq!(read(b"{}").socket, SocketSetting::Unset);
         assert_eq!(LeaseSettings::read(b"junk"), None);

@@ -150,8 +150,11 @@ pub fn bind_replacing(socket: &Path) -> io::Result<(UnixListener, PathBuf)> {
     Ok((listener, dir.join(name)))
 }
 
+/// A file by device and inode.
+pub type FileId = (u64, u64);
+
 /// The (device, inode) of the file at `path`, not following a symlink.
-pub fn inode(path: &Path) -> Option<(u64, u64)> {
+pub fn inode(path: &Path) -> Option<FileId> {
     let (dir, name) = split(path).ok()?;
     let (address, _dir_handle) = addressable(dir, name).ok()?;
     std::fs::symlink_metadata(address)
