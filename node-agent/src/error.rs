@@ -17,6 +17,9 @@ pub enum Error {
     /// Something on the node is not as the agent needs it.
     #[error("{0}")]
     Io(String),
+    /// The agent cannot tell where its own binaries are.
+    #[error("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR")]
+    NoSourceDir,
     /// The Node watch ended.
     #[error("{0}")]
     Watch(String),

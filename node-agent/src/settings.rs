@@ -8,8 +8,6 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::error::Error;
-
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "cni-node-agent",
@@ -181,16 +179,14 @@ impl Settings {
     }
 
     /// Where the agent's own binaries are (what it installs, and `cnictl`):
-    /// `CNI_SOURCE_BIN_DIR`, else the directory of its executable.
-    pub fn source_dir(&self) -> Result<PathBuf, Error> {
+    /// `CNI_SOURCE_BIN_DIR`, else the directory of its executable; None
+    /// when neither tells (see [`crate::error::Error::NoSourceDir`]).
+    pub fn source_dir(&self) -> Option<PathBuf> {
         if let Some(dir) = &self.source_bin_dir {
-            return Ok(dir.clone());
+            return Some(dir.clone());
         }
         std::env::current_exe()
             .ok()
             .and_then(|exe| exe.parent().map(PathBuf::from))
-            .ok_or_else(|| {
-                Error::Setting("cannot tell where the agent runs from; set CNI_SOURCE_BIN_DIR".into())
-            })
     }
 }

@@ -20,7 +20,7 @@ pub struct Options {
     pub cni_conf_dir: PathBuf,
     pub lease_dir: PathBuf,
     /// The agent's own binaries (its image's), `cnictl` among them.
-    pub tools: Result<PathBuf, String>,
+    pub tools: Option<PathBuf>,
     pub bridge: String,
 }
 
@@ -30,7 +30,7 @@ impl Options {
             cni_bin_dir: settings.cni_bin_dir.clone(),
             cni_conf_dir: settings.cni_conf_dir.clone(),
             lease_dir: settings.lease_dir.clone(),
-            tools: settings.source_dir().map_err(|e| e.to_string()),
+            tools: settings.source_dir(),
             bridge: settings.bridge.clone(),
         }
     }
@@ -98,7 +98,7 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
     let leases = options
         .tools
         .clone()
-        .map_err(Error::Setting)
+        .ok_or(Error::NoSourceDir)
         .and_then(|tools| lease_service::remove_unused(&options.lease_dir, &tools))
         .unwrap_or_else(|e| {
             log::error!("{e}");

@@ -22,7 +22,7 @@ pub struct Options {
     /// The plugins to install, without empty entries (`CNI_INSTALL_PLUGINS=""`).
     pub plugins: Vec<String>,
     /// Where the binaries to install are (see [`Settings::source_dir`]).
-    pub source_dir: Result<PathBuf, String>,
+    pub source_dir: Option<PathBuf>,
     /// The host's bin directory.
     pub cni_bin_dir: PathBuf,
 }
@@ -36,14 +36,14 @@ impl Options {
                 .map(|name| name.trim().to_owned())
                 .filter(|name| !name.is_empty())
                 .collect(),
-            source_dir: settings.source_dir().map_err(|e| e.to_string()),
+            source_dir: settings.source_dir(),
             cni_bin_dir: settings.cni_bin_dir.clone(),
         }
     }
 
     /// Where the binaries to install are.
     fn source_dir(&self) -> Result<PathBuf, Error> {
-        self.source_dir.clone().map_err(Error::Setting)
+        self.source_dir.clone().ok_or(Error::NoSourceDir)
     }
 }
 
