@@ -197,11 +197,13 @@ fn os_error(what: &str, errno: i32) -> Error {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, UdpSocket};
+
     use netlink_packet_core::{DefaultNla, NetlinkMessage, NetlinkPayload};
     use netlink_packet_netfilter::conntrack::Protocol;
 
     use super::*;
-    use crate::nfnl::tests::read_u16;
+    use crate::nfnl::tests::{read_u16, run};
 
     const IPCTNL_MSG_CT_DELETE: u16 = 2;
 
@@ -294,5 +296,48 @@ mod tests {
         );
         assert_eq!(&request[zone_at + 4..zone_at + 6], &[0, 7]);
         assert_eq!(request.len(), zone_at + 8);
+    }
+
+    /// A UDP flow to 127.0.0.1 in a namespace of its own, tracked because
+    /// a rule there uses conntrack: the delete removes the one the filter
+    /// names and leaves the other.
+    #[test]
+    fn deletes_a_real_entry_and_leaves_the_others() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                run("ip", &["link", "set", "lo", "up"]);
+                // Conntrack hooks a namespace only once a rule needs it.
+                run(
+                    "nft",
+                    &["add table ip t; add chain ip t out { type filter hook output priority 0; }; add rule ip t out ct state new counter"],
+                );
+                let listener = |port| UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).expect("bound");
+                let (kept, doomed) = (listener(0), listener(0));
+                let port = |socket: &UdpSocket| socket.local_addr().expect("address").port();
+                let client = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bound");
+                for server in [&kept, &doomed] {
+                    client.send_to(b"x", server.local_addr().expect("address")).expect("sent");
+                }
+                let filter = |port| Filter {
+                    family: Family::V4,
+                    protocol: 17,
+                    port,
+                    reply_source: Some(IpAddr::from(Ipv4Addr::LOCALHOST)),
+                };
+                assert_eq!(tracked_flows(), Some(2), "both flows tracked");
+                assert_eq!(delete(&[filter(port(&doomed))]).expect("deleted"), 1);
+                assert_eq!(tracked_flows(), Some(1));
+                assert_eq!(delete(&[filter(port(&doomed))]).expect("asked"), 0, "gone");
+                let elsewhere = Filter {
+                    reply_source: Some("10.0.0.1".parse().expect("ip")),
+                    ..filter(port(&kept))
+                };
+                assert_eq!(delete(&[elsewhere]).expect("asked"), 0, "replies come from 127.0.0.1");
+                assert_eq!(delete(&[filter(port(&kept))]).expect("deleted"), 1);
+                assert_eq!(delete(&[filter(port(&kept))]).expect("asked"), 0, "none tracked");
+            });
+        });
     }
 }

@@ -525,6 +525,45 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn counts_finds_and_searches_rules() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "CNI-T").expect("asked"), 0);
+                run("iptables-nft", &["-t", "nat", "-N", "CNI-T"]);
+                run(
+                    "iptables-nft",
+                    &["-t", "nat", "-A", "CNI-T", "-m", "comment", "--comment", "kept by x", "-j", "RETURN"],
+                );
+                run("iptables-nft", &["-t", "nat", "-A", "POSTROUTING", "-j", "CNI-T"]);
+                run("iptables-nft", &["-t", "nat", "-A", "POSTROUTING", "-j", "RETURN"]);
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "CNI-T").expect("asked"), 1);
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "POSTROUTING").expect("asked"), 2);
+                let mentioning = |chain, text| rules_mentioning(TableFamily::Ip, "nat", chain, text).expect("asked");
+                assert_eq!(mentioning("CNI-T", "kept by x"), 1, "the comment, wherever iptables-nft keeps it");
+                assert_eq!(mentioning("POSTROUTING", "CNI-T"), 1, "a jump's target");
+                assert_eq!(mentioning("POSTROUTING", "kept by x"), 0);
+                assert_eq!(mentioning("CNI-T", ""), 0);
+                run(
+                    "nft",
+                    &["add table inet t; add chain inet t c; add rule inet t c counter comment mine; add rule inet t c counter comment other; add rule inet t c counter comment mine"],
+                );
+                let handles = handles_with_comment(TableFamily::Inet, "t", "c", "mine").expect("asked");
+                assert_eq!(handles.len(), 2);
+                let all = rules(TableFamily::Inet, "t", "c").expect("asked").expect("chain");
+                let by_handle: Vec<u64> = all
+                    .iter()
+                    .filter(|r| rule_comment(r).as_deref() == Some("mine"))
+                    .filter_map(handle_of)
+                    .collect();
+                assert_eq!(handles, by_handle);
+                assert!(handles_with_comment(TableFamily::Inet, "t", "c", "min").expect("asked").is_empty());
+            });
+        });
+    }
+
+    #[test]
     fn a_change_travels_alone_in_one_batch() {
         let delete = request(
             delete_table_message("nat"),
