@@ -2,26 +2,24 @@
 //! conntrack already maps keeps its translation however the rules change,
 //! so a UDP flow to a mapped port keeps reaching the old destination until
 //! its entry goes. The calling thread's network namespace is affected.
+//!
+//! The dump request, the entries it returns (tuples, addresses, ports) and
+//! the delete requests are `netlink-packet-netfilter`'s conntrack messages;
+//! the socket and reply loop are [`nfnl`]'s. Nothing is encoded by hand.
+//! The one attribute the crate does not name, `CTA_ZONE`, it keeps as an
+//! opaque attribute that is sent back as it came.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use crate::nfnl::{self, ENOENT, NLM_F_ACK, NLM_F_DUMP};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, Nla};
+use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+
+use crate::nfnl::{self, ENOENT};
 use crate::{Error, Family, Result};
 
-const NFNL_SUBSYS_CTNETLINK: u16 = 1;
-const IPCTNL_MSG_CT_NEW: u16 = 0;
-const IPCTNL_MSG_CT_GET: u16 = 1;
-const IPCTNL_MSG_CT_DELETE: u16 = 2;
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
+/// A zone keeps entries of equal tuples apart (not named by the crate).
 const CTA_ZONE: u16 = 18;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_DST_PORT: u16 = 3;
-const NLA_F_NESTED: u16 = 0x8000;
 
 /// Which entries to remove: those of `protocol` whose original destination
 /// port is `port` and, when `reply_source` is given, whose replies come
@@ -34,80 +32,84 @@ pub struct Filter {
     pub reply_source: Option<IpAddr>,
 }
 
-fn nfproto(family: Family) -> u8 {
+fn proto_family(family: Family) -> NetfilterProtoFamily {
     match family {
-        Family::V4 => 2,
-        Family::V6 => 10,
+        Family::V4 => NetfilterProtoFamily::IPv4,
+        Family::V6 => NetfilterProtoFamily::IPv6,
+    }
+}
+
+fn family_of(proto_family: NetfilterProtoFamily) -> Option<Family> {
+    match proto_family {
+        NetfilterProtoFamily::IPv4 => Some(Family::V4),
+        NetfilterProtoFamily::IPv6 => Some(Family::V6),
+        _ => None,
     }
 }
 
 /// What an entry is keyed by, as read from a dump.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 struct Entry {
     protocol: u8,
     port: u16,
     reply_source: Option<IpAddr>,
-    /// The raw attributes that name the entry to the kernel again.
-    key: Vec<u8>,
+    /// The attributes that name the entry to the kernel again.
+    key: Vec<ConntrackAttribute>,
 }
 
-fn nested(value: &[u8]) -> Vec<(u16, &[u8])> {
-    nfnl::attributes_from(value, 0)
-}
-
-fn find(attrs: &[(u16, &[u8])], kind: u16) -> Option<Vec<u8>> {
-    attrs.iter().find(|(k, _)| *k == kind).map(|(_, v)| v.to_vec())
-}
-
-fn source_of(ip_attrs: &[(u16, &[u8])]) -> Option<IpAddr> {
-    ip_attrs
+/// The protocol and destination port of an original tuple.
+fn protocol_and_port(tuple: &[Tuple]) -> Option<(u8, u16)> {
+    let proto = tuple.iter().find_map(|t| match t {
+        Tuple::Proto(proto) => Some(proto),
+        _ => None,
+    })?;
+    let protocol = proto.iter().find_map(|p| match p {
+        ProtoTuple::Protocol(protocol) => Some(u8::from(*protocol)),
+        _ => None,
+    })?;
+    // Port-less protocols (ICMP) have none: 0, which no filter asks for.
+    let port = proto
         .iter()
-        .find_map(|(kind, value)| match (*kind, value.len()) {
-            (CTA_IP_V4_SRC, 4) => Some(IpAddr::V4(Ipv4Addr::new(value[0], value[1], value[2], value[3]))),
-            (CTA_IP_V6_SRC, 16) => <[u8; 16]>::try_from(*value)
-                .ok()
-                .map(|b| IpAddr::V6(Ipv6Addr::from(b))),
+        .find_map(|p| match p {
+            ProtoTuple::DestinationPort(port) => Some(*port),
+            _ => None,
+        })
+        .unwrap_or(0);
+    Some((protocol, port))
+}
+
+fn source_of(tuple: &[Tuple]) -> Option<IpAddr> {
+    tuple
+        .iter()
+        .filter_map(|t| match t {
+            Tuple::Ip(ip) => Some(ip),
+            _ => None,
+        })
+        .flatten()
+        .find_map(|ip| match ip {
+            IPTuple::SourceAddress(address) => Some(*address),
             _ => None,
         })
 }
 
-/// Re-encodes an attribute as the kernel sent it, for a delete request.
-fn encode(kind: u16, value: &[u8], out: &mut Vec<u8>) {
-    let len = 4 + value.len();
-    out.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len() + ((len + 3) & !3) - len, 0);
-}
-
-fn parse_entry(payload: &[u8]) -> Option<Entry> {
-    let attrs = nfnl::attributes_from(payload, 4);
-    let orig = attrs.iter().find(|(k, _)| *k == CTA_TUPLE_ORIG)?.1;
-    let proto = nested(orig)
-        .iter()
-        .find(|(k, _)| *k == CTA_TUPLE_PROTO)?
-        .1
-        .to_vec();
-    let proto = nested(&proto);
-    let protocol = *find(&proto, CTA_PROTO_NUM)?.first()?;
-    let port = find(&proto, CTA_PROTO_DST_PORT)
-        .and_then(|b| <[u8; 2]>::try_from(b.as_slice()).ok())
-        .map(u16::from_be_bytes)
-        .unwrap_or(0);
-    let reply_source = attrs
-        .iter()
-        .find(|(k, _)| *k == CTA_TUPLE_REPLY)
-        .and_then(|(_, reply)| {
-            let ip = nested(reply).iter().find(|(k, _)| *k == CTA_TUPLE_IP)?.1.to_vec();
-            source_of(&nested(&ip))
-        });
+fn parse_entry(attributes: &[ConntrackAttribute]) -> Option<Entry> {
+    let orig = attributes.iter().find_map(|a| match a {
+        ConntrackAttribute::CtaTupleOrig(tuple) => Some(tuple),
+        _ => None,
+    })?;
+    let (protocol, port) = protocol_and_port(orig)?;
+    let reply_source = attributes.iter().find_map(|a| match a {
+        ConntrackAttribute::CtaTupleReply(tuple) => source_of(tuple),
+        _ => None,
+    });
     // The original tuple names the entry; a zone keeps entries of equal
     // tuples apart, so it goes with it.
-    let mut key = Vec::new();
-    encode(CTA_TUPLE_ORIG | NLA_F_NESTED, orig, &mut key);
-    if let Some(zone) = find(&attrs, CTA_ZONE) {
-        encode(CTA_ZONE, &zone, &mut key);
-    }
+    let zone = attributes
+        .iter()
+        .find(|a| matches!(a, ConntrackAttribute::Other(_)) && a.kind() == CTA_ZONE);
+    let key = std::iter::once(ConntrackAttribute::CtaTupleOrig(orig.clone()))
+        .chain(zone.cloned())
+        .collect();
     Some(Entry {
         protocol,
         port,
@@ -135,6 +137,15 @@ fn tracked_flows() -> Option<u64> {
         })
 }
 
+/// A dumped entry: its family and attributes.
+fn dumped_entry(message: NetfilterMessage) -> Option<(Family, Vec<ConntrackAttribute>)> {
+    let family = family_of(message.header.family)?;
+    match message.inner {
+        NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)) => Some((family, attributes)),
+        _ => None,
+    }
+}
+
 /// Removes the entries `filters` match; returns how many went. One dump of
 /// both families (a dump walks the node's whole conntrack table, 10 ms
 /// with 262144 buckets, whatever the namespace holds), none when the
@@ -144,14 +155,18 @@ pub fn delete(filters: &[Filter]) -> Result<usize> {
     if filters.is_empty() || tracked_flows() == Some(0) {
         return Ok(0);
     }
-    let dump = nfnl::subsystem_request(NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_GET, NLM_F_DUMP, 0, &[]);
+    // AF_UNSPEC: the entries of both families.
+    let dump = nfnl::serialize(
+        ConntrackMessage::Get(vec![]),
+        NetfilterProtoFamily::Unspec,
+        0,
+        NLM_F_DUMP,
+        1,
+    );
     let mut doomed = Vec::new();
-    let outcome = nfnl::converse("conntrack dump", &dump, |kind, payload| {
-        let Some(family) = payload.first().and_then(|f| family_of_nfproto(*f)) else {
-            return;
-        };
-        if kind == IPCTNL_MSG_CT_NEW
-            && let Some(entry) = parse_entry(payload)
+    let outcome = nfnl::converse("conntrack dump", &dump, |message| {
+        if let Some((family, attributes)) = dumped_entry(message)
+            && let Some(entry) = parse_entry(&attributes)
             && filters.iter().any(|f| f.family == family && f.matches(&entry))
         {
             doomed.push((family, entry.key));
@@ -160,14 +175,14 @@ pub fn delete(filters: &[Filter]) -> Result<usize> {
     outcome.map_err(|errno| os_error("conntrack dump", errno))?;
     let mut removed = 0;
     for (family, key) in doomed {
-        let request = nfnl::subsystem_request(
-            NFNL_SUBSYS_CTNETLINK,
-            IPCTNL_MSG_CT_DELETE,
+        let request = nfnl::serialize(
+            ConntrackMessage::Delete(key),
+            proto_family(family),
+            0,
             NLM_F_ACK,
-            nfproto(family),
-            &key,
+            1,
         );
-        match nfnl::converse("conntrack delete", &request, |_, _| {})? {
+        match nfnl::converse("conntrack delete", &request, |_| {})? {
             Ok(()) => removed += 1,
             Err(ENOENT) => {}
             Err(errno) => return Err(os_error("conntrack delete", errno)),
@@ -176,58 +191,66 @@ pub fn delete(filters: &[Filter]) -> Result<usize> {
     Ok(removed)
 }
 
-fn family_of_nfproto(value: u8) -> Option<Family> {
-    match value {
-        2 => Some(Family::V4),
-        10 => Some(Family::V6),
-        _ => None,
-    }
-}
-
 fn os_error(what: &str, errno: i32) -> Error {
     Error::Invalid(format!("{what}: {}", std::io::Error::from_raw_os_error(errno)))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::{Ipv4Addr, UdpSocket};
 
-    fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        encode(kind, value, &mut out);
-        out
+    use netlink_packet_core::{DefaultNla, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_netfilter::conntrack::Protocol;
+
+    use super::*;
+    use crate::nfnl::tests::{read_u16, run};
+
+    const IPCTNL_MSG_CT_DELETE: u16 = 2;
+
+    fn tuple(source: [u8; 4], protocol: u8, port: u16) -> Vec<Tuple> {
+        vec![
+            Tuple::Ip(vec![
+                IPTuple::SourceAddress(IpAddr::from(source)),
+                IPTuple::DestinationAddress(IpAddr::from([10, 0, 0, 1])),
+            ]),
+            Tuple::Proto(vec![
+                ProtoTuple::Protocol(Protocol::from(protocol)),
+                ProtoTuple::SourcePort(40000),
+                ProtoTuple::DestinationPort(port),
+            ]),
+        ]
     }
 
-    fn entry_message(protocol: u8, port: u16, reply_src: [u8; 4]) -> Vec<u8> {
-        let proto = [
-            attr(CTA_PROTO_NUM, &[protocol]),
-            attr(CTA_PROTO_DST_PORT, &port.to_be_bytes()),
-        ]
-        .concat();
-        let orig = [
-            attr(CTA_TUPLE_IP | NLA_F_NESTED, &attr(2, &[10, 0, 0, 1])),
-            attr(CTA_TUPLE_PROTO | NLA_F_NESTED, &proto),
-        ]
-        .concat();
-        let reply = attr(CTA_TUPLE_IP | NLA_F_NESTED, &attr(CTA_IP_V4_SRC, &reply_src));
-        [
-            vec![2, 0, 0, 0],
-            attr(CTA_TUPLE_ORIG | NLA_F_NESTED, &orig),
-            attr(CTA_TUPLE_REPLY | NLA_F_NESTED, &reply),
-            attr(CTA_ZONE, &7u16.to_be_bytes()),
-        ]
-        .concat()
+    /// An entry as a dump returns it, through the crate's bytes and back.
+    fn dumped(protocol: u8, port: u16, reply_src: [u8; 4]) -> Vec<ConntrackAttribute> {
+        let sent = nfnl::serialize(
+            ConntrackMessage::New(vec![
+                ConntrackAttribute::CtaTupleOrig(tuple([10, 0, 0, 9], protocol, port)),
+                ConntrackAttribute::CtaTupleReply(tuple(reply_src, protocol, 40000)),
+                ConntrackAttribute::CtaTimeout(30),
+                ConntrackAttribute::Other(DefaultNla::new(CTA_ZONE, 7u16.to_be_bytes().to_vec())),
+            ]),
+            NetfilterProtoFamily::IPv4,
+            0,
+            0,
+            1,
+        );
+        let message = NetlinkMessage::<NetfilterMessage>::deserialize(&sent).expect("parses");
+        let NetlinkPayload::InnerMessage(message) = message.payload else {
+            panic!("not a netfilter message");
+        };
+        let (family, attributes) = dumped_entry(message).expect("an entry");
+        assert_eq!(family, Family::V4);
+        attributes
     }
 
     #[test]
     fn an_entry_is_read_and_named_by_its_original_tuple_and_zone() {
-        let message = entry_message(17, 8081, [10, 244, 0, 5]);
-        let entry = parse_entry(&message).expect("parsed");
+        let attributes = dumped(17, 8081, [10, 244, 0, 5]);
+        let entry = parse_entry(&attributes).expect("parsed");
         assert_eq!((entry.protocol, entry.port), (17, 8081));
         assert_eq!(entry.reply_source, Some("10.244.0.5".parse().expect("ip")));
-        let orig_len = usize::from(nfnl::read_u16(&message, 4));
-        let zone = attr(CTA_ZONE, &7u16.to_be_bytes());
-        assert_eq!(entry.key, [&message[4..4 + orig_len], &zone[..]].concat());
+        assert_eq!(entry.key, [attributes[0].clone(), attributes[3].clone()]);
         let pod = |ip: &str| Filter {
             family: Family::V4,
             protocol: 17,
@@ -250,5 +273,71 @@ mod tests {
             }
             .matches(&entry)
         );
+    }
+
+    #[test]
+    fn a_delete_names_the_entry_as_the_kernel_sent_it() {
+        let entry = parse_entry(&dumped(17, 8081, [10, 244, 0, 5])).expect("parsed");
+        let request = nfnl::serialize(
+            ConntrackMessage::Delete(entry.key),
+            proto_family(Family::V4),
+            0,
+            NLM_F_ACK,
+            1,
+        );
+        assert_eq!(read_u16(&request, 4), (1 << 8) | IPCTNL_MSG_CT_DELETE);
+        assert_eq!(request[16], 2, "NFPROTO_IPV4");
+        // CTA_TUPLE_ORIG, nested, then CTA_ZONE: 2 bytes, big-endian.
+        assert_eq!(read_u16(&request, 22), 0x8000 | 1);
+        let zone_at = 20 + usize::from(read_u16(&request, 20));
+        assert_eq!(
+            (read_u16(&request, zone_at), read_u16(&request, zone_at + 2)),
+            (6, CTA_ZONE)
+        );
+        assert_eq!(&request[zone_at + 4..zone_at + 6], &[0, 7]);
+        assert_eq!(request.len(), zone_at + 8);
+    }
+
+    /// A UDP flow to 127.0.0.1 in a namespace of its own, tracked because
+    /// a rule there uses conntrack: the delete removes the one the filter
+    /// names and leaves the other.
+    #[test]
+    fn deletes_a_real_entry_and_leaves_the_others() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                run("ip", &["link", "set", "lo", "up"]);
+                // Conntrack hooks a namespace only once a rule needs it.
+                run(
+                    "nft",
+                    &["add table ip t; add chain ip t out { type filter hook output priority 0; }; add rule ip t out ct state new counter"],
+                );
+                let listener = |port| UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).expect("bound");
+                let (kept, doomed) = (listener(0), listener(0));
+                let port = |socket: &UdpSocket| socket.local_addr().expect("address").port();
+                let client = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bound");
+                for server in [&kept, &doomed] {
+                    client.send_to(b"x", server.local_addr().expect("address")).expect("sent");
+                }
+                let filter = |port| Filter {
+                    family: Family::V4,
+                    protocol: 17,
+                    port,
+                    reply_source: Some(IpAddr::from(Ipv4Addr::LOCALHOST)),
+                };
+                assert_eq!(tracked_flows(), Some(2), "both flows tracked");
+                assert_eq!(delete(&[filter(port(&doomed))]).expect("deleted"), 1);
+                assert_eq!(tracked_flows(), Some(1));
+                assert_eq!(delete(&[filter(port(&doomed))]).expect("asked"), 0, "gone");
+                let elsewhere = Filter {
+                    reply_source: Some("10.0.0.1".parse().expect("ip")),
+                    ..filter(port(&kept))
+                };
+                assert_eq!(delete(&[elsewhere]).expect("asked"), 0, "replies come from 127.0.0.1");
+                assert_eq!(delete(&[filter(port(&kept))]).expect("deleted"), 1);
+                assert_eq!(delete(&[filter(port(&kept))]).expect("asked"), 0, "none tracked");
+            });
+        });
     }
 }

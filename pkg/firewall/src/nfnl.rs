@@ -5,40 +5,46 @@
 //! chains exist and the deletion of an empty chain or table. They see what
 //! iptables-nft and nft write; x_tables (iptables-legacy) needs its own
 //! tools. The calling thread's network namespace is asked.
+//!
+//! Messages are built and read with `netlink-packet-netfilter` (nfgenmsg,
+//! table, chain and rule messages and their attributes, the batch begin
+//! and end markers) framed by `netlink-packet-core` (netlink header, ACKs,
+//! errors, the end of a dump); the socket is `netlink-sys`'s. What is
+//! still read by hand here, because the crate hands it over as raw bytes:
+//!
+//! - [`rule_comment`] (used by [`rule_comments`] and
+//!   [`handles_with_comment`]): the comment inside a rule's user data. The
+//!   kernel keeps `NFTA_RULE_USERDATA` opaque and the crate gives it as
+//!   bytes (`RuleAttribute::UserData`); the type-length-value list inside
+//!   (one-byte type and length, `NFTNL_UDATA_RULE_COMMENT` = 0) is
+//!   libnftnl's format, which no netlink crate models.
+//! - [`value_of`]: the value of an attribute the crate does not know (an
+//!   `xt` match's name and info, a `counter`), which it keeps as a
+//!   `DefaultNla` whose value has no getter; the crate's own `emit_value`
+//!   writes it out.
+//!
+//! [`rules_mentioning`] searches each rule attribute's value as the crate
+//! writes it back out (`emit_value`), the same bytes the kernel sent: the
+//! text it looks for may be an iptables comment match's info, nft's user
+//! data or a jump's target chain.
 
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_NONREC, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla,
+};
+use netlink_packet_netfilter::nftables::{
+    ChainAttribute, ChainMessage, NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute, TableMessage,
+};
+use netlink_packet_netfilter::none::ControlMessage;
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily, NetfilterSubsystem,
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::{Error, Result};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_GETTABLE: u16 = 1;
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_DELCHAIN: u16 = 5;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP: u16 = 0x300;
-/// On a delete: refuse (EBUSY) rather than take the contents along.
-const NLM_F_NONREC: u16 = 0x100;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-/// Only base chains have one.
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_HANDLE: u16 = 3;
-const NFTA_RULE_USERDATA: u16 = 7;
 /// nftnl's user-data type for a rule comment.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
-pub const ENOENT: i32 = 2;
+pub(crate) const ENOENT: i32 = 2;
 const EBUSY: i32 = 16;
 
 /// The nf_tables family of a table.
@@ -60,64 +66,51 @@ impl TableFamily {
             TableFamily::Ip6 => "ip6",
         }
     }
-}
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn push_attr(buf: &mut Vec<u8>, kind: u16, text: &str) {
-    let len = 4 + text.len() + 1;
-    buf.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(text.as_bytes());
-    buf.push(0);
-    buf.resize(buf.len() + align4(len) - len, 0);
-}
-
-fn request(message: u16, flags: u16, family: TableFamily, attrs: &[(u16, &str)]) -> Vec<u8> {
-    let mut encoded = Vec::new();
-    for (kind, text) in attrs {
-        push_attr(&mut encoded, *kind, text);
+    fn proto_family(self) -> NetfilterProtoFamily {
+        NetfilterProtoFamily::from(self as u8)
     }
-    subsystem_request(NFNL_SUBSYS_NFTABLES, message, flags, family as u8, &encoded)
 }
 
-/// A netfilter netlink request of `subsystem`: header, nfgenmsg for
-/// `family` (an NFPROTO_* value), then the encoded attributes.
-pub fn subsystem_request(subsystem: u16, message: u16, flags: u16, family: u8, attrs: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0u8; 16];
-    buf.push(family);
-    buf.push(0); // NFNETLINK_V0
-    buf.extend_from_slice(&[0, 0]); // res_id
-    buf.extend_from_slice(attrs);
-    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-    buf[0..4].copy_from_slice(&len.to_ne_bytes());
-    buf[4..6].copy_from_slice(&((subsystem << 8) | message).to_ne_bytes());
-    buf[6..8].copy_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
-    buf[8..12].copy_from_slice(&1u32.to_ne_bytes());
-    buf
+/// One request as the kernel reads it: the netlink header (a request with
+/// `flags`, numbered `sequence`), the nfgenmsg (`family`, `res_id`), then
+/// `body`.
+pub(crate) fn serialize(
+    body: impl Into<NetfilterMessageInner>,
+    family: NetfilterProtoFamily,
+    res_id: u16,
+    flags: u16,
+    sequence: u32,
+) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | flags;
+    header.sequence_number = sequence;
+    let body = NetfilterMessage::new(NetfilterHeader::new(family, 0, res_id), body);
+    let mut message = NetlinkMessage::new(header, NetlinkPayload::from(body));
+    // Sets the length and type from the body, so the buffer below fits.
+    message.finalize();
+    let mut bytes = vec![0; message.buffer_len()];
+    message.serialize(&mut bytes);
+    bytes
+}
+
+/// An nf_tables request of `family`.
+fn request(body: NfTablesMessage, flags: u16, family: TableFamily) -> Vec<u8> {
+    serialize(body, family.proto_family(), 0, flags, 1)
 }
 
 fn io_error(what: &str, e: &std::io::Error) -> Error {
     Error::Invalid(format!("netfilter {what}: {e}"))
 }
 
-pub fn read_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_ne_bytes([b[at], b[at + 1]])
-}
-
-fn read_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// Sends `request` and hands every reply message (type, payload after the
-/// nlmsghdr) to `each` until the kernel is done: an ACK, an error, or the
-/// end of a dump. A negative errno from the kernel is returned as `Err`.
-pub fn converse(
+/// Sends `request` and hands every netfilter reply message to `each` until
+/// the kernel is done: an ACK, an error, or the end of a dump. A negative
+/// errno from the kernel is returned as `Err`; a reply the crate cannot
+/// parse is an error of its own.
+pub(crate) fn converse(
     what: &str,
     request: &[u8],
-    mut each: impl FnMut(u16, &[u8]),
+    mut each: impl FnMut(NetfilterMessage),
 ) -> Result<std::result::Result<(), i32>> {
     let mut socket = Socket::new(NETLINK_NETFILTER).map_err(|e| io_error(what, &e))?;
     socket.bind_auto().map_err(|e| io_error(what, &e))?;
@@ -131,139 +124,141 @@ pub fn converse(
             .recv(&mut &mut buf[..], 0)
             .map_err(|e| io_error(what, &e))?;
         let mut at = 0;
-        while at + 16 <= n {
-            let len = read_u32(&buf, at) as usize;
-            if len < 16 || at + len > n {
-                return Err(Error::Invalid(format!("netfilter {what}: a malformed reply")));
-            }
-            let kind = read_u16(&buf, at + 4);
-            let payload = &buf[at + 16..at + len];
-            match kind {
-                NLMSG_ERROR => {
-                    let Some(code) = payload.get(..4) else {
-                        return Err(Error::Invalid(format!("netfilter {what}: a truncated error")));
-                    };
-                    let code = i32::from_ne_bytes([code[0], code[1], code[2], code[3]]);
-                    return Ok(if code == 0 { Ok(()) } else { Err(-code) });
+        while at < n {
+            // Parses one message; its header says where the next begins.
+            let message = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[at..n])
+                .map_err(|e| Error::Invalid(format!("netfilter {what}: a reply: {e}")))?;
+            let len = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::Error(error) => {
+                    return Ok(error.code.map_or(Ok(()), |code| Err(-code.get())));
                 }
-                NLMSG_DONE => return Ok(Ok(())),
-                _ => each(kind & 0xff, payload),
+                NetlinkPayload::Done(_) => return Ok(Ok(())),
+                NetlinkPayload::InnerMessage(message) => each(message),
+                _ => {}
             }
-            at += align4(len);
+            // Netlink aligns each message to 4 bytes.
+            at += (len + 3) & !3;
         }
+    }
+}
+
+/// The nf_tables message in a reply, if it is one.
+fn nftables(message: NetfilterMessage) -> Option<NfTablesMessage> {
+    match message.inner {
+        NetfilterMessageInner::NfTables(message) => Some(message),
+        _ => None,
     }
 }
 
 /// Whether `chain` exists in `table` (a missing table means no).
 pub fn chain_exists(family: TableFamily, table: &str, chain: &str) -> Result<bool> {
     let message = request(
-        NFT_MSG_GETCHAIN,
+        NfTablesMessage::GetChain(ChainMessage {
+            attributes: vec![
+                ChainAttribute::Table(table.to_owned()),
+                ChainAttribute::Name(chain.to_owned()),
+            ],
+        }),
         NLM_F_ACK,
         family,
-        &[(NFTA_CHAIN_TABLE, table), (NFTA_CHAIN_NAME, chain)],
     );
-    match converse("chain lookup", &message, |_, _| {})? {
+    match converse("chain lookup", &message, |_| {})? {
         Ok(()) => Ok(true),
         Err(ENOENT) => Ok(false),
-        Err(errno) => Err(Error::Invalid(format!(
-            "nf_tables chain lookup {table}/{chain}: {}",
-            std::io::Error::from_raw_os_error(errno)
-        ))),
+        Err(errno) => Err(failed("chain lookup", &format!("{table}/{chain}"), errno)),
     }
 }
 
-/// The attributes of a netlink payload after its 4-byte nfgenmsg.
-fn attributes(payload: &[u8]) -> Vec<(u16, &[u8])> {
-    attributes_from(payload, 4)
-}
-
-/// The attributes in `bytes` from `at` on (a nested attribute's value from
-/// 0), each as (type without its flags, value).
-pub fn attributes_from(bytes: &[u8], mut at: usize) -> Vec<(u16, &[u8])> {
-    let payload = bytes;
-    let mut out = Vec::new();
-    while at + 4 <= payload.len() {
-        let len = read_u16(payload, at) as usize;
-        if len < 4 || at + len > payload.len() {
-            break;
+/// The rules of `chain` in order, as the kernel dumps them; None when the
+/// kernel answers that the table or chain does not exist (a dump of a
+/// missing chain is usually just empty: ask [`chain_exists`] to tell).
+pub fn rules(family: TableFamily, table: &str, chain: &str) -> Result<Option<Vec<RuleMessage>>> {
+    let message = request(
+        NfTablesMessage::GetRule(RuleMessage {
+            attributes: vec![
+                RuleAttribute::Table(table.to_owned()),
+                RuleAttribute::Chain(chain.to_owned()),
+            ],
+        }),
+        NLM_F_DUMP,
+        family,
+    );
+    let mut rules = Vec::new();
+    let outcome = converse("rule listing", &message, |message| {
+        if let Some(NfTablesMessage::NewRule(rule)) = nftables(message) {
+            // Older kernels ignore the chain filter of a dump.
+            let in_chain = rule
+                .attributes
+                .iter()
+                .any(|a| matches!(a, RuleAttribute::Chain(name) if name == chain));
+            if in_chain {
+                rules.push(rule);
+            }
         }
-        out.push((read_u16(payload, at + 2) & 0x3fff, &payload[at + 4..at + len]));
-        at += align4(len);
+    })?;
+    match outcome {
+        Ok(()) => Ok(Some(rules)),
+        Err(ENOENT) => Ok(None),
+        Err(errno) => Err(failed("rule listing", &format!("{table}/{chain}"), errno)),
     }
-    out
 }
 
-/// The comment in a rule's user data (nftnl's TLV list), if any.
-fn comment_of(userdata: &[u8]) -> Option<String> {
+/// The rules of `chain`, none when the chain or its table does not exist.
+fn rules_or_none(family: TableFamily, table: &str, chain: &str) -> Result<Vec<RuleMessage>> {
+    Ok(rules(family, table, chain)?.unwrap_or_default())
+}
+
+/// The comment in nftnl's type-length-value list (a rule's user data).
+fn comment_in(userdata: &[u8]) -> Option<String> {
     let mut at = 0;
     while at + 2 <= userdata.len() {
         let (kind, len) = (userdata[at], userdata[at + 1] as usize);
         let value = userdata.get(at + 2..at + 2 + len)?;
         if kind == NFTNL_UDATA_RULE_COMMENT {
-            let text = value.split(|b| *b == 0).next().unwrap_or_default();
-            return Some(String::from_utf8_lossy(text).into_owned());
+            return Some(text_of(value));
         }
         at += 2 + len;
     }
     None
 }
 
-/// Hands each rule of `chain` (none when the chain or its table does not
-/// exist) to `each` as its attributes.
-fn for_each_rule(
-    family: TableFamily,
-    table: &str,
-    chain: &str,
-    mut each: impl FnMut(&[(u16, &[u8])]),
-) -> Result<()> {
-    let message = request(
-        NFT_MSG_GETRULE,
-        NLM_F_DUMP,
-        family,
-        &[(NFTA_RULE_TABLE, table), (NFTA_RULE_CHAIN, chain)],
-    );
-    let outcome = converse("rule listing", &message, |kind, payload| {
-        if kind != NFT_MSG_NEWRULE {
-            return;
-        }
-        let attrs = attributes(payload);
-        let in_chain = attrs
-            .iter()
-            .any(|(k, v)| *k == NFTA_RULE_CHAIN && v.split(|b| *b == 0).next() == Some(chain.as_bytes()));
-        if in_chain {
-            each(&attrs);
-        }
-    })?;
-    match outcome {
-        Ok(()) | Err(ENOENT) => Ok(()),
-        Err(errno) => Err(Error::Invalid(format!(
-            "nf_tables rule listing {table}/{chain}: {}",
-            std::io::Error::from_raw_os_error(errno)
-        ))),
-    }
+/// The comment nft keeps in `rule`'s user data, if any.
+pub fn rule_comment(rule: &RuleMessage) -> Option<String> {
+    rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::UserData(userdata) => comment_in(userdata),
+        _ => None,
+    })
+}
+
+/// `rule`'s handle.
+fn handle_of(rule: &RuleMessage) -> Option<u64> {
+    rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Handle(handle) => Some(*handle),
+        _ => None,
+    })
+}
+
+/// An attribute's value as the kernel laid it out (without its header):
+/// the one way to read a `DefaultNla`, which keeps its value private.
+pub fn value_of(attribute: &impl Nla) -> Vec<u8> {
+    let mut value = vec![0; attribute.value_len()];
+    attribute.emit_value(&mut value);
+    value
 }
 
 /// The comments of the rules in `chain` that keep one in their user data
 /// (nft's `comment`).
 pub fn rule_comments(family: TableFamily, table: &str, chain: &str) -> Result<Vec<String>> {
-    let mut comments = Vec::new();
-    for_each_rule(family, table, chain, |attrs| {
-        if let Some(comment) = attrs
-            .iter()
-            .find(|(k, _)| *k == NFTA_RULE_USERDATA)
-            .and_then(|(_, v)| comment_of(v))
-        {
-            comments.push(comment);
-        }
-    })?;
-    Ok(comments)
+    Ok(rules_or_none(family, table, chain)?
+        .iter()
+        .filter_map(rule_comment)
+        .collect())
 }
 
 /// How many rules `chain` has.
 pub fn rule_count(family: TableFamily, table: &str, chain: &str) -> Result<usize> {
-    let mut count = 0;
-    for_each_rule(family, table, chain, |_| count += 1)?;
-    Ok(count)
+    Ok(rules_or_none(family, table, chain)?.len())
 }
 
 /// The handles of the rules of `chain` whose comment (nft's user data) is
@@ -274,38 +269,29 @@ pub fn handles_with_comment(
     chain: &str,
     comment: &str,
 ) -> Result<Vec<u64>> {
-    let mut handles = Vec::new();
-    for_each_rule(family, table, chain, |attrs| {
-        let commented = attrs
-            .iter()
-            .find(|(k, _)| *k == NFTA_RULE_USERDATA)
-            .and_then(|(_, v)| comment_of(v))
-            .is_some_and(|c| c == comment);
-        let handle = attrs
-            .iter()
-            .find(|(k, _)| *k == NFTA_RULE_HANDLE)
-            .and_then(|(_, v)| <[u8; 8]>::try_from(*v).ok())
-            .map(u64::from_be_bytes);
-        if let (true, Some(handle)) = (commented, handle) {
-            handles.push(handle);
-        }
-    })?;
-    Ok(handles)
+    Ok(rules_or_none(family, table, chain)?
+        .iter()
+        .filter(|rule| rule_comment(rule).is_some_and(|c| c == comment))
+        .filter_map(handle_of)
+        .collect())
 }
 
 /// How many rules of `chain` carry `text` anywhere in their attributes: a
 /// comment iptables-nft keeps in its `comment` match (which nft does not
-/// show), or one nft keeps in the rule's user data.
+/// show), one nft keeps in the rule's user data, or a jump's target.
 pub fn rules_mentioning(family: TableFamily, table: &str, chain: &str, text: &str) -> Result<usize> {
     let needle = text.as_bytes();
-    let mut count = 0;
-    for_each_rule(family, table, chain, |attrs| {
-        let found = attrs
-            .iter()
-            .any(|(_, value)| !needle.is_empty() && value.windows(needle.len()).any(|w| w == needle));
-        count += usize::from(found);
-    })?;
-    Ok(count)
+    let mentions = |rule: &&RuleMessage| {
+        !needle.is_empty()
+            && rule
+                .attributes
+                .iter()
+                .any(|a| value_of(a).windows(needle.len()).any(|w| w == needle))
+    };
+    Ok(rules_or_none(family, table, chain)?
+        .iter()
+        .filter(mentions)
+        .count())
 }
 
 fn failed(what: &str, object: &str, errno: i32) -> Error {
@@ -315,15 +301,21 @@ fn failed(what: &str, object: &str, errno: i32) -> Error {
     ))
 }
 
-/// A NUL-terminated string attribute's text.
+/// A NUL-terminated string's text.
 fn text_of(value: &[u8]) -> String {
     String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
 }
 
 /// Whether `table` exists.
 pub fn table_exists(family: TableFamily, table: &str) -> Result<bool> {
-    let message = request(NFT_MSG_GETTABLE, NLM_F_ACK, family, &[(NFTA_TABLE_NAME, table)]);
-    match converse("table lookup", &message, |_, _| {})? {
+    let message = request(
+        NfTablesMessage::GetTable(TableMessage {
+            attributes: vec![TableAttribute::Name(table.to_owned())],
+        }),
+        NLM_F_ACK,
+        family,
+    );
+    match converse("table lookup", &message, |_| {})? {
         Ok(()) => Ok(true),
         Err(ENOENT) => Ok(false),
         Err(errno) => Err(failed("table lookup", table, errno)),
@@ -338,25 +330,39 @@ pub struct Chain {
     pub base: bool,
 }
 
+/// `chain` if it belongs to `table`.
+fn chain_of(chain: &ChainMessage, table: &str) -> Option<Chain> {
+    let mut in_table = false;
+    let (mut name, mut base) = (None, false);
+    for attribute in &chain.attributes {
+        match attribute {
+            ChainAttribute::Table(t) => in_table = t == table,
+            ChainAttribute::Name(n) => name = Some(n.clone()),
+            // Only base chains have one.
+            ChainAttribute::Hook(_) => base = true,
+            _ => {}
+        }
+    }
+    Some(Chain { name: name?, base }).filter(|_| in_table)
+}
+
 /// The chains of `table`, or None when there is no such table.
 pub fn chains(family: TableFamily, table: &str) -> Result<Option<Vec<Chain>>> {
     if !table_exists(family, table)? {
         return Ok(None);
     }
     // The kernel dumps every chain of the family; the table is picked here.
-    let message = request(NFT_MSG_GETCHAIN, NLM_F_DUMP, family, &[]);
+    let message = request(
+        NfTablesMessage::GetChain(ChainMessage { attributes: vec![] }),
+        NLM_F_DUMP,
+        family,
+    );
     let mut chains = Vec::new();
-    let outcome = converse("chain listing", &message, |kind, payload| {
-        if kind != NFT_MSG_NEWCHAIN {
-            return;
-        }
-        let attrs = attributes(payload);
-        let text = |wanted: u16| attrs.iter().find(|(k, _)| *k == wanted).map(|(_, v)| text_of(v));
-        if text(NFTA_CHAIN_TABLE).as_deref() == Some(table)
-            && let Some(name) = text(NFTA_CHAIN_NAME)
+    let outcome = converse("chain listing", &message, |message| {
+        if let Some(NfTablesMessage::NewChain(chain)) = nftables(message)
+            && let Some(chain) = chain_of(&chain, table)
         {
-            let base = attrs.iter().any(|(k, _)| *k == NFTA_CHAIN_HOOK);
-            chains.push(Chain { name, base });
+            chains.push(chain);
         }
     })?;
     match outcome {
@@ -379,40 +385,34 @@ pub enum Deleted {
 /// kernel decides in the same step (`NLM_F_NONREC`), so a rule someone
 /// adds meanwhile is never taken along.
 pub fn delete_empty_chain(family: TableFamily, table: &str, chain: &str) -> Result<Deleted> {
-    delete(
-        family,
-        NFT_MSG_DELCHAIN,
-        NLM_F_NONREC,
-        &[(NFTA_CHAIN_TABLE, table), (NFTA_CHAIN_NAME, chain)],
-        &format!("{table}/{chain}"),
-    )
+    let change = NfTablesMessage::DeleteChain(ChainMessage {
+        attributes: vec![
+            ChainAttribute::Table(table.to_owned()),
+            ChainAttribute::Name(chain.to_owned()),
+        ],
+    });
+    delete(family, change, NLM_F_NONREC, &format!("{table}/{chain}"))
+}
+
+fn delete_table_message(table: &str) -> NfTablesMessage {
+    NfTablesMessage::DeleteTable(TableMessage {
+        attributes: vec![TableAttribute::Name(table.to_owned())],
+    })
 }
 
 /// Deletes `table` unless it still holds a chain, set or object.
 pub fn delete_empty_table(family: TableFamily, table: &str) -> Result<Deleted> {
-    delete(
-        family,
-        NFT_MSG_DELTABLE,
-        NLM_F_NONREC,
-        &[(NFTA_TABLE_NAME, table)],
-        table,
-    )
+    delete(family, delete_table_message(table), NLM_F_NONREC, table)
 }
 
 /// Deletes `table` with everything in it.
 pub fn delete_table(family: TableFamily, table: &str) -> Result<Deleted> {
-    delete(family, NFT_MSG_DELTABLE, 0, &[(NFTA_TABLE_NAME, table)], table)
+    delete(family, delete_table_message(table), 0, table)
 }
 
-fn delete(
-    family: TableFamily,
-    message: u16,
-    flags: u16,
-    attrs: &[(u16, &str)],
-    object: &str,
-) -> Result<Deleted> {
-    let transaction = batch(&request(message, NLM_F_ACK | flags, family, attrs));
-    match converse("deletion", &transaction, |_, _| {})? {
+fn delete(family: TableFamily, change: NfTablesMessage, flags: u16, object: &str) -> Result<Deleted> {
+    let transaction = batch(change, NLM_F_ACK | flags, family);
+    match converse("deletion", &transaction, |_| {})? {
         Ok(()) => Ok(Deleted::Removed),
         Err(EBUSY) => Ok(Deleted::InUse),
         Err(ENOENT) => Ok(Deleted::Absent),
@@ -420,43 +420,55 @@ fn delete(
     }
 }
 
-/// `message` as one nf_tables transaction: changes are accepted only
-/// between a batch's begin and end.
-fn batch(message: &[u8]) -> Vec<u8> {
-    let marker = |kind: u16, sequence: u32| {
-        let mut marker = subsystem_request(0, kind, 0, 0, &[]);
-        // res_id: the subsystem the batch is for, in network order.
-        marker[18..20].copy_from_slice(&NFNL_SUBSYS_NFTABLES.to_be_bytes());
-        marker[8..12].copy_from_slice(&sequence.to_ne_bytes());
-        marker
+/// `change` as one nf_tables transaction: changes are accepted only
+/// between a batch's begin and end, each marker naming the subsystem the
+/// batch is for in its res_id.
+fn batch(change: NfTablesMessage, flags: u16, family: TableFamily) -> Vec<u8> {
+    let nftables = u16::from(u8::from(NetfilterSubsystem::NfTables));
+    let marker = |marker: ControlMessage, sequence: u32| {
+        serialize(marker, NetfilterProtoFamily::Unspec, nftables, 0, sequence)
     };
-    let mut out = marker(NFNL_MSG_BATCH_BEGIN, 1);
-    let start = out.len();
-    out.extend_from_slice(message);
-    out[start + 8..start + 12].copy_from_slice(&2u32.to_ne_bytes());
-    out.extend(marker(NFNL_MSG_BATCH_END, 3));
-    out
+    [
+        marker(ControlMessage::BatchBegin, 1),
+        serialize(change, family.proto_family(), 0, flags, 2),
+        marker(ControlMessage::BatchEnd, 3),
+    ]
+    .concat()
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
+    const NFT_MSG_DELTABLE: u16 = 2;
+    const NFT_MSG_GETCHAIN: u16 = 4;
+    const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+    const NFNL_MSG_BATCH_END: u16 = 0x11;
+
+    pub(crate) fn read_u16(b: &[u8], at: usize) -> u16 {
+        u16::from_ne_bytes([b[at], b[at + 1]])
+    }
+
+    fn read_u32(b: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+
     #[test]
     fn requests_are_laid_out_as_nfnetlink_expects() {
         let r = request(
-            NFT_MSG_GETCHAIN,
+            NfTablesMessage::GetChain(ChainMessage {
+                attributes: vec![ChainAttribute::Table("nat".into())],
+            }),
             NLM_F_ACK,
             TableFamily::Ip,
-            &[(NFTA_CHAIN_TABLE, "nat")],
         );
         // 16 header + 4 nfgenmsg + (4 + "nat\0") attribute.
         assert_eq!(r.len(), 28);
         assert_eq!(read_u32(&r, 0), 28);
-        assert_eq!(read_u16(&r, 4), (10 << 8) | 4);
+        assert_eq!(read_u16(&r, 4), (10 << 8) | NFT_MSG_GETCHAIN);
         assert_eq!(read_u16(&r, 6), NLM_F_REQUEST | NLM_F_ACK);
         assert_eq!(r[16], 2, "NFPROTO_IPV4");
-        assert_eq!((read_u16(&r, 20), read_u16(&r, 22)), (8, NFTA_CHAIN_TABLE));
+        assert_eq!((read_u16(&r, 20), read_u16(&r, 22)), (8, 1), "NFTA_CHAIN_TABLE");
         assert_eq!(&r[24..28], b"nat\0");
     }
 
@@ -513,25 +525,74 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn counts_finds_and_searches_rules() {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET) needs root");
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "CNI-T").expect("asked"), 0);
+                run("iptables-nft", &["-t", "nat", "-N", "CNI-T"]);
+                run(
+                    "iptables-nft",
+                    &["-t", "nat", "-A", "CNI-T", "-m", "comment", "--comment", "kept by x", "-j", "RETURN"],
+                );
+                run("iptables-nft", &["-t", "nat", "-A", "POSTROUTING", "-j", "CNI-T"]);
+                run("iptables-nft", &["-t", "nat", "-A", "POSTROUTING", "-j", "RETURN"]);
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "CNI-T").expect("asked"), 1);
+                assert_eq!(rule_count(TableFamily::Ip, "nat", "POSTROUTING").expect("asked"), 2);
+                let mentioning = |chain, text| rules_mentioning(TableFamily::Ip, "nat", chain, text).expect("asked");
+                assert_eq!(mentioning("CNI-T", "kept by x"), 1, "the comment, wherever iptables-nft keeps it");
+                assert_eq!(mentioning("POSTROUTING", "CNI-T"), 1, "a jump's target");
+                assert_eq!(mentioning("POSTROUTING", "kept by x"), 0);
+                assert_eq!(mentioning("CNI-T", ""), 0);
+                run(
+                    "nft",
+                    &["add table inet t; add chain inet t c; add rule inet t c counter comment mine; add rule inet t c counter comment other; add rule inet t c counter comment mine"],
+                );
+                let handles = handles_with_comment(TableFamily::Inet, "t", "c", "mine").expect("asked");
+                assert_eq!(handles.len(), 2);
+                let all = rules(TableFamily::Inet, "t", "c").expect("asked").expect("chain");
+                let by_handle: Vec<u64> = all
+                    .iter()
+                    .filter(|r| rule_comment(r).as_deref() == Some("mine"))
+                    .filter_map(handle_of)
+                    .collect();
+                assert_eq!(handles, by_handle);
+                assert!(handles_with_comment(TableFamily::Inet, "t", "c", "min").expect("asked").is_empty());
+            });
+        });
+    }
+
+    #[test]
     fn a_change_travels_alone_in_one_batch() {
         let delete = request(
-            NFT_MSG_DELTABLE,
+            delete_table_message("nat"),
             NLM_F_ACK | NLM_F_NONREC,
             TableFamily::Ip6,
-            &[(NFTA_TABLE_NAME, "nat")],
         );
-        let sent = batch(&delete);
+        let sent = batch(
+            delete_table_message("nat"),
+            NLM_F_ACK | NLM_F_NONREC,
+            TableFamily::Ip6,
+        );
         assert_eq!(sent.len(), 20 + delete.len() + 20);
         assert_eq!(read_u16(&sent, 4), NFNL_MSG_BATCH_BEGIN);
+        assert_eq!(read_u16(&sent, 6), NLM_F_REQUEST);
         assert_eq!(&sent[18..20], &[0, 10], "res_id: nf_tables, network order");
         assert_eq!(read_u16(&sent, 24), (10 << 8) | NFT_MSG_DELTABLE);
         assert_eq!(read_u16(&sent, 26), NLM_F_REQUEST | NLM_F_ACK | NLM_F_NONREC);
+        assert_eq!(sent[36], 10, "NFPROTO_IPV6");
         let sequences: Vec<u32> = [0, 20, 20 + delete.len()]
             .iter()
             .map(|at| read_u32(&sent, at + 8))
             .collect();
         assert_eq!(sequences, [1, 2, 3]);
         assert_eq!(read_u16(&sent, 20 + delete.len() + 4), NFNL_MSG_BATCH_END);
+        assert_eq!(
+            &sent[20 + 16..20 + delete.len()],
+            &delete[16..],
+            "the change as asked"
+        );
     }
 
     #[test]
@@ -594,8 +655,15 @@ pub(crate) mod tests {
     fn comments_come_out_of_user_data() {
         let mut userdata = vec![NFTNL_UDATA_RULE_COMMENT, 6];
         userdata.extend_from_slice(b"hello\0");
-        assert_eq!(comment_of(&userdata).as_deref(), Some("hello"));
-        assert_eq!(comment_of(&[1, 1, 0]), None);
-        assert_eq!(comment_of(&[0, 9, 1]), None, "truncated");
+        let rule = |userdata: &[u8]| RuleMessage {
+            attributes: vec![
+                RuleAttribute::Handle(4),
+                RuleAttribute::UserData(userdata.to_vec()),
+            ],
+        };
+        assert_eq!(rule_comment(&rule(&userdata)).as_deref(), Some("hello"));
+        assert_eq!(rule_comment(&rule(&[1, 1, 0])), None);
+        assert_eq!(rule_comment(&rule(&[0, 9, 1])), None, "truncated");
+        assert_eq!(rule_comment(&RuleMessage { attributes: vec![] }), None);
     }
 }

@@ -4,38 +4,35 @@
 //! prints it. `iptables-save` costs a process and reads every chain of the
 //! table (kube-proxy's included); a dump of one chain is one netlink round
 //! trip.
+//!
+//! The dump and its rules, expressions, registers, verdicts and compare
+//! data are `netlink-packet-netfilter`'s types (through
+//! [`firewall::nfnl::rules`]). Read by hand here, because nf_tables itself
+//! keeps them opaque and so does the crate: an x_tables match's name and
+//! info (iptables-nft's `match` expression, `NFTA_MATCH_NAME` and
+//! `NFTA_MATCH_INFO`), that is the comment match's text and the conntrack
+//! match's flags in `xt_conntrack_mtinfo` (x_tables' structs, not netlink
+//! attributes).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use firewall::Result;
 use firewall::nfnl::{self, TableFamily};
-use firewall::{Error, Result};
+use netlink_packet_core::Nla;
+use netlink_packet_netfilter::nftables::{
+    Cmp, DataAttribute, ExpressionAttribute, Expressions, Immediate, ListAttribute, Meta, MetaKey, Operator,
+    Payload, RuleAttribute, RuleMessage, Verdict, VerdictAttribute,
+};
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_GETRULE: u16 = 7;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_HANDLE: u16 = 3;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
-const NFTA_RULE_USERDATA: u16 = 7;
-const NFTA_LIST_ELEM: u16 = 1;
-const NFTA_EXPR_NAME: u16 = 1;
-const NFTA_EXPR_DATA: u16 = 2;
-const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
-const NFT_CMP_EQ: u32 = 0;
-const NFT_CMP_NEQ: u32 = 1;
-const NFT_META_IIFNAME: u32 = 6;
-const NFT_META_OIFNAME: u32 = 7;
-const NF_DROP: i32 = 0;
-const NF_ACCEPT: i32 = 1;
-const NFT_JUMP: i32 = -3;
-const NFT_RETURN: i32 = -5;
-/// nftnl's user-data type for a rule comment.
-const UDATA_COMMENT: u8 = 0;
+/// nf_tables' verdicts for the netfilter ones, which the crate leaves
+/// unnamed.
+const NF_DROP: Verdict = Verdict::Other(0);
+const NF_ACCEPT: Verdict = Verdict::Other(1);
+/// The attributes of an x_tables `match` expression the crate keeps
+/// opaque.
+const NFTA_MATCH_NAME: u16 = 1;
+const NFTA_MATCH_INFO: u16 = 3;
 /// xt_conntrack_mtinfo: `match_flags`, `invert_flags` and `state_mask`
 /// (host order) follow eight addresses, two timeouts, a protocol and four
 /// ports.
@@ -48,11 +45,11 @@ const STATE_RELATED_ESTABLISHED: u16 = 0b110;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Expr {
     Payload { base: u32, offset: u32, len: u32 },
-    Meta { key: u32 },
-    Cmp { op: u32, data: Vec<u8> },
+    Meta { key: MetaKey },
+    Cmp { op: Operator, data: Vec<u8> },
     Match { name: String, info: Vec<u8> },
     Counter,
-    Verdict { code: i32, chain: Option<String> },
+    Verdict { code: Verdict, chain: Option<String> },
     Other,
 }
 
@@ -68,60 +65,92 @@ pub struct Rule {
     pub spec: Option<String>,
 }
 
-fn be32(value: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
-}
-
 fn text(value: &[u8]) -> String {
     let end = value.iter().position(|b| *b == 0).unwrap_or(value.len());
     String::from_utf8_lossy(&value[..end]).into_owned()
 }
 
-fn nested(value: &[u8]) -> Vec<(u16, &[u8])> {
-    nfnl::attributes_from(value, 0)
+fn read_payload(attributes: &[Payload]) -> Option<Expr> {
+    let (mut base, mut offset, mut len) = (None, None, None);
+    for attribute in attributes {
+        match attribute {
+            Payload::Base(value) => base = Some(*value),
+            Payload::Offset(value) => offset = Some(*value),
+            Payload::Len(value) => len = Some(*value),
+            _ => {}
+        }
+    }
+    Some(Expr::Payload {
+        base: base?,
+        offset: offset?,
+        len: len?,
+    })
 }
 
-fn get<'a>(attrs: &[(u16, &'a [u8])], kind: u16) -> Option<&'a [u8]> {
-    attrs.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
+fn read_meta(attributes: &[Meta]) -> Option<Expr> {
+    attributes.iter().find_map(|a| match a {
+        Meta::Key(key) => Some(Expr::Meta { key: *key }),
+        _ => None,
+    })
 }
 
-fn expression(elem: &[u8]) -> Expr {
-    let attrs = nested(elem);
-    let name = get(&attrs, NFTA_EXPR_NAME).map(text).unwrap_or_default();
-    let data = get(&attrs, NFTA_EXPR_DATA).map(nested).unwrap_or_default();
-    let u32_of = |kind| get(&data, kind).and_then(be32);
-    let parsed = match name.as_str() {
-        "payload" => (|| {
-            Some(Expr::Payload {
-                base: u32_of(2)?,
-                offset: u32_of(3)?,
-                len: u32_of(4)?,
-            })
-        })(),
-        "meta" => u32_of(2).map(|key| Expr::Meta { key }),
-        "cmp" => (|| {
-            let value = nested(get(&data, 3)?);
-            Some(Expr::Cmp {
-                op: u32_of(2)?,
-                data: get(&value, NFTA_DATA_VALUE)?.to_vec(),
-            })
-        })(),
+fn read_cmp(attributes: &[Cmp]) -> Option<Expr> {
+    let op = attributes.iter().find_map(|a| match a {
+        Cmp::Op(op) => Some(*op),
+        _ => None,
+    })?;
+    let data = attributes.iter().find_map(|a| match a {
+        Cmp::Data(DataAttribute::Value(data)) => Some(data.clone()),
+        _ => None,
+    })?;
+    Some(Expr::Cmp { op, data })
+}
+
+fn read_verdict(attributes: &[Immediate]) -> Option<Expr> {
+    let verdict = attributes.iter().find_map(|a| match a {
+        Immediate::Data(DataAttribute::Verdict(verdict)) => Some(verdict),
+        _ => None,
+    })?;
+    let code = verdict.iter().find_map(|a| match a {
+        VerdictAttribute::Code(code) => Some(*code),
+        _ => None,
+    })?;
+    let chain = verdict.iter().find_map(|a| match a {
+        VerdictAttribute::Chain(chain) => Some(chain.clone()),
+        _ => None,
+    });
+    Some(Expr::Verdict { code, chain })
+}
+
+/// An expression the crate knows only by name: an x_tables match, a
+/// counter.
+fn read_named(name: &str, attributes: &[impl Nla]) -> Option<Expr> {
+    let value = |kind| attributes.iter().find(|a| a.kind() == kind).map(nfnl::value_of);
+    match name {
         "match" => Some(Expr::Match {
-            name: get(&data, 1).map(text).unwrap_or_default(),
-            info: get(&data, 3).unwrap_or_default().to_vec(),
+            name: value(NFTA_MATCH_NAME).as_deref().map(text).unwrap_or_default(),
+            info: value(NFTA_MATCH_INFO).unwrap_or_default(),
         }),
         "counter" => Some(Expr::Counter),
-        "immediate" => (|| {
-            let value = nested(get(&data, 2)?);
-            let verdict = nested(get(&value, NFTA_DATA_VERDICT)?);
-            let code = i32::from_be_bytes(get(&verdict, NFTA_VERDICT_CODE)?.get(..4)?.try_into().ok()?);
-            Some(Expr::Verdict {
-                code,
-                chain: get(&verdict, NFTA_VERDICT_CHAIN).map(text),
-            })
-        })(),
         _ => None,
-    };
+    }
+}
+
+fn expression(element: &[ExpressionAttribute]) -> Expr {
+    let parsed = element.iter().find_map(|a| match a {
+        ExpressionAttribute::Data(data) => match data {
+            Expressions::Payload(attributes) => read_payload(attributes),
+            Expressions::Meta(attributes) => read_meta(attributes),
+            Expressions::Cmp(attributes) => read_cmp(attributes),
+            Expressions::Immediate(attributes) => read_verdict(attributes),
+            Expressions::Other {
+                expression_type,
+                attributes,
+            } => read_named(expression_type, attributes),
+            _ => None,
+        },
+        _ => None,
+    });
     parsed.unwrap_or(Expr::Other)
 }
 
@@ -142,10 +171,10 @@ fn interface(data: &[u8]) -> String {
     }
 }
 
-fn bang(op: u32) -> Option<&'static str> {
+fn bang(op: Operator) -> Option<&'static str> {
     match op {
-        NFT_CMP_EQ => Some(""),
-        NFT_CMP_NEQ => Some("! "),
+        Operator::Equal => Some(""),
+        Operator::NotEqual => Some("! "),
         _ => None,
     }
 }
@@ -176,8 +205,8 @@ fn spec_of(exprs: &[Expr]) -> Option<String> {
             (Expr::Meta { key }, Some(Expr::Cmp { op, data })) => {
                 let name = interface(data);
                 match *key {
-                    NFT_META_IIFNAME => iif = Some(format!("{}-i {name}", bang(*op)?)),
-                    NFT_META_OIFNAME => oif = Some(format!("{}-o {name}", bang(*op)?)),
+                    MetaKey::Iifname => iif = Some(format!("{}-i {name}", bang(*op)?)),
+                    MetaKey::Oifname => oif = Some(format!("{}-o {name}", bang(*op)?)),
                     _ => return None,
                 }
                 at += 2;
@@ -206,8 +235,8 @@ fn spec_of(exprs: &[Expr]) -> Option<String> {
                 target = Some(match (*code, chain) {
                     (NF_ACCEPT, _) => "ACCEPT".to_owned(),
                     (NF_DROP, _) => "DROP".to_owned(),
-                    (NFT_RETURN, _) => "RETURN".to_owned(),
-                    (NFT_JUMP, Some(chain)) => chain.clone(),
+                    (Verdict::Return, _) => "RETURN".to_owned(),
+                    (Verdict::Jump, Some(chain)) => chain.clone(),
                     _ => return None,
                 });
                 at += 1;
@@ -224,44 +253,29 @@ fn spec_of(exprs: &[Expr]) -> Option<String> {
     Some(parts.join(" "))
 }
 
-/// The comment in a rule's user data (nftnl's TLV list), if any.
-fn comment_of(userdata: &[u8]) -> Option<String> {
-    let mut at = 0;
-    while at + 2 <= userdata.len() {
-        let (kind, len) = (userdata[at], userdata[at + 1] as usize);
-        let value = userdata.get(at + 2..at + 2 + len)?;
-        if kind == UDATA_COMMENT {
-            return Some(text(value));
-        }
-        at += 2 + len;
-    }
-    None
-}
-
-fn rule_of(attrs: &[(u16, &[u8])]) -> Rule {
-    let exprs: Vec<Expr> = get(attrs, NFTA_RULE_EXPRESSIONS)
-        .map(nested)
-        .unwrap_or_default()
+fn rule_of(rule: &RuleMessage) -> Rule {
+    let exprs: Vec<Expr> = rule
+        .attributes
         .iter()
-        .filter(|(kind, _)| *kind == NFTA_LIST_ELEM)
-        .map(|(_, elem)| expression(elem))
+        .filter_map(|a| match a {
+            RuleAttribute::Expressions(list) => Some(list),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|element| match element {
+            ListAttribute::Element(attributes) => Some(expression(attributes)),
+            _ => None,
+        })
         .collect();
+    let handle = rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Handle(handle) => Some(*handle),
+        _ => None,
+    });
     Rule {
-        handle: get(attrs, NFTA_RULE_HANDLE)
-            .and_then(|v| Some(u64::from_be_bytes(v.get(..8)?.try_into().ok()?)))
-            .unwrap_or_default(),
-        comment: get(attrs, NFTA_RULE_USERDATA).and_then(comment_of),
+        handle: handle.unwrap_or_default(),
+        comment: nfnl::rule_comment(rule),
         spec: spec_of(&exprs),
     }
-}
-
-fn push_text(buf: &mut Vec<u8>, kind: u16, value: &str) {
-    let len = 4 + value.len() + 1;
-    buf.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value.as_bytes());
-    buf.push(0);
-    buf.resize(buf.len() + ((len + 3) & !3) - len, 0);
 }
 
 /// The rules of `chain` in order, or `None` when the chain (or its table)
@@ -271,35 +285,7 @@ pub fn dump(family: TableFamily, table: &str, chain: &str) -> Result<Option<Vec<
     if !nfnl::chain_exists(family, table, chain)? {
         return Ok(None);
     }
-    let mut attrs = Vec::new();
-    push_text(&mut attrs, NFTA_RULE_TABLE, table);
-    push_text(&mut attrs, NFTA_RULE_CHAIN, chain);
-    let message = nfnl::subsystem_request(
-        NFNL_SUBSYS_NFTABLES,
-        NFT_MSG_GETRULE,
-        nfnl::NLM_F_DUMP,
-        family as u8,
-        &attrs,
-    );
-    let mut rules = Vec::new();
-    let outcome = nfnl::converse("rule listing", &message, |kind, payload| {
-        if kind != NFT_MSG_NEWRULE {
-            return;
-        }
-        let attrs = nfnl::attributes_from(payload, 4);
-        // Older kernels ignore the chain filter of a dump.
-        if get(&attrs, NFTA_RULE_CHAIN).map(text).as_deref() == Some(chain) {
-            rules.push(rule_of(&attrs));
-        }
-    })?;
-    match outcome {
-        Ok(()) => Ok(Some(rules)),
-        Err(nfnl::ENOENT) => Ok(None),
-        Err(errno) => Err(Error::Invalid(format!(
-            "nf_tables rule listing {table}/{chain}: {}",
-            std::io::Error::from_raw_os_error(errno)
-        ))),
-    }
+    Ok(nfnl::rules(family, table, chain)?.map(|rules| rules.iter().map(rule_of).collect()))
 }
 
 #[cfg(test)]
@@ -314,7 +300,7 @@ mod tests {
         }
     }
 
-    fn cmp(op: u32, data: &[u8]) -> Expr {
+    fn cmp(op: Operator, data: &[u8]) -> Expr {
         Expr::Cmp {
             op,
             data: data.to_vec(),
@@ -330,7 +316,7 @@ mod tests {
         }
     }
 
-    fn verdict(code: i32, chain: Option<&str>) -> Expr {
+    fn verdict(code: Verdict, chain: Option<&str>) -> Expr {
         Expr::Verdict {
             code,
             chain: chain.map(str::to_owned),
@@ -344,7 +330,7 @@ mod tests {
         conntrack[CONNTRACK_FLAGS_AT + 4..CONNTRACK_FLAGS_AT + 6].copy_from_slice(&6u16.to_ne_bytes());
         let dst = [
             payload(16, 4),
-            cmp(NFT_CMP_EQ, &[10, 1, 2, 3]),
+            cmp(Operator::Equal, &[10, 1, 2, 3]),
             Expr::Match {
                 name: "conntrack".into(),
                 info: conntrack.clone(),
@@ -361,23 +347,23 @@ mod tests {
         v6[15] = 5;
         let src = [
             payload(8, 16),
-            cmp(NFT_CMP_EQ, &v6),
+            cmp(Operator::Equal, &v6),
             Expr::Counter,
             verdict(NF_ACCEPT, None),
         ];
         assert_eq!(spec_of(&src).as_deref(), Some("-s fd00::5/128 -j ACCEPT"));
         let isolation = [
             Expr::Meta {
-                key: NFT_META_IIFNAME,
+                key: MetaKey::Iifname,
             },
-            cmp(NFT_CMP_EQ, b"br0\0"),
+            cmp(Operator::Equal, b"br0\0"),
             Expr::Meta {
-                key: NFT_META_OIFNAME,
+                key: MetaKey::Oifname,
             },
-            cmp(NFT_CMP_NEQ, b"br0\0"),
+            cmp(Operator::NotEqual, b"br0\0"),
             comment("x y"),
             Expr::Counter,
-            verdict(NFT_JUMP, Some("CNI-ISOLATION-STAGE-2")),
+            verdict(Verdict::Jump, Some("CNI-ISOLATION-STAGE-2")),
         ];
         assert_eq!(
             spec_of(&isolation).as_deref(),
@@ -385,14 +371,14 @@ mod tests {
         );
         let wildcard = [
             Expr::Meta {
-                key: NFT_META_OIFNAME,
+                key: MetaKey::Oifname,
             },
-            cmp(NFT_CMP_EQ, b"br"),
+            cmp(Operator::Equal, b"br"),
             verdict(NF_DROP, None),
         ];
         assert_eq!(spec_of(&wildcard).as_deref(), Some("-o br+ -j DROP"));
         assert_eq!(
-            spec_of(&[comment("r"), verdict(NFT_RETURN, None)]).as_deref(),
+            spec_of(&[comment("r"), verdict(Verdict::Return, None)]).as_deref(),
             Some(r#"-m comment --comment "r" -j RETURN"#)
         );
         // Other conntrack states, other matches and other targets are
@@ -407,14 +393,6 @@ mod tests {
         ];
         assert_eq!(spec_of(&other_state), None);
         assert_eq!(spec_of(&[Expr::Other, verdict(NF_ACCEPT, None)]), None);
-        assert_eq!(spec_of(&[payload(16, 4), cmp(NFT_CMP_EQ, &[10, 0])]), None);
-    }
-
-    #[test]
-    fn comments_come_out_of_user_data() {
-        let mut userdata = vec![UDATA_COMMENT, 6];
-        userdata.extend_from_slice(b"hello\0");
-        assert_eq!(comment_of(&userdata).as_deref(), Some("hello"));
-        assert_eq!(comment_of(&[1, 1, 0]), None);
+        assert_eq!(spec_of(&[payload(16, 4), cmp(Operator::Equal, &[10, 0])]), None);
     }
 }
