@@ -265,12 +265,13 @@ image: build
 	python3 deploy/image.py $(IMAGE_TAR) $(IMAGE_NAME) $(RELEASE_DIR)
 	@echo "$(IMAGE_TAR): $(IMAGE_NAME)"
 
-# The Istio manifest is generated from the base one, so the two cannot
-# drift apart by hand.
+# The Istio manifests are generated from the base one, so they cannot
+# drift apart by hand: the suite in Istio's mode, and Istio's CNI alone.
 K8S_MANIFEST := deploy/cni-suite.yaml
 K8S_ISTIO_MANIFEST := deploy/cni-suite-istio.yaml
+K8S_ISTIO_ONLY_MANIFEST := deploy/istio-cni.yaml
 manifests: deps
-	python3 deploy/render.py $(K8S_ISTIO_MANIFEST)
+	python3 deploy/render.py $(K8S_ISTIO_MANIFEST) $(K8S_ISTIO_ONLY_MANIFEST)
 
 # The manifests against the API's own schemas, offline (kubernetes-validate
 # bundles them; Debian's kubectl cannot validate without a server), and the
@@ -279,9 +280,10 @@ VALIDATE := target/tools/validate
 validate-manifest: deps
 	@[ -x $(VALIDATE)/bin/kubernetes-validate ] || { python3 -m venv $(VALIDATE) && \
 		$(VALIDATE)/bin/pip install -q kubernetes-validate==1.33.1; }
-	$(VALIDATE)/bin/kubernetes-validate -k 1.33.0 --strict $(K8S_MANIFEST) $(K8S_ISTIO_MANIFEST)
-	@fresh=$$(mktemp) && trap 'rm -f "$$fresh"' EXIT && python3 deploy/render.py "$$fresh" && \
-		cmp "$$fresh" $(K8S_ISTIO_MANIFEST) || { echo "$(K8S_ISTIO_MANIFEST) is stale: run make manifests" >&2; exit 1; }
+	$(VALIDATE)/bin/kubernetes-validate -k 1.33.0 --strict $(K8S_MANIFEST) $(K8S_ISTIO_MANIFEST) $(K8S_ISTIO_ONLY_MANIFEST)
+	@fresh=$$(mktemp -d) && trap 'rm -rf "$$fresh"' EXIT && python3 deploy/render.py "$$fresh/istio" "$$fresh/istio-only" && \
+		cmp "$$fresh/istio" $(K8S_ISTIO_MANIFEST) && cmp "$$fresh/istio-only" $(K8S_ISTIO_ONLY_MANIFEST) || \
+		{ echo "the Istio manifests are stale: run make manifests" >&2; exit 1; }
 
 demo: build
 	@BIN_DIR=$(CURDIR)/$(RELEASE_DIR) ./integration/demo.sh

@@ -48,6 +48,14 @@ impl Health {
         self.routed.store(done, Ordering::SeqCst);
     }
 
+    /// Istio's CNI alone (`OWN_NETWORK=false`): the node's network is
+    /// another's, so nothing of it is waited for.
+    pub fn set_network_not_ours(&self) {
+        for part in [&self.listed, &self.configured, &self.routed, &self.masqueraded] {
+            part.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Why the agent is not ready, if it is not.
     pub fn not_ready(&self) -> Option<&'static str> {
         if !self.installed.load(Ordering::SeqCst) {

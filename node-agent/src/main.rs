@@ -18,7 +18,7 @@ use node_agent::controllers::conflist::{self, Conflist};
 use node_agent::controllers::egress::{self, Egress};
 use node_agent::controllers::lease_service::{self, LeaseService};
 use node_agent::controllers::routes::{self, Routes};
-use node_agent::controllers::{install, istio_chain, node_watch, repair};
+use node_agent::controllers::{install, istio_chain, node_watch, readiness_taint, repair};
 use node_agent::error::Error;
 use node_agent::health::Health;
 use node_agent::record::Record;
@@ -60,6 +60,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let health = Health::default();
     let _probes = health::serve(settings.health_listen, health.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
+    settings.check().map_err(Error::Setting)?;
     let client = kube::Client::try_from(cluster::client::config(&settings.service_account_dir)?)?;
     let repair_options = repair::Options::from_settings(&settings)?;
     let istio = if settings.istio_chained {
@@ -78,13 +79,14 @@ async fn run(settings: Settings) -> Result<(), Error> {
     atomic::sweep(&settings.cni_conf_dir);
     // Before the first change: what the nat tables held before the suite
     // came on this boot stays at uninstall (a restarted agent keeps the
-    // first agent's record).
-    uninstall::remember_firewall(&record).await;
+    // first agent's record). Istio's CNI alone changes no nat table.
+    if settings.own_network {
+        uninstall::remember_firewall(&record).await;
+    }
     // Before the conflist exists, so the runtime never calls a plugin that
     // is not there yet; a start that cannot install fails.
     installer.install(&health).await?;
-    let lease_service = settings
-        .lease_service
+    let lease_service = (settings.own_network && settings.lease_service)
         .then(|| lease_service::run(&lease_service::Options::from_settings(&settings)));
     let reinstalling = tokio::spawn(installer.clone().run(
         health.clone(),
@@ -97,28 +99,35 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let chaining = istio
         .clone()
         .map(|istio| tokio::spawn(istio_chain::run(istio, record.clone(), health.clone())));
-    log::info!(
-        "node {}: writing {} from its Node object",
-        settings.node_name,
-        settings.conflist_path().display()
-    );
-    let conflist_options = conflist::Options::from_settings(&settings);
-    let controllers = node_watch::Controllers {
-        conflist: Conflist::new(conflist_options.clone(), chain),
-        routes: Routes::new(routes::Options::from_settings(&settings)),
-        egress: Egress::new(egress::Options::from_settings(&settings)),
-    };
-    let outcome = tokio::select! {
-        outcome = node_watch::run(client, controllers, health) => outcome,
-        _ = terminate.recv() => {
-            log::info!("SIGTERM: stopping");
-            Ok(())
+    let untainting = readiness_taint::Options::from_settings(&settings)
+        .map(|options| tokio::spawn(readiness_taint::run(client.clone(), options, health.clone())));
+    let outcome = if settings.own_network {
+        log::info!(
+            "node {}: writing {} from its Node object",
+            settings.node_name,
+            settings.conflist_path().display()
+        );
+        let controllers = node_watch::Controllers {
+            conflist: Conflist::new(conflist::Options::from_settings(&settings), chain),
+            routes: Routes::new(routes::Options::from_settings(&settings)),
+            egress: Egress::new(egress::Options::from_settings(&settings)),
+        };
+        tokio::select! {
+            outcome = node_watch::run(client, controllers, health) => outcome,
+            () = stopped(&mut terminate) => Ok(()),
         }
-        _ = tokio::signal::ctrl_c() => Ok(()),
+    } else {
+        log::info!(
+            "node {}: Istio's CNI only, beside the node's own network",
+            settings.node_name
+        );
+        health.set_network_not_ours();
+        stopped(&mut terminate).await;
+        Ok(())
     };
     reinstalling.abort();
     let _ = reinstalling.await;
-    for task in [chaining, repairing].into_iter().flatten() {
+    for task in [chaining, repairing, untainting].into_iter().flatten() {
         task.abort();
         let _ = task.await;
     }
@@ -136,17 +145,32 @@ async fn run(settings: Settings) -> Result<(), Error> {
     if let Some(istio) = &istio {
         istio_chain::unchain(istio, &record);
     }
+    let options = uninstall::Options::from_settings(&settings);
+    let bin_dir = installer.bin_dir().clone();
+    if !settings.own_network {
+        let removing = tokio::task::spawn_blocking(move || uninstall::remove_binaries(&options, &bin_dir));
+        if let Err(e) = removing.await {
+            log::error!("uninstalling: {e}");
+        }
+        return outcome;
+    }
     // The conflist goes first, so no new pod is set up while the rest
     // goes (a pod set up meanwhile would start a lease service of its own).
-    let conflist_was_ours = conflist::remove(&conflist_options);
+    let conflist_was_ours = conflist::remove(&conflist::Options::from_settings(&settings));
     if let Some(service) = lease_service {
         service.stop().await;
     }
-    let options = uninstall::Options::from_settings(&settings);
-    let bin_dir = installer.bin_dir().clone();
     let removing = tokio::task::spawn_blocking(move || uninstall::run(&options, &bin_dir, conflist_was_ours));
     if let Err(e) = removing.await {
         log::error!("uninstalling: {e}");
     }
     outcome
+}
+
+/// Until SIGTERM or SIGINT.
+async fn stopped(terminate: &mut tokio::signal::unix::Signal) {
+    tokio::select! {
+        _ = terminate.recv() => log::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

@@ -1,8 +1,9 @@
 //! What the agent changed on the node outside its own files, recorded on
 //! the node so that uninstall undoes it even when the agent that made the
 //! change was restarted or killed since: every configuration file it
-//! chained istio-redirect into, and every bare `.conf` it wrapped into a
-//! `.conflist` (with the `.conf`'s bytes, to put back); and the node's nat
+//! chained istio-redirect into, every file it wrote in Istio's owned
+//! mode, and every bare `.conf` it wrapped into a `.conflist` (with the
+//! `.conf`'s bytes, to put back); and the node's nat
 //! tables as they were before the suite's first change on this boot, so
 //! that uninstall removes only what the suite left there.
 //!
@@ -32,6 +33,11 @@ pub struct NodeRecord {
     /// Configuration files istio-redirect was chained into.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub chained: BTreeSet<PathBuf>,
+    /// Files of the agent's own made in Istio's owned mode (the primary's
+    /// plugins and istio-redirect), removed at uninstall or when the mode
+    /// is switched off.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub owned: BTreeSet<PathBuf>,
     /// Lists made from a bare `.conf`, by the list's path.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub wrapped: BTreeMap<PathBuf, Wrapped>,

@@ -55,14 +55,18 @@ pub struct Settings {
     pub source_bin_dir: Option<PathBuf>,
 
     /// The plugins installed from there into the CNI bin directory
-    /// (comma-separated; empty: install nothing).
-    #[arg(
-        long,
-        env = "CNI_INSTALL_PLUGINS",
-        value_delimiter = ',',
-        default_value = "bridge,host-local,loopback,istio-redirect,portmap,firewall"
-    )]
-    pub install_plugins: Vec<String>,
+    /// (comma-separated; empty: install nothing); unset: the whole suite,
+    /// or istio-redirect alone with OWN_NETWORK=false.
+    #[arg(long, env = "CNI_INSTALL_PLUGINS", value_delimiter = ',')]
+    pub install_plugins: Option<Vec<String>>,
+
+    /// Whether the agent is the cluster's network: its conflist from the
+    /// Node's pod CIDRs, the routes between nodes, the masquerade and the
+    /// lease service. false: Istio's CNI only, beside whatever network the
+    /// node has (needs ISTIO_CHAINED): istio-redirect chained into that
+    /// network's configuration, nothing else of the node changed.
+    #[arg(long, env = "OWN_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub own_network: bool,
 
     /// The cluster's pod range: traffic from this node's pods to it keeps
     /// its source address, the rest is masqueraded (comma-separated CIDRs;
@@ -90,6 +94,21 @@ pub struct Settings {
     /// unset: the first valid `.conf`/`.conflist` in name order.
     #[arg(long, env = "ISTIO_CNI_CONF_FILE")]
     pub istio_cni_conf_file: Option<String>,
+
+    /// Istio's owned configuration (`istioOwnedCNIConfig`): instead of
+    /// editing the primary configuration, write a file of the agent's own
+    /// that sorts first, holding the primary's plugins and istio-redirect
+    /// (with OWN_NETWORK=false).
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG")]
+    pub istio_owned_cni_config: bool,
+
+    /// That file's name in the CNI conf directory.
+    #[arg(
+        long,
+        env = "ISTIO_OWNED_CNI_CONF_FILENAME",
+        default_value = "02-istio-cni.conflist"
+    )]
+    pub istio_owned_cni_conf_filename: String,
 
     /// istio-redirect's entry, as a JSON object; unset: the pod
     /// annotations capability, skipping kube-system and istio-system.
@@ -146,6 +165,12 @@ pub struct Settings {
     #[arg(long, env = "HEALTH_LISTEN", default_value = "[::]:9470")]
     pub health_listen: SocketAddr,
 
+    /// A start-up taint the node's kubelet registers it with (Istio's is
+    /// `cni.istio.io/not-ready`): removed from this node's Node once the
+    /// agent is ready, never before. Unset: no Node is changed.
+    #[arg(long, env = "READINESS_TAINT")]
+    pub readiness_taint: Option<String>,
+
     /// On SIGTERM, remove everything the agent put on the node.
     #[arg(long, env = "UNINSTALL_ON_STOP")]
     pub uninstall_on_stop: bool,
@@ -173,7 +198,60 @@ pub enum RepairMode {
     Off,
 }
 
+/// The plugins the agent installs when CNI_INSTALL_PLUGINS is unset: the
+/// suite for its own network, else only Istio's (a node's other network
+/// keeps its own host-local, portmap and the rest).
+const SUITE_PLUGINS: [&str; 6] = [
+    "bridge",
+    "host-local",
+    "loopback",
+    "istio-redirect",
+    "portmap",
+    "firewall",
+];
+const ISTIO_ONLY_PLUGINS: [&str; 1] = ["istio-redirect"];
+
 impl Settings {
+    /// The plugins to install, without empty entries
+    /// (`CNI_INSTALL_PLUGINS=""` installs nothing).
+    pub fn plugins_to_install(&self) -> Vec<String> {
+        match &self.install_plugins {
+            Some(named) => named
+                .iter()
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+                .collect(),
+            None if self.own_network => SUITE_PLUGINS.map(String::from).to_vec(),
+            None => ISTIO_ONLY_PLUGINS.map(String::from).to_vec(),
+        }
+    }
+
+    /// Settings that contradict each other, found before anything changes.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.own_network && !self.istio_chained {
+            return Err("OWN_NETWORK=false runs Istio's CNI only: it needs ISTIO_CHAINED=true".into());
+        }
+        if self.istio_owned_cni_config && self.own_network {
+            return Err(
+                "ISTIO_OWNED_CNI_CONFIG is for OWN_NETWORK=false: the suite's own conflist carries \
+                 istio-redirect already"
+                    .into(),
+            );
+        }
+        if self.istio_owned_cni_config && !self.istio_chained {
+            return Err("ISTIO_OWNED_CNI_CONFIG needs ISTIO_CHAINED=true".into());
+        }
+        let owned = &self.istio_owned_cni_conf_filename;
+        if self.istio_owned_cni_config
+            && (owned.contains('/') || !owned.ends_with(".conflist") || owned.starts_with('.'))
+        {
+            return Err(format!(
+                "ISTIO_OWNED_CNI_CONF_FILENAME {owned:?} must be a file name ending in .conflist"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn conflist_path(&self) -> PathBuf {
         self.cni_conf_dir.join(&self.conflist_name)
     }

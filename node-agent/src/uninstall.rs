@@ -127,7 +127,13 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
             Err(e) => log::error!("{e}"),
         }
     }
-    // Our own conflist is gone by now: only others' configurations count.
+    remove_binaries(options, bin_dir);
+}
+
+/// Removes the installed binaries no configuration on the node names any
+/// more (ours are gone by now: only others' count), putting the node's
+/// own back; a binary still named stays for the DELs of its pods.
+pub fn remove_binaries(options: &Options, bin_dir: &BinDir) {
     let still_named = conf_dir::named_plugins(&options.cni_conf_dir);
     match bin_dir.uninstall(&still_named) {
         Ok(done) => {

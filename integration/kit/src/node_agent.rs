@@ -141,6 +141,29 @@ impl Agent {
         child.wait().expect("wait");
     }
 
+    /// Waits up to `limit` for the agent to exit by itself: its exit status
+    /// and what it logged, or None (it is still running).
+    pub fn exited(&mut self, limit: std::time::Duration) -> Option<(std::process::ExitStatus, String)> {
+        let started = std::time::Instant::now();
+        let child = self.child.as_mut().expect("running");
+        while child.try_wait().expect("wait").is_none() {
+            if started.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let output = self
+            .child
+            .take()
+            .expect("running")
+            .wait_with_output()
+            .expect("wait");
+        Some((
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
+    }
+
     /// SIGTERM, then the exit status and what it logged.
     pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
         let child = self.child.take().expect("running");

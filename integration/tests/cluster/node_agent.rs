@@ -718,7 +718,7 @@ fn uninstall_removes_the_nat_chains_and_tables_the_suite_created_and_keeps_the_n
 
 /// Every entry of `dir`, recursively, never through a link: its kind, inode,
 /// link count and mode, and a link's target or a digest of a file's content.
-fn bin_dir_snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn bin_dir_snapshot(dir: &Path) -> std::collections::BTreeMap<String, String> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     use std::os::unix::fs::MetadataExt;
     let mut out = std::collections::BTreeMap::new();
@@ -851,7 +851,7 @@ fn kindnet_conflist() -> Value {
     ]})
 }
 
-fn plugin_types(path: &std::path::Path) -> Vec<String> {
+pub(crate) fn plugin_types(path: &std::path::Path) -> Vec<String> {
     let conf: Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default()).unwrap_or_default();
     conf["plugins"]
@@ -967,7 +967,7 @@ fn with_istio_chaining_on_the_agent_is_ready_only_once_the_entry_is_in() {
 
 /// A bare `.conf` as an operator writes it, with spacing no JSON writer
 /// reproduces: the bridge `br-wrap` over 10.22.0.0/24, leases under `leases`.
-fn bare_conf(leases: &Path) -> String {
+pub(crate) fn bare_conf(leases: &Path) -> String {
     format!(
         "{{ \"cniVersion\": \"0.4.0\",  \"name\": \"mynet\", \"type\": \"bridge\", \"bridge\": \"br-wrap\",\n  \
          \"isGateway\": true, \"ipam\": {{\"type\": \"host-local\", \"subnet\": \"10.22.0.0/24\",\n  \

@@ -1,11 +1,12 @@
-//! `deploy/cni-suite.yaml` and `deploy/cni-suite-istio.yaml`, checked
-//! without a server: every document round-trips through its `k8s-openapi`
-//! type without losing a field, what each tells the agent is what the agent
-//! and the image understand, and the Istio one is the base with Istio
-//! mode's additions and nothing else. (`make validate-manifest` also runs
-//! `kubernetes-validate` from PyPI, which bundles the API's schemas, over
-//! both, and fails when the Istio one is not what `deploy/render.py`
-//! renders now.)
+//! `deploy/cni-suite.yaml`, `deploy/cni-suite-istio.yaml` and
+//! `deploy/istio-cni.yaml`, checked without a server: every document
+//! round-trips through its `k8s-openapi` type without losing a field, what
+//! each tells the agent is what the agent and the image understand, the
+//! Istio one is the base with Istio mode's additions and nothing else, and
+//! the Istio-only one shares no object name with the base. (`make
+//! validate-manifest` also runs `kubernetes-validate` from PyPI, which
+//! bundles the API's schemas, over all three, and fails when a rendered one
+//! is not what `deploy/render.py` renders now.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,8 +22,10 @@ use test_kit::{bin, run};
 const BASE: &str = "cni-suite.yaml";
 /// `make manifests` renders it from the base (`deploy/render.py`).
 const ISTIO: &str = "cni-suite-istio.yaml";
-/// Every check but the last runs on both.
-const MANIFESTS: [&str; 2] = [BASE, ISTIO];
+/// Istio's CNI alone, beside another network (`deploy/render.py` too).
+const ISTIO_ONLY: &str = "istio-cni.yaml";
+/// Every check but the last two runs on all.
+const MANIFESTS: [&str; 3] = [BASE, ISTIO, ISTIO_ONLY];
 
 /// What Istio mode adds to the base, all of it.
 const ISTIO_SETTING: (&str, &str) = ("ISTIO_CHAINED", "true");
@@ -101,19 +104,13 @@ fn every_document_round_trips_through_its_kubernetes_type() {
     for file in MANIFESTS {
         let documents = documents(file);
         let kinds: Vec<&str> = documents.iter().filter_map(|d| d["kind"].as_str()).collect();
-        assert_eq!(
-            kinds,
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-                "ConfigMap",
-                "DaemonSet"
-            ],
-            "{file}"
-        );
+        let mut expected = vec!["ServiceAccount", "ClusterRole", "ClusterRoleBinding"];
+        // Only the suite's own network reads kubeadm's pod range.
+        if file != ISTIO_ONLY {
+            expected.extend(["Role", "RoleBinding"]);
+        }
+        expected.extend(["ConfigMap", "DaemonSet"]);
+        assert_eq!(kinds, expected, "{file}");
         for document in &documents {
             match document["kind"].as_str() {
                 Some("ServiceAccount") => drop(round_trip::<ServiceAccount>(file, document)),
@@ -133,7 +130,7 @@ fn every_document_round_trips_through_its_kubernetes_type() {
 /// lookup and repair.
 #[test]
 fn the_role_grants_reading_nodes_and_in_istio_mode_pods_and_events() {
-    for file in MANIFESTS {
+    for file in [BASE, ISTIO] {
         let documents = documents(file);
         let role: ClusterRole = round_trip(file, of_kind(&documents, "ClusterRole"));
         let mut expected =
@@ -228,7 +225,11 @@ fn settings_and_mounts(file: &str, help: &str) {
         .into()
     );
     // ISTIO_KUBECONFIG's default too: Istio mode needs no mount of its own.
-    for key in ["CNI_BIN_DIR", "CNI_CONF_DIR", "CNI_LEASE_DIR", "ISTIO_KUBECONFIG"] {
+    let mut paths = vec!["CNI_BIN_DIR", "CNI_CONF_DIR", "ISTIO_KUBECONFIG"];
+    if file != ISTIO_ONLY {
+        paths.push("CNI_LEASE_DIR");
+    }
+    for key in paths {
         let path = setting(&settings, help, key);
         assert!(
             mounted.iter().any(|m| Path::new(&path).starts_with(m)),
@@ -250,7 +251,7 @@ fn settings_and_mounts(file: &str, help: &str) {
         .and_then(|c| c.add.clone())
         .expect("capabilities");
     let mut expected = vec!["NET_ADMIN", "NET_RAW"];
-    if file == ISTIO {
+    if file != BASE {
         expected.extend(ISTIO_CAPABILITIES);
     }
     assert_eq!(capabilities, expected, "{file}");
@@ -260,10 +261,69 @@ fn settings_and_mounts(file: &str, help: &str) {
         .and_then(|p| p.http_get.as_ref())
         .expect("probe");
     assert_eq!(readiness.path.as_deref(), Some("/readyz"));
-    assert!(settings["HEALTH_LISTEN"].ends_with(&format!(
-        ":{}",
-        serde_json::to_value(&readiness.port).expect("port")
-    )));
+    let port = serde_json::to_value(&readiness.port).expect("port");
+    assert!(settings["HEALTH_LISTEN"].ends_with(&format!(":{port}")), "{file}");
+    let liveness = container
+        .liveness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .expect("probe");
+    assert_eq!(
+        serde_json::to_value(&liveness.port).expect("port"),
+        port,
+        "{file}"
+    );
+}
+
+/// Istio's CNI alone: objects of its own (applying or deleting it never
+/// touches the suite's), a health port of its own, its mode's settings,
+/// and the grants its mode uses and no other.
+#[test]
+fn the_istio_only_manifest_is_apart_from_the_suites_and_grants_what_its_mode_uses() {
+    let base = documents(BASE);
+    let istio_only = documents(ISTIO_ONLY);
+    let names = |documents: &[Value]| -> BTreeSet<(String, String)> {
+        documents
+            .iter()
+            .map(|d| {
+                let name = d["metadata"]["name"].as_str().expect("a name").to_owned();
+                (d["kind"].as_str().expect("a kind").to_owned(), name)
+            })
+            .collect()
+    };
+    let shared: Vec<_> = names(&base).intersection(&names(&istio_only)).cloned().collect();
+    assert!(shared.is_empty(), "{shared:?}");
+    let config: ConfigMap = round_trip(ISTIO_ONLY, of_kind(&istio_only, "ConfigMap"));
+    let settings = config.data.expect("data");
+    for (key, value) in [
+        ("OWN_NETWORK", "false"),
+        ("ISTIO_CHAINED", "true"),
+        ("CNI_INSTALL_PLUGINS", "istio-redirect"),
+        ("READINESS_TAINT", "cni.istio.io/not-ready"),
+        ("UNINSTALL_ON_STOP", "false"),
+    ] {
+        assert_eq!(settings.get(key).map(String::as_str), Some(value), "{key}");
+    }
+    let base_config: ConfigMap = round_trip(BASE, of_kind(&base, "ConfigMap"));
+    assert_ne!(
+        settings["HEALTH_LISTEN"],
+        base_config.data.expect("data")["HEALTH_LISTEN"],
+        "both agents run host-networked on one node while a cluster moves from one to the other"
+    );
+    let role: ClusterRole = round_trip(ISTIO_ONLY, of_kind(&istio_only, "ClusterRole"));
+    let mut expected = istio_rules().as_array().expect("rules").clone();
+    // The readiness taint: its own Node read and patched; no Node list.
+    expected.push(json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}));
+    assert_eq!(
+        serde_json::to_value(role.rules.expect("rules")).expect("JSON"),
+        Value::Array(expected)
+    );
+    let binding: ClusterRoleBinding = round_trip(ISTIO_ONLY, of_kind(&istio_only, "ClusterRoleBinding"));
+    let subjects = binding.subjects.expect("subjects");
+    assert_eq!(
+        (subjects[0].name.as_str(), binding.role_ref.name.as_str()),
+        ("cni-suite-istio-cni", "cni-suite-istio-cni")
+    );
 }
 
 /// Undoing exactly Istio mode's additions gives the base back: the same

@@ -3,7 +3,7 @@
 //! `run`. Those made from the Nodes (`conflist`, `routes`, `egress`) are
 //! run in that order by `node_watch` at every change and resync; the
 //! others run as tasks of their own (`install`, `istio_chain`, `repair`,
-//! `lease_service`). A controller may use one below it in this list, never
+//! `readiness_taint`, `lease_service`). A controller may use one below it in this list, never
 //! one above: `node_watch` runs the three made from the Nodes, and
 //! `install` restarts the lease service.
 
@@ -13,6 +13,7 @@ pub mod conflist;
 pub mod egress;
 pub mod install;
 pub mod istio_chain;
+pub mod readiness_taint;
 pub mod repair;
 pub mod routes;
 

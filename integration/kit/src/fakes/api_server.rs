@@ -6,7 +6,8 @@
 //! version answered with HTTP 200 and an ERROR event carrying a 410
 //! `Expired` Status, 401 for a bad token; DELETE of a pod with UID and
 //! resourceVersion preconditions (409 Conflict when one fails), JSON merge
-//! PATCH of a pod or its `status` subresource, and POST of Events. Tests
+//! PATCH of a pod or its `status` subresource and of a Node (its
+//! resourceVersion a precondition), and POST of Events. Tests
 //! change the objects, expire old versions, drop open watches, and read
 //! back every write request.
 
@@ -216,6 +217,11 @@ impl ApiServer {
             .pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// The Node as the server holds it now.
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.shared.lock().nodes.get(name).cloned()
     }
 
     /// Every DELETE, PATCH and POST received, in order.
@@ -474,6 +480,7 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
             ["api", "v1", "namespaces", ns, "pods", name]
             | ["api", "v1", "namespaces", ns, "pods", name, "status"],
         ) => patch_pod(shared, ns, name, &request),
+        ("PATCH", ["api", "v1", "nodes", name]) => patch_node(shared, name, &request),
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => {
             let mut event = request.body.clone();
             event["metadata"]["namespace"] = json!(ns);
@@ -536,6 +543,32 @@ fn patch_pod(shared: &Shared, ns: &str, name: &str, request: &Request) -> (u16, 
     state.pods.insert(key, pod.clone());
     shared.publish(state, Kind::Pod, "MODIFIED", pod.clone());
     (200, pod)
+}
+
+/// A JSON merge patch of a Node; a `metadata.resourceVersion` in the patch
+/// is a precondition, as the real server makes it (409 when the Node
+/// changed since).
+fn patch_node(shared: &Shared, name: &str, request: &Request) -> (u16, Value) {
+    if request.content_type != "application/merge-patch+json" {
+        return (415, status(415, "UnsupportedMediaType", &request.content_type));
+    }
+    let mut state = shared.lock();
+    let Some(mut node) = state.nodes.get(name).cloned() else {
+        return not_found("nodes", name);
+    };
+    let wanted = &request.body["metadata"]["resourceVersion"];
+    if !wanted.is_null() && *wanted != node["metadata"]["resourceVersion"] {
+        let message = format!(
+            "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; \
+             please apply your changes to the latest version and try again"
+        );
+        return (409, status(409, "Conflict", &message));
+    }
+    merge(&mut node, &request.body);
+    let node = stamp(&mut state, Kind::Node, node);
+    state.nodes.insert(name.to_owned(), node.clone());
+    shared.publish(state, Kind::Node, "MODIFIED", node.clone());
+    (200, node)
 }
 
 fn merge(target: &mut Value, patch: &Value) {

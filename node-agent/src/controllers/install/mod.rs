@@ -30,12 +30,7 @@ pub struct Options {
 impl Options {
     pub fn from_settings(settings: &Settings) -> Options {
         Options {
-            plugins: settings
-                .install_plugins
-                .iter()
-                .map(|name| name.trim().to_owned())
-                .filter(|name| !name.is_empty())
-                .collect(),
+            plugins: settings.plugins_to_install(),
             source_dir: settings.source_dir(),
             cni_bin_dir: settings.cni_bin_dir.clone(),
         }

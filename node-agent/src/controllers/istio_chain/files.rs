@@ -81,11 +81,12 @@ fn write_target(path: &Path) -> PathBuf {
 }
 
 /// The primary configuration of `dir`: `named`, else the first valid
-/// `.conf`/`.conflist`/`.json` in name order (empty and invalid files
-/// skipped, as libcni skips them; Istio's installer overlooks `.json`,
-/// which runtimes load). A named bare file that a wrap replaced is
-/// followed to its `.conflist`, as Istio's installer follows it.
-pub fn primary(dir: &Path, named: Option<&str>) -> Option<PathBuf> {
+/// `.conf`/`.conflist`/`.json` in name order but `skip` (the agent's own
+/// file in Istio's owned mode), empty and invalid files skipped, as
+/// libcni skips them; Istio's installer overlooks `.json`, which runtimes
+/// load. A named bare file that a wrap replaced is followed to its
+/// `.conflist`, as Istio's installer follows it.
+pub fn primary(dir: &Path, named: Option<&str>, skip: Option<&Path>) -> Option<PathBuf> {
     if let Some(name) = named {
         let path = dir.join(name);
         if parse(&path).is_some() {
@@ -101,7 +102,13 @@ pub fn primary(dir: &Path, named: Option<&str>) -> Option<PathBuf> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| !n.starts_with('.'))
         })
+        .filter(|p| Some(p.as_path()) != skip)
         .find(|p| parse(p).is_some())
+}
+
+/// The file the runtime uses: the first valid one in name order.
+pub fn runtimes_choice(dir: &Path) -> Option<PathBuf> {
+    primary(dir, None, None)
 }
 
 /// Whether `path` ends with exactly `entry` and has no other of ours.
@@ -152,10 +159,35 @@ pub struct Plan {
 pub fn plan(path: &Path, entry: &Value) -> Result<Plan, Error> {
     let invalid = || Error::Io(format!("{} is no valid CNI configuration", path.display()));
     let text = read_text(path).map_err(|_| invalid())?;
-    let conf = parse(path).ok_or_else(invalid)?;
     let mode = mode_of(path).unwrap_or(0o644);
-    let (list, target, wrapped) = if is_list(path) {
-        (conf, write_target(path), None)
+    let (target, wrapped) = if is_list(path) {
+        (write_target(path), None)
+    } else {
+        let wrapped = Wrapped {
+            conf: path.to_path_buf(),
+            content: text,
+            mode,
+            link: std::fs::read_link(path).ok(),
+        };
+        (path.with_extension("conflist"), Some(wrapped))
+    };
+    Ok(Plan {
+        target,
+        text: render_text(&with_entry(path, entry)?)?,
+        mode,
+        wrapped,
+    })
+}
+
+/// The list the runtime runs for `path` (a bare `.conf` wrapped, keeping
+/// its network name), ending with `entry` and with no other entry of
+/// ours: what chaining writes into the file, and what Istio's owned mode
+/// writes into its own.
+pub fn with_entry(path: &Path, entry: &Value) -> Result<Value, Error> {
+    let conf =
+        parse(path).ok_or_else(|| Error::Io(format!("{} is no valid CNI configuration", path.display())))?;
+    let list = if is_list(path) {
+        conf
     } else {
         if conf["name"].as_str().is_none_or(str::is_empty) {
             return Err(Error::Io(format!(
@@ -163,24 +195,13 @@ pub fn plan(path: &Path, entry: &Value) -> Result<Plan, Error> {
                 path.display()
             )));
         }
-        let wrapped = Wrapped {
-            conf: path.to_path_buf(),
-            content: text,
-            mode,
-            link: std::fs::read_link(path).ok(),
-        };
-        (wrap(&conf), path.with_extension("conflist"), Some(wrapped))
+        wrap(&conf)
     };
     let mut chained = without_ours(&list);
     if let Some(plugins) = chained["plugins"].as_array_mut() {
         plugins.push(entry.clone());
     }
-    Ok(Plan {
-        target,
-        text: render_text(&chained)?,
-        mode,
-        wrapped,
-    })
+    Ok(chained)
 }
 
 /// Writes what `plan` says: the list (keeping the mode of the file it
@@ -334,7 +355,7 @@ mod tests {
             write(&path, &original, 0o600);
             std::fs::write(dir.path().join("00-empty.conflist"), "").expect("an empty file");
             std::fs::write(dir.path().join("05-broken.conf"), "{").expect("an invalid file");
-            assert_eq!(primary(dir.path(), None), Some(path.clone()), "{name}");
+            assert_eq!(primary(dir.path(), None, None), Some(path.clone()), "{name}");
             assert!(!in_place(&path, &ours));
             assert_eq!(insert(&path, &ours), path);
             assert!(in_place(&path, &ours));
@@ -383,13 +404,13 @@ mod tests {
         assert_eq!(list["plugins"], json!([conf, ours]));
         let mode = std::fs::metadata(&list_path).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "the list keeps the .conf's mode");
-        assert_eq!(primary(dir.path(), None), Some(list_path.clone()));
+        assert_eq!(primary(dir.path(), None, None), Some(list_path.clone()));
         // ISTIO_CNI_CONF_FILE naming the .conf follows it to its list.
         assert_eq!(
-            primary(dir.path(), Some("10-mynet.conf")),
+            primary(dir.path(), Some("10-mynet.conf"), None),
             Some(list_path.clone())
         );
-        assert_eq!(primary(dir.path(), Some("10-other.conf")), None);
+        assert_eq!(primary(dir.path(), Some("10-other.conf"), None), None);
 
         assert_eq!(
             unchain(&list_path, Some(&wrapped)).expect("unchain"),
@@ -441,12 +462,12 @@ mod tests {
         let json_path = dir.path().join("05-other.json");
         std::fs::write(&json_path, BARE).expect("write");
         write(&dir.path().join("10-kindnet.conflist"), &kindnet(), 0o644);
-        assert_eq!(primary(dir.path(), None), Some(json_path.clone()));
+        assert_eq!(primary(dir.path(), None, None), Some(json_path.clone()));
         let plan = plan(&json_path, &entry(None).expect("entry")).expect("plan");
         assert_eq!(plan.target, dir.path().join("05-other.conflist"));
         apply(&plan).expect("apply");
         assert_eq!(
-            primary(dir.path(), Some("05-other.json")),
+            primary(dir.path(), Some("05-other.json"), None),
             Some(plan.target.clone())
         );
         unchain(&plan.target, plan.wrapped.as_ref()).expect("unchain");

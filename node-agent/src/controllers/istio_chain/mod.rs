@@ -1,6 +1,8 @@
 //! Istio's chained install as the agent runs it (`ISTIO_CHAINED`): a
-//! loop that keeps istio-redirect last in the file the runtime uses and
-//! the plugin's kubeconfig current, recording every file it changes on the
+//! loop that keeps istio-redirect last in the file the runtime uses (or,
+//! in Istio's owned mode, keeps a file of the agent's own that sorts
+//! first holding the primary's plugins and istio-redirect) and the
+//! plugin's kubeconfig current, recording every file it changes on the
 //! node before it changes it; and the uninstall that takes the entry out
 //! of every file it ever went into. The file operations themselves are
 //! `files`', the kubeconfig's `kubeconfig`'s.
@@ -9,7 +11,7 @@ pub mod files;
 pub mod kubeconfig;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
@@ -31,8 +33,13 @@ pub struct Options {
     /// The primary configuration's file name (`ISTIO_CNI_CONF_FILE`);
     /// unset: the first valid one.
     pub conf_file: Option<String>,
-    /// The agent's own conflist.
-    pub own_conflist: PathBuf,
+    /// The agent's own network's conflist, which the chain waits for (the
+    /// runtime may choose it); None with `OWN_NETWORK=false`.
+    pub own_conflist: Option<PathBuf>,
+    /// Istio's owned mode (`ISTIO_OWNED_CNI_CONFIG`): the file of the
+    /// agent's own, beside the primary; None: the entry goes into the
+    /// primary.
+    pub owned_file: Option<PathBuf>,
     /// The kubeconfig written for istio-redirect (`ISTIO_KUBECONFIG`).
     pub kubeconfig: PathBuf,
     /// The service account the kubeconfig is made from.
@@ -50,7 +57,12 @@ impl Options {
             entry,
             cni_conf_dir: settings.cni_conf_dir.clone(),
             conf_file: settings.istio_cni_conf_file.clone(),
-            own_conflist: settings.conflist_path(),
+            own_conflist: settings.own_network.then(|| settings.conflist_path()),
+            owned_file: settings.istio_owned_cni_config.then(|| {
+                settings
+                    .cni_conf_dir
+                    .join(&settings.istio_owned_cni_conf_filename)
+            }),
             kubeconfig: settings.istio_kubeconfig.clone(),
             service_account_dir: settings.service_account_dir.clone(),
         })
@@ -61,31 +73,41 @@ impl Options {
 /// agent that rewrites the file has it back within this.
 const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Keeps istio-redirect last in the node's primary configuration (waiting
-/// for one when the directory has none yet) and its kubeconfig current.
-/// A problem is logged when it first shows, not every check.
+/// What the loop remembers between checks.
+#[derive(Debug, Default)]
+struct Known {
+    /// Files known to be in the record, so that a check finding the entry
+    /// in place costs no lock and no read of the record.
+    recorded: BTreeSet<PathBuf>,
+    /// What the other mode left on the node (an owned file, or entries in
+    /// primaries) has been taken away since this agent started.
+    other_mode_cleared: bool,
+}
+
+/// Keeps istio-redirect last in the node's primary configuration, or the
+/// owned file current (waiting for a primary when the directory has none
+/// yet), and its kubeconfig current. A problem is logged when it first
+/// shows, not every check.
 pub async fn run(options: Options, record: Record, health: Health) {
     warn_of_earlier_wraps(&options);
     let mut every = tokio::time::interval(CHAIN_CHECK);
     let mut last_problem: Option<String> = None;
-    // Files known to be in the record, so that a check finding the entry
-    // in place costs no lock and no read of the record.
-    let mut recorded = BTreeSet::new();
+    let mut known = Known::default();
     loop {
         every.tick().await;
         let (options, record) = (options.clone(), record.clone());
         let checking = tokio::task::spawn_blocking(move || {
-            let checked = changes::change(|| chain_once(&options, &record, &mut recorded));
-            (checked, recorded)
+            let checked = changes::change(|| check_once(&options, &record, &mut known));
+            (checked, known)
         })
         .await;
         let checked = match checking {
-            Ok((checked, known)) => {
-                recorded = known;
+            Ok((checked, still_known)) => {
+                known = still_known;
                 checked
             }
             Err(e) => {
-                recorded = BTreeSet::new();
+                known = Known::default();
                 Err(Error::Task {
                     what: "chaining",
                     source: e,
@@ -128,41 +150,66 @@ fn warn_of_earlier_wraps(options: &Options) {
     }
 }
 
-/// One check of the kubeconfig and of the entry; what it changed. The
-/// file chained is recorded on the node before it is changed, so that
-/// uninstall finds it whatever happens to the agent in between.
-fn chain_once(
-    options: &Options,
-    record: &Record,
-    recorded: &mut BTreeSet<PathBuf>,
-) -> Result<Vec<String>, Error> {
-    let entry = &options.entry;
+/// One check of the kubeconfig and of the entry (or the owned file);
+/// what it changed.
+fn check_once(options: &Options, record: &Record, known: &mut Known) -> Result<Vec<String>, Error> {
     let mut done = Vec::new();
     let rendered = kubeconfig::render(&server_url()?, &options.service_account_dir)?;
     if kubeconfig::write_if_changed(&options.kubeconfig, &rendered)? {
         done.push(format!("wrote {}", options.kubeconfig.display()));
     }
-    // The file to chain is the one the runtime will use, which the agent's
-    // own conflist, once written, may be.
-    let own = options.own_conflist.clone();
-    if std::fs::symlink_metadata(&own).is_err() {
+    match &options.owned_file {
+        Some(owned) => write_owned(options, owned, record, known, &mut done)?,
+        None => chain_into_primary(options, record, known, &mut done)?,
+    }
+    Ok(done)
+}
+
+/// The file the entry goes with: the primary configuration, once there
+/// is one (and, for an agent with its own network, once its conflist is
+/// written: the runtime may choose that one).
+fn primary_of(options: &Options, skip: Option<&Path>) -> Result<PathBuf, Error> {
+    if let Some(own) = &options.own_conflist
+        && std::fs::symlink_metadata(own).is_err()
+    {
         return Err(Error::Io(format!(
             "waiting for {} before choosing the file to chain istio-redirect into",
             own.display()
         )));
     }
-    let primary = files::primary(&options.cni_conf_dir, options.conf_file.as_deref()).ok_or_else(|| {
+    files::primary(&options.cni_conf_dir, options.conf_file.as_deref(), skip).ok_or_else(|| {
         Error::Io(format!(
             "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
             options.cni_conf_dir.display()
         ))
-    })?;
-    if files::in_place(&primary, entry) {
-        if primary != own && !recorded.contains(&primary) {
-            record.update(|r| r.chained.insert(primary.clone()))?;
-            recorded.insert(primary);
+    })
+}
+
+/// Makes the primary end with the entry. The file chained is recorded on
+/// the node before it is changed, so that uninstall finds it whatever
+/// happens to the agent in between.
+fn chain_into_primary(
+    options: &Options,
+    record: &Record,
+    known: &mut Known,
+    done: &mut Vec<String>,
+) -> Result<(), Error> {
+    let entry = &options.entry;
+    // An owned file an agent in Istio's owned mode left would sort first
+    // and be taken for the primary.
+    if !known.other_mode_cleared {
+        for owned in record.read()?.owned {
+            remove_owned(&owned, entry, record, done)?;
         }
-        return Ok(done);
+        known.other_mode_cleared = true;
+    }
+    let primary = primary_of(options, None)?;
+    if files::in_place(&primary, entry) {
+        if options.own_conflist.as_ref() != Some(&primary) && !known.recorded.contains(&primary) {
+            record.update(|r| r.chained.insert(primary.clone()))?;
+            known.recorded.insert(primary);
+        }
+        return Ok(());
     }
     let plan = files::plan(&primary, entry)?;
     // A wrap writes the `.conf`'s list beside it: only over a list of the
@@ -178,24 +225,122 @@ fn chain_once(
         )));
     }
     // The agent's own conflist goes whole at uninstall.
-    if plan.target != own {
+    if options.own_conflist.as_ref() != Some(&plan.target) {
         record.update(|r| {
             r.chained.insert(plan.target.clone());
             if let Some(wrapped) = &plan.wrapped {
                 r.wrapped.insert(plan.target.clone(), wrapped.clone());
             }
         })?;
-        recorded.insert(plan.target.clone());
+        known.recorded.insert(plan.target.clone());
     }
     files::apply(&plan)?;
     done.push(format!("chained istio-redirect into {}", plan.target.display()));
-    Ok(done)
+    Ok(())
+}
+
+/// Istio's owned mode: `owned` holds the primary's list (its name, version
+/// and plugins unchanged) ending with the entry, re-copied whenever the
+/// primary changes; the primary is never written. Fails, so the agent is
+/// not ready, while another file sorts before `owned`: the runtime would
+/// not use it.
+fn write_owned(
+    options: &Options,
+    owned: &Path,
+    record: &Record,
+    known: &mut Known,
+    done: &mut Vec<String>,
+) -> Result<(), Error> {
+    let entry = &options.entry;
+    let primary = primary_of(options, Some(owned))?;
+    let content = files::with_entry(&primary, entry)?;
+    if !known.recorded.contains(owned) {
+        record.update(|r| r.owned.insert(owned.to_path_buf()))?;
+        known.recorded.insert(owned.to_path_buf());
+    }
+    if conf_dir::write_if_changed(owned, &content)? {
+        done.push(format!(
+            "wrote {} from {} and istio-redirect",
+            owned.display(),
+            primary.display()
+        ));
+    }
+    // Entries an agent in the chained mode put into primaries go once the
+    // owned file carries the chain: pods set up meanwhile are captured
+    // either way.
+    if !known.other_mode_cleared {
+        let recorded = record.read()?;
+        for path in &recorded.chained {
+            unchain_one(path, recorded.wrapped.get(path), record, done);
+        }
+        known.other_mode_cleared = true;
+    }
+    match files::runtimes_choice(&options.cni_conf_dir) {
+        Some(first) if first == owned => Ok(()),
+        first => Err(Error::Io(format!(
+            "{} no longer sorts first ({} does): pods set up now are not captured; \
+             set ISTIO_OWNED_CNI_CONF_FILENAME to a name that sorts before it",
+            owned.display(),
+            first.map_or_else(|| "no valid file".to_owned(), |f| f.display().to_string())
+        ))),
+    }
+}
+
+/// Removes an owned file that still holds the entry (someone's file of
+/// that name since is left) and forgets it.
+fn remove_owned(
+    owned: &Path,
+    entry: &serde_json::Value,
+    record: &Record,
+    done: &mut Vec<String>,
+) -> Result<(), Error> {
+    if files::holds(owned, entry) {
+        std::fs::remove_file(owned).map_err(|e| Error::file("remove", owned, e))?;
+        done.push(format!("removed {}", owned.display()));
+    }
+    record.update(|r| r.owned.remove(owned))?;
+    Ok(())
+}
+
+/// Takes the entry out of one file (putting a wrapped `.conf` back) and
+/// forgets it; a file that cannot be undone stays in the record for the
+/// next try.
+fn unchain_one(
+    path: &Path,
+    wrapped: Option<&crate::record::Wrapped>,
+    record: &Record,
+    done: &mut Vec<String>,
+) {
+    match files::unchain(path, wrapped) {
+        Ok(outcome) => {
+            match outcome {
+                files::Unchained::Nothing => {}
+                files::Unchained::Removed => {
+                    done.push(format!("removed istio-redirect from {}", path.display()))
+                }
+                files::Unchained::PutBack(conf) => done.push(format!(
+                    "removed {} and put {} back",
+                    path.display(),
+                    conf.display()
+                )),
+            }
+            let forgotten = record.update(|r| {
+                r.chained.remove(path);
+                r.wrapped.remove(path);
+            });
+            if let Err(e) = forgotten {
+                log::error!("{e}");
+            }
+        }
+        Err(e) => log::error!("{e}"),
+    }
 }
 
 /// Takes Istio's entry out of every file the agent chained it into (the
 /// record's, and the primary one in case the record was lost), putting a
-/// wrapped `.conf` back, and removes the plugin's kubeconfig. A file that
-/// cannot be undone stays in the record for the next uninstall.
+/// wrapped `.conf` back, removes the owned files and the plugin's
+/// kubeconfig. A file that cannot be undone stays in the record for the
+/// next uninstall.
 pub fn unchain(options: &Options, record: &Record) {
     let entry = &options.entry;
     match std::fs::remove_file(&options.kubeconfig) {
@@ -207,6 +352,18 @@ pub fn unchain(options: &Options, record: &Record) {
         log::error!("{e}");
         NodeRecord::default()
     });
+    let mut done = Vec::new();
+    let owned: BTreeSet<PathBuf> = recorded
+        .owned
+        .iter()
+        .chain(&options.owned_file)
+        .cloned()
+        .collect();
+    for path in &owned {
+        if let Err(e) = remove_owned(path, entry, record, &mut done) {
+            log::error!("{e}");
+        }
+    }
     let mut files: BTreeSet<PathBuf> = recorded
         .chained
         .iter()
@@ -216,6 +373,7 @@ pub fn unchain(options: &Options, record: &Record) {
     files.extend(files::primary(
         &options.cni_conf_dir,
         options.conf_file.as_deref(),
+        None,
     ));
     // Releases before this one recorded nothing: a file holding exactly
     // the agent's entry was chained by one of them.
@@ -224,28 +382,13 @@ pub fn unchain(options: &Options, record: &Record) {
             .into_iter()
             .filter(|path| files::holds(path, entry)),
     );
-    files.remove(&options.own_conflist);
+    for path in options.own_conflist.iter().chain(&owned) {
+        files.remove(path);
+    }
     for path in files {
-        match files::unchain(&path, recorded.wrapped.get(&path)) {
-            Ok(outcome) => {
-                match outcome {
-                    files::Unchained::Nothing => {}
-                    files::Unchained::Removed => {
-                        log::info!("removed istio-redirect from {}", path.display())
-                    }
-                    files::Unchained::PutBack(conf) => {
-                        log::info!("removed {} and put {} back", path.display(), conf.display());
-                    }
-                }
-                let forgotten = record.update(|r| {
-                    r.chained.remove(&path);
-                    r.wrapped.remove(&path);
-                });
-                if let Err(e) = forgotten {
-                    log::error!("{e}");
-                }
-            }
-            Err(e) => log::error!("{e}"),
-        }
+        unchain_one(&path, recorded.wrapped.get(&path), record, &mut done);
+    }
+    for change in done {
+        log::info!("{change}");
     }
 }
