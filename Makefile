@@ -243,7 +243,7 @@ cluster-test: image kubernetes
 	export CNI_CLUSTER_IMAGES=$(CURDIR)/$(IMAGE_TAR); \
 	integration/cluster/interrupted-up.sh && \
 	$(CLUSTER) up && \
-	cargo test --locked -p integration --test cluster -- --ignored --nocapture real_cluster:: && \
+	cargo test --locked -p integration --test cluster -- --ignored --nocapture real_ && \
 	target/release/cluster-bench --only sandbox --burst-pods 6 --burst-rounds 1 --out target/cluster-bench-smoke > /dev/null && \
 	integration/cluster/e2e.sh subset
 

@@ -10,7 +10,9 @@
 #   cluster.sh up [WORKERS]      the control plane and WORKERS (3) nodes;
 #                                each imports the archives in
 #                                $CNI_CLUSTER_IMAGES besides its own images
-#   cluster.sh add-node NAME     one more node, its kubelet started now;
+#   cluster.sh add-node NAME     one more node, its kubelet started now
+#                                (registering with the taints in
+#                                $CNI_CLUSTER_REGISTER_TAINTS, if set);
 #   cluster.sh add-node NAME --no-kubelet   the machine only, for
 #   cluster.sh start-kubelet NAME           to start its kubelet later
 #   cluster.sh remove-node NAME  the machine gone (its Node object stays)
@@ -303,6 +305,7 @@ start_kubelet() { # NAME
 		--kubeconfig="$dir/kubelet.kubeconfig" --container-runtime=remote \
 		--container-runtime-endpoint=unix:///run/containerd/containerd.sock \
 		--hostname-override="$name" --node-ip="$NODE_NET4.$index,$NODE_NET6:$index" \
+		${CNI_CLUSTER_REGISTER_TAINTS:+--register-with-taints="$CNI_CLUSTER_REGISTER_TAINTS"} \
 		--volume-plugin-dir=/var/lib/kubelet/volume-plugins --v=1 </dev/null >/dev/null 2>&1
 	in_machine "$name" setsid -f bash "$HERE/keep.sh" "$dir/log/kube-proxy.log" \
 		"$CLUSTER_DIR/bin/kube-proxy" --config="$dir/kube-proxy.yaml" --v=1 </dev/null >/dev/null 2>&1

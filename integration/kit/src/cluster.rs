@@ -166,6 +166,24 @@ impl Cluster {
         crate::run(cluster_script_path(), args)
     }
 
+    /// `cluster.sh args` with `env` added to its environment.
+    pub fn run_script_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        let what = format!("cluster.sh {}", args.join(" "));
+        let output = Command::new(cluster_script_path())
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Run::from_output(what, output)
+    }
+
+    /// `kindnet-standin.sh args`: kindnetd's doing on the nodes, done by
+    /// the cluster tooling (its conflist and routes; see the script).
+    pub fn kindnet_standin(&self, args: &[&str]) -> Run {
+        let script = cluster_script_path().with_file_name("kindnet-standin.sh");
+        crate::run(script, args)
+    }
+
     /// Ok when every node's Ready condition is True, else the ones whose is
     /// not (or why the nodes could not be listed). Never panics: guards poll
     /// it while a test unwinds.
@@ -219,18 +237,26 @@ impl Cluster {
     /// `kubectl delete` of the base manifest, then its agents gone from
     /// every node. Never panics: a guard calls it while a test unwinds.
     pub fn uninstall(&self) -> Result<(), String> {
-        let manifest = deploy_dir().join("cni-suite.yaml");
-        self.delete_then_wait_for_agents(&["-f", &manifest.to_string_lossy()])
+        self.delete_manifest("cni-suite.yaml", AGENT)
+    }
+
+    /// `kubectl delete` of a manifest of `deploy/` whose DaemonSet is
+    /// `daemon_set`, then that DaemonSet's agents gone from every node.
+    /// Never panics.
+    pub fn delete_manifest(&self, file: &str, daemon_set: &str) -> Result<(), String> {
+        let manifest = deploy_dir().join(file);
+        self.delete_then_wait_for_agents(&["-f", &manifest.to_string_lossy()], daemon_set)
     }
 
     /// Only the suite's DaemonSet deleted (the manifest does not uninstall
     /// on stop: every file and route stays), then its agents gone.
     pub fn delete_agents(&self) -> Result<(), String> {
-        self.delete_then_wait_for_agents(&["-n", "kube-system", "daemonset", AGENT])
+        self.delete_then_wait_for_agents(&["-n", "kube-system", "daemonset", AGENT], AGENT)
     }
 
-    /// `kubectl delete what`, then no agent pod left (2 minutes at most).
-    fn delete_then_wait_for_agents(&self, what: &[&str]) -> Result<(), String> {
+    /// `kubectl delete what`, then no pod of `daemon_set` left (2 minutes
+    /// at most).
+    fn delete_then_wait_for_agents(&self, what: &[&str], daemon_set: &str) -> Result<(), String> {
         let mut args = vec!["delete"];
         args.extend_from_slice(what);
         args.extend_from_slice(&["--wait=true", "--ignore-not-found"]);
@@ -238,7 +264,7 @@ impl Cluster {
         if !delete.ok() {
             return Err(format!("{delete:?}"));
         }
-        let selector = format!("app.kubernetes.io/name={AGENT}");
+        let selector = format!("app.kubernetes.io/name={daemon_set}");
         try_poll(
             "the agents to be gone",
             Duration::from_secs(120),

@@ -19,7 +19,7 @@ const CONFLIST: &str = "/etc/cni/net.d/10-cni-suite.conflist";
 /// What installing the suite changed, observed once by whichever test
 /// comes first.
 #[derive(Debug)]
-struct Install {
+pub(crate) struct Install {
     /// Each node's Ready condition message before the apply.
     not_ready_before: Vec<(String, String)>,
     ready_after: Duration,
@@ -117,7 +117,7 @@ fn node_state(cluster: &Cluster, node: &str) -> BTreeSet<String> {
 
 /// Applies `deploy/cni-suite.yaml` unchanged (once) and waits until every
 /// node is Ready.
-fn installed() -> &'static Install {
+pub(crate) fn installed() -> &'static Install {
     static INSTALL: OnceLock<Install> = OnceLock::new();
     INSTALL.get_or_init(|| {
         let cluster = Cluster::get();
@@ -489,7 +489,7 @@ fn footprints_at_rest(cluster: &Cluster, nodes: &[String]) -> Vec<BTreeSet<Strin
 /// Waits until no namespace is still terminating (earlier tests'
 /// namespaces are deleted without waiting) and no deleted pod's sandbox is
 /// still being torn down.
-fn settled(cluster: &Cluster) {
+pub(crate) fn settled(cluster: &Cluster) {
     poll(
         "earlier tests' namespaces to be gone",
         Duration::from_secs(180),
@@ -579,12 +579,19 @@ fn a_hundred_pods_created_and_deleted_leave_nothing_on_any_node() {
 
 /// The suite's agent pod on `node`: (name, ready), once scheduled there.
 fn agent_on(cluster: &Cluster, node: &str) -> Option<(String, bool)> {
+    agent_of(cluster, test_kit::cluster::AGENT, node)
+}
+
+/// The pod of DaemonSet `daemon_set` on `node`: (name, ready), once
+/// scheduled there.
+pub(crate) fn agent_of(cluster: &Cluster, daemon_set: &str, node: &str) -> Option<(String, bool)> {
+    let selector = format!("app.kubernetes.io/name={daemon_set}");
     let list = cluster.get_json(&[
         "pods",
         "-n",
         "kube-system",
         "-l",
-        "app.kubernetes.io/name=cni-suite-node-agent",
+        &selector,
         "--field-selector",
         &format!("spec.nodeName={node}"),
     ]);
@@ -829,7 +836,7 @@ fn the_agent_rolls_to_a_new_tag_failing_no_pod_and_its_uninstall_leaves_every_no
             r#"{"data":{"UNINSTALL_ON_STOP":"true"}}"#,
         ])
         .success();
-    rolling_update_with_churn(cluster, "rolled");
+    rolling_update_with_churn(cluster, test_kit::cluster::AGENT, "rolled", &[]);
     settled(cluster);
     cluster.uninstall().expect("the manifest deleted");
     for (node, before) in &install.state_before {
@@ -850,15 +857,27 @@ fn the_agent_rolls_to_a_new_tag_failing_no_pod_and_its_uninstall_leaves_every_no
 /// container, here a busybox script in the spirit of Istio's: it listens on
 /// 15001 (the outbound capture port), connects to an address outside, and
 /// exits 126 unless the connection was redirected to itself.
-fn injected_pod(name: &str) -> String {
+pub(crate) fn injected_pod(name: &str) -> String {
+    validating_pod(name, true)
+}
+
+/// The same pod without the injector's annotations: one Istio's plugin
+/// leaves alone, so its validation fails with 126.
+pub(crate) fn validating_pod(name: &str, injected: bool) -> String {
     let status = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":[],"imagePullSecrets":null,"revision":"default"}"#;
     let validation = "nc -l -p 15001 -e echo captured & \
                       until netstat -ltn | grep -q ':15001 '; do sleep 0.1; done; \
                       answer=$(timeout 3 nc 192.0.2.1 80 </dev/null); kill %1 2>/dev/null; \
                       [ \"$answer\" = captured ] && exit 0; echo 'no capture' >&2; exit 126";
+    let annotations = if injected {
+        format!(
+            "  annotations:\n    sidecar.istio.io/status: '{status}'\n    sidecar.istio.io/interceptionMode: REDIRECT\n"
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: {name}}}\n  annotations:\n    \
-         sidecar.istio.io/status: '{status}'\n    sidecar.istio.io/interceptionMode: REDIRECT\nspec:\n  terminationGracePeriodSeconds: 0\n  initContainers:\n  \
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: {name}}}\n{annotations}spec:\n  terminationGracePeriodSeconds: 0\n  initContainers:\n  \
          - name: istio-validation\n    image: docker.io/library/busybox:1.29\n    command: [sh, -c, {validation:?}]\n  \
          containers:\n  - name: app\n    image: {AGNHOST}\n    args: [pause]\n  - name: istio-proxy\n    \
          image: docker.io/library/busybox:1.29\n    command: [sh, -c, 'exec sleep 3600']\n    args: [proxy, sidecar]\n    \
@@ -868,7 +887,7 @@ fn injected_pod(name: &str) -> String {
 
 /// The exit codes the pod's `istio-validation` container ended with so far
 /// (last and current state) and its restart count.
-fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
+pub(crate) fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
     let pod = ns.kubectl(&["get", "pod", pod, "-o", "json"]).success().json();
     let status = &pod["status"]["initContainerStatuses"][0];
     let codes = ["lastState", "state"]
@@ -882,7 +901,7 @@ fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
 /// deleted (nothing to do when the test got that far) and applied again,
 /// all nodes at once rather than a rollout node by node; agents that were
 /// told to uninstall on stop are stopped before the new ones install.
-struct Reinstalled;
+pub(crate) struct Reinstalled;
 
 impl Drop for Reinstalled {
     fn drop(&mut self) {
@@ -986,12 +1005,21 @@ fn the_istio_manifest_captures_injected_pods_repairs_one_that_lost_the_race_and_
     eprintln!("istio: the early pod repaired and Ready {repaired:?} after the late one was");
     drop(ns);
     settled(cluster);
-    rolling_update_with_churn(cluster, "rolled-istio");
+    rolling_update_with_churn(cluster, test_kit::cluster::AGENT, "rolled-istio", &[]);
 }
 
-/// A rolling update of the DaemonSet to a new tag of the same image while
-/// pods come and go: none fails to start, none is stuck terminating.
-fn rolling_update_with_churn(cluster: &'static Cluster, tag: &str) {
+/// A rolling update of the DaemonSet `daemon_set` to a new tag of the
+/// same image while pods come and go: none fails to start, none is stuck
+/// terminating. `reference_plugins`: plugin types of the chain that are
+/// Debian's (Istio's CNI beside another network), whose known DEL race
+/// with containerd 1.6 is reported, not failed (see
+/// [`reference_del_race`]).
+pub(crate) fn rolling_update_with_churn(
+    cluster: &'static Cluster,
+    daemon_set: &str,
+    tag: &str,
+    reference_plugins: &[&str],
+) {
     let nodes = cluster.nodes();
     for node in &nodes {
         cluster
@@ -1021,7 +1049,7 @@ fn rolling_update_with_churn(cluster: &'static Cluster, tag: &str) {
             "kube-system",
             "set",
             "image",
-            "daemonset/cni-suite-node-agent",
+            &format!("daemonset/{daemon_set}"),
             &format!("node-agent=cni-suite/node-agent:{tag}"),
         ]);
         let status = cluster.kubectl(&[
@@ -1029,7 +1057,7 @@ fn rolling_update_with_churn(cluster: &'static Cluster, tag: &str) {
             "kube-system",
             "rollout",
             "status",
-            "daemonset/cni-suite-node-agent",
+            &format!("daemonset/{daemon_set}"),
             "--timeout=300s",
         ]);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1041,14 +1069,23 @@ fn rolling_update_with_churn(cluster: &'static Cluster, tag: &str) {
         waves
     });
     assert!(waves >= 1, "no wave of pods ran during the rollout");
-    let failures = network_failures(&ns);
+    let (raced, failures): (Vec<String>, Vec<String>) = network_failures(&ns)
+        .into_iter()
+        .partition(|failure| reference_del_race(failure, reference_plugins));
+    if !raced.is_empty() {
+        eprintln!(
+            "{} DELs of the reference plugins {reference_plugins:?} lost containerd 1.6's race of two \
+             StopPodSandbox calls (retried by the kubelet; not the rollout's): {raced:#?}",
+            raced.len()
+        );
+    }
     assert!(
         failures.is_empty(),
         "pods failed during the rollout: {failures:#?}"
     );
     for node in &nodes {
         assert!(
-            matches!(agent_on(cluster, node), Some((_, true))),
+            matches!(agent_of(cluster, daemon_set, node), Some((_, true))),
             "{node}'s new agent is not Ready"
         );
     }
@@ -1056,6 +1093,24 @@ fn rolling_update_with_churn(cluster: &'static Cluster, tag: &str) {
         "rolling update to {tag}: {waves} waves of {} pods created and deleted meanwhile",
         2 * nodes.len()
     );
+}
+
+/// Whether a failure is a DEL of one of the reference plugins that lost a
+/// race with containerd 1.6: two StopPodSandbox calls of one sandbox
+/// overlap and both run the chain's DEL. The second finds what the first
+/// removed: eth0 gone (`failed to delete "eth0": no such device`), or the
+/// namespace already unmounted, its path no longer nsfs (the node's
+/// `/var`, ext4: `unknown FS magic ... ef53`). The Go plugins fail such a
+/// DEL; the kubelet retries it and the pod goes (`churn` waits for that).
+/// The suite's plugins take both as done (an interface already gone, and
+/// `netns::Error::is_gone`), so the rollouts of the suite tolerate none;
+/// a failure naming istio-redirect, or a plugin not found, is never one.
+fn reference_del_race(failure: &str, reference_plugins: &[&str]) -> bool {
+    // The runtime quotes the plugin's type, escaped once more in the event.
+    let unquoted = failure.replace(['\\', '"'], "");
+    reference_plugins
+        .iter()
+        .any(|plugin| unquoted.contains(&format!("plugin type={plugin} failed (delete): ")))
 }
 
 /// Waits until no pod matching `selector` is left in the namespace.
