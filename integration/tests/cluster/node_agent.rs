@@ -1476,9 +1476,36 @@ fn event_reasons(server: &ApiServer, pod: &str) -> Vec<String> {
 
 #[test]
 fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captures_traffic() {
+    repaired_where_it_runs(false);
+}
+
+/// The same with Istio's CNI alone (`deploy/istio-cni.yaml`), beside
+/// kindnet's configuration.
+#[test]
+fn with_istios_cni_alone_a_pod_that_started_before_the_chain_is_repaired_where_it_runs() {
+    repaired_where_it_runs(true);
+}
+
+fn repaired_where_it_runs(istio_only: bool) {
     require_root();
+    // Addresses of this variant alone: the agent searches every process of
+    // the machine, and the two variants run side by side.
+    let subnet = if istio_only { "10.199.8" } else { "10.199.7" };
+    let (host_ip, pod_ip) = (format!("{subnet}.1"), format!("{subnet}.5"));
     let node = lab_node();
     uplink(&node);
+    let mut settings = vec![("ISTIO_CHAINED", "true")];
+    if istio_only {
+        std::fs::write(
+            node.conf_dir().join("10-kindnet.conflist"),
+            kindnet_conflist().to_string(),
+        )
+        .expect("kindnet's file");
+        settings.extend([
+            ("OWN_NETWORK", "false"),
+            ("CNI_INSTALL_PLUGINS", "istio-redirect"),
+        ]);
+    }
     let server = ApiServer::start(node.netns.path(), TOKEN);
     server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     // The pod the race left behind: wired, running, and no capture. Its
@@ -1487,10 +1514,11 @@ fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captur
     let pod = node.pod("racer");
     node.netns.veth_to("racer0", &pod);
     node.netns
-        .ip(&["addr", "add", "10.199.7.1/24", "dev", "racer0"])
+        .ip(&["addr", "add", &format!("{host_ip}/24"), "dev", "racer0"])
         .success();
     node.netns.ip(&["link", "set", "racer0", "up"]).success();
-    pod.ip(&["addr", "add", "10.199.7.5/24", "dev", "eth0"]).success();
+    pod.ip(&["addr", "add", &format!("{pod_ip}/24"), "dev", "eth0"])
+        .success();
     pod.ip(&["link", "set", "eth0", "up"]).success();
     pod.ip(&["link", "set", "lo", "up"]).success();
     let _pause = Pause::start(&pod);
@@ -1499,7 +1527,7 @@ fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captur
     server.add_pod(
         "default",
         "racer",
-        injected_pod("racer", "uid-racer", "n1", "10.199.7.5", crash_looping(), 126),
+        injected_pod("racer", "uid-racer", "n1", &pod_ip, crash_looping(), 126),
     );
     // Left alone: validation passed now; failed for another reason; on
     // another node.
@@ -1515,24 +1543,23 @@ fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captur
                 name,
                 &format!("uid-{name}"),
                 node_name,
-                "10.199.7.9",
+                &format!("{subnet}.9"),
                 validation,
                 code,
             ),
         );
     }
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
-    // With the capabilities deploy/cni-suite-istio.yaml gives it.
+    settings.push(("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")));
+    // With the capabilities deploy/cni-suite-istio.yaml and
+    // deploy/istio-cni.yaml give it.
     let mut agent = Agent::start_under(
         &node,
         "n1",
         &server,
         "127.0.0.1",
         TOKEN,
-        &[
-            ("ISTIO_CHAINED", "true"),
-            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
-        ],
+        &settings,
         &[
             "setpriv",
             &format!("--bounding-set=-all,{CONTAINER_CAPABILITIES},+sys_admin,+sys_ptrace"),
@@ -1548,13 +1575,13 @@ fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captur
     // It captures: the app's outbound connection lands on Envoy's port.
     let probe = test_kit::probe::Probe::new();
     let envoy = probe.listen(&pod, &[15001]);
-    probe.connect(&pod, None, "10.199.7.1", 8080, None).success();
-    envoy.wait_for("tcp 15001 10.199.7.1:8080");
+    probe.connect(&pod, None, &host_ip, 8080, None).success();
+    envoy.wait_for(&format!("tcp 15001 {host_ip}:8080"));
     assert_eq!(event_reasons(&server, "racer"), ["Normal RepairBrokenPod"]);
 
     // The kubelet restarts the validation container: the pod changes,
     // and is not programmed again.
-    let mut restarted = injected_pod("racer", "uid-racer", "n1", "10.199.7.5", crash_looping(), 126);
+    let mut restarted = injected_pod("racer", "uid-racer", "n1", &pod_ip, crash_looping(), 126);
     restarted["status"]["initContainerStatuses"][0]["restartCount"] = json!(3);
     server.add_pod("default", "racer", restarted);
     std::thread::sleep(Duration::from_millis(1500));
