@@ -1490,7 +1490,7 @@ fn repaired_where_it_runs(istio_only: bool) {
     require_root();
     // Addresses of this variant alone: the agent searches every process of
     // the machine, and the two variants run side by side.
-    let subnet = if istio_only { "10.199.9" } else { "10.199.7" };
+    let subnet = if istio_only { "10.199.21" } else { "10.199.7" };
     let (host_ip, pod_ip) = (format!("{subnet}.1"), format!("{subnet}.5"));
     let node = lab_node();
     uplink(&node);
