@@ -41,8 +41,8 @@ pub struct Options {
 }
 
 /// The phases of a round, as `--only` names them.
-pub const PHASES: [&str; 9] = [
-    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "floors", "cri",
+pub const PHASES: [&str; 10] = [
+    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "rechain", "floors", "cri",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -953,6 +953,77 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
     out.sample(metric, Side::Reference, &bare, Duration::ZERO);
 }
 
+/// Istio's CNI alone (`OWN_NETWORK=false`, as `deploy/istio-cni.yaml` runs
+/// it) beside kindnet's conflist, on a node of its own against the API
+/// test server: how long istio-redirect takes to be back in the file after
+/// kindnetd writes it again, renamed over and in place in turn, watched
+/// from outside the agent (the file read every millisecond), each rewrite
+/// at another moment of the agent's check period. The goal is 2 s
+/// (its max); the agent checks every 500 ms.
+fn rechain(out: &mut Outcome, n: usize) {
+    use test_kit::fakes::api_server::ApiServer;
+    use test_kit::node_agent::{Agent, lab_node, node_object};
+    let node = lab_node();
+    let kindnet = json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
+        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
+         "dataDir": node.path("kindnet-ipam"), "ranges": [[{"subnet": "10.244.1.0/24"}]],
+         "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}]})
+    .to_string();
+    let file = node.conf_dir().join("10-kindnet.conflist");
+    std::fs::write(&file, &kindnet).expect("kindnet's file");
+    let server = ApiServer::start(node.netns.path(), "bench-token");
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    let settings = [("OWN_NETWORK", "false"), ("ISTIO_CHAINED", "true")];
+    let agent = Agent::start(&node, "n1", &server, "127.0.0.1", "bench-token", &settings);
+    let chained = || std::fs::read_to_string(&file).is_ok_and(|text| text.contains("istio-redirect"));
+    let started = Instant::now();
+    while !(agent.ready(&node) && chained()) {
+        if started.elapsed() > Duration::from_secs(30) {
+            out.problem("rechain: the Istio-only agent never chained into kindnet's file".to_owned());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let temporary = node.conf_dir().join(".kindnet.tmp");
+    let mut calls = Vec::new();
+    for i in 0..n {
+        // At any moment of the agent's 500 ms period, not right after the
+        // check that found the last rewrite: spread over it, reproducibly.
+        std::thread::sleep(Duration::from_millis((i as u64 * 137) % 500));
+        if i % 2 == 0 {
+            std::fs::write(&temporary, &kindnet).expect("temporary");
+            std::fs::rename(&temporary, &file).expect("renamed over");
+        } else {
+            std::fs::write(&file, &kindnet).expect("in place");
+        }
+        let written = Instant::now();
+        let mut ok = true;
+        while !chained() {
+            if written.elapsed() > Duration::from_secs(10) {
+                ok = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        calls.push(Call {
+            wall: written.elapsed(),
+            cpu: Duration::ZERO,
+            ok,
+            stdout: String::new(),
+            stderr: String::new(),
+        });
+    }
+    check_calls(out, report::RECHAIN_METRIC, Setup::DropIn, &calls);
+    // Wall times only: the agent's CPU is not the watcher's.
+    out.samples
+        .entry(report::RECHAIN_METRIC.to_owned())
+        .or_default()
+        .entry(Side::Ours)
+        .or_default()
+        .extend(walls(&calls));
+}
+
 /// A portmap entry of a chain after bridge, with two mappings (TCP and
 /// UDP) and the pod's IPv4 address from the previous result.
 /// The address of bench pod `pod` of a chained plugin's phase.
@@ -1386,6 +1457,9 @@ pub fn run(options: &Options) -> Outcome {
         if wanted("istio") {
             istio(&mut out, &suites[0], options.pods, false);
             istio(&mut out, &suites[0], options.pods, true);
+        }
+        if wanted("rechain") {
+            rechain(&mut out, options.pods.min(40));
         }
         if wanted("floors") {
             floors(&mut out, options.pods.min(20));
