@@ -363,6 +363,29 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
 }
 
 #[test]
+fn the_owned_mode_never_overwrites_someone_elses_file_of_its_name() {
+    require_root();
+    let node = kind_node();
+    std::fs::write(kindnet_path(&node), kindnet(&node).to_string()).expect("kindnet's file");
+    let theirs = node.conf_dir().join("02-istio-cni.conflist");
+    let content = json!({"cniVersion": "0.3.1", "name": "theirs", "plugins": [{"type": "ptp"}]}).to_string();
+    std::fs::write(&theirs, &content).expect("someone's file");
+    let server = server_of(&node);
+    let mut agent = istio_agent(
+        &node,
+        &server,
+        &[("ISTIO_OWNED_CNI_CONFIG", "true"), ("UNINSTALL_ON_STOP", "true")],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(!agent.ready(&node));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("that is not the agent's is there"), "{log}");
+    assert_eq!(std::fs::read_to_string(&theirs).expect("kept"), content, "{log}");
+    assert_eq!(plugin_types(&kindnet_path(&node)), ["ptp", "portmap"], "{log}");
+}
+
+#[test]
 fn switching_to_the_owned_mode_takes_the_entry_out_of_the_primary_and_back() {
     require_root();
     let node = kind_node();

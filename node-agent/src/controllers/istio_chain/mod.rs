@@ -255,7 +255,22 @@ fn write_owned(
     let primary = primary_of(options, Some(owned))?;
     let content = files::with_entry(&primary, entry)?;
     if !known.recorded.contains(owned) {
-        record.update(|r| r.owned.insert(owned.to_path_buf()))?;
+        // A file of that name the agent never wrote is someone else's.
+        let ours = record.update(|r| {
+            let known = r.owned.contains(owned);
+            let foreign = !known && std::fs::symlink_metadata(owned).is_ok() && !files::holds(owned, entry);
+            if !foreign {
+                r.owned.insert(owned.to_path_buf());
+            }
+            !foreign
+        })?;
+        if !ours {
+            return Err(Error::Io(format!(
+                "cannot write {}: a file of that name that is not the agent's is there; \
+                 set ISTIO_OWNED_CNI_CONF_FILENAME to another name",
+                owned.display()
+            )));
+        }
         known.recorded.insert(owned.to_path_buf());
     }
     if conf_dir::write_if_changed(owned, &content)? {
