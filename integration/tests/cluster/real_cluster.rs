@@ -825,17 +825,11 @@ fn the_agent_rolls_to_a_new_tag_failing_no_pod_and_its_uninstall_leaves_every_no
     let _reinstall = Reinstalled;
     // As the README tells users; the agents the rolling update starts are
     // the ones that read it.
-    cluster
-        .kubectl(&[
-            "-n",
-            "kube-system",
-            "patch",
-            "configmap",
-            "cni-suite-node-agent",
-            "-p",
-            r#"{"data":{"UNINSTALL_ON_STOP":"true"}}"#,
-        ])
-        .success();
+    patch_settings(
+        cluster,
+        test_kit::cluster::AGENT,
+        r#"{"UNINSTALL_ON_STOP":"true"}"#,
+    );
     rolling_update_with_churn(cluster, test_kit::cluster::AGENT, "rolled", &[]);
     settled(cluster);
     cluster.uninstall().expect("the manifest deleted");
@@ -897,6 +891,40 @@ pub(crate) fn validation_runs(ns: &Namespace, pod: &str) -> (Vec<i64>, u64) {
     (codes, status["restartCount"].as_u64().unwrap_or(0))
 }
 
+/// Waits (2 minutes at most) for the pod's `istio-validation` to have
+/// exited with 126: no capture.
+pub(crate) fn validation_failed(ns: &Namespace, pod: &str) {
+    poll(
+        &format!("{pod}'s validation to fail with 126"),
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+        || {
+            let (codes, _) = validation_runs(ns, pod);
+            if codes.contains(&126) {
+                Ok(())
+            } else {
+                Err(format!("exit codes so far {codes:?}"))
+            }
+        },
+    );
+}
+
+/// Merges `data` (a JSON object) into the ConfigMap of an agent's settings;
+/// agents started after read it.
+pub(crate) fn patch_settings(cluster: &Cluster, config_map: &str, data: &str) {
+    cluster
+        .kubectl(&[
+            "-n",
+            "kube-system",
+            "patch",
+            "configmap",
+            config_map,
+            "-p",
+            &format!(r#"{{"data":{data}}}"#),
+        ])
+        .success();
+}
+
 /// Installs the suite afresh when the uninstall test ends, whichever way:
 /// deleted (nothing to do when the test got that far) and applied again,
 /// all nodes at once rather than a rollout node by node; agents that were
@@ -940,19 +968,7 @@ fn the_istio_manifest_captures_injected_pods_repairs_one_that_lost_the_race_and_
     let ns = Namespace::new(cluster, "istio");
     // Started while istio-redirect is not chained: its validation fails.
     ns.apply(&injected_pod("early"));
-    poll(
-        "the early pod's validation to fail with 126",
-        Duration::from_secs(120),
-        Duration::from_secs(1),
-        || {
-            let (codes, _) = validation_runs(&ns, "early");
-            if codes.contains(&126) {
-                Ok(())
-            } else {
-                Err(format!("exit codes so far {codes:?}"))
-            }
-        },
-    );
+    validation_failed(&ns, "early");
     let _base = BaseManifest;
     cluster
         .apply_manifest("cni-suite-istio.yaml")

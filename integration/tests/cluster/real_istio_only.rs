@@ -15,8 +15,8 @@ use serde_json::Value;
 use test_kit::cluster::{AGENT, Cluster, Namespace, condition_of, deploy_dir, poll};
 
 use crate::real_cluster::{
-    Reinstalled, agent_of, injected_pod, installed, rolling_update_with_churn, settled, validating_pod,
-    validation_runs,
+    Reinstalled, agent_of, injected_pod, installed, patch_settings, rolling_update_with_churn, settled,
+    validating_pod, validation_failed, validation_runs,
 };
 
 const ISTIO_ONLY: &str = "istio-cni.yaml";
@@ -51,20 +51,6 @@ fn taints_of(cluster: &Cluster, node: &str) -> Vec<String> {
         .flatten()
         .filter_map(|t| t["key"].as_str().map(str::to_owned))
         .collect()
-}
-
-fn patch_istio_only_settings(cluster: &Cluster, data: &str) {
-    cluster
-        .kubectl(&[
-            "-n",
-            "kube-system",
-            "patch",
-            "configmap",
-            ISTIO_ONLY_AGENT,
-            "-p",
-            &format!(r#"{{"data":{data}}}"#),
-        ])
-        .success();
 }
 
 /// Whatever happens: the Istio-only manifest deleted, the tainted node
@@ -103,17 +89,7 @@ impl Drop for StandInTornDown {
 /// The suite leaves the nodes as the README says: the uninstall setting,
 /// a restart so the agents read it, then the manifest deleted.
 fn suite_uninstalled(cluster: &Cluster) {
-    cluster
-        .kubectl(&[
-            "-n",
-            "kube-system",
-            "patch",
-            "configmap",
-            AGENT,
-            "-p",
-            r#"{"data":{"UNINSTALL_ON_STOP":"true"}}"#,
-        ])
-        .success();
+    patch_settings(cluster, AGENT, r#"{"UNINSTALL_ON_STOP":"true"}"#);
     cluster
         .kubectl(&[
             "-n",
@@ -243,19 +219,7 @@ fn istios_cni_alone_beside_kindnet_untaints_captures_keeps_its_entry_and_rolls_f
         (vec![0], 0),
         "the injected pod's validation"
     );
-    poll(
-        "the plain pod's validation to fail with 126",
-        Duration::from_secs(120),
-        Duration::from_secs(1),
-        || {
-            let (codes, _) = validation_runs(&ns, "plain");
-            if codes.contains(&126) {
-                Ok(())
-            } else {
-                Err(format!("{codes:?}"))
-            }
-        },
-    );
+    validation_failed(&ns, "plain");
 
     // kindnetd writes its file again (in place, then renamed over): the
     // entry is back. The 2 s goal is make bench's; here 10 s at most.
@@ -281,8 +245,9 @@ fn istios_cni_alone_beside_kindnet_untaints_captures_keeps_its_entry_and_rolls_f
 
     // A rolling update into Istio's owned mode while pods come and go; the
     // new agents uninstall when they stop.
-    patch_istio_only_settings(
+    patch_settings(
         cluster,
+        ISTIO_ONLY_AGENT,
         r#"{"ISTIO_OWNED_CNI_CONFIG":"true","UNINSTALL_ON_STOP":"true"}"#,
     );
     rolling_update_with_churn(
