@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::cluster::client::server_url;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{InstallResult, Metrics};
 use crate::record::{NodeRecord, Record};
 use crate::settings::Settings;
 use crate::{changes, conf_dir};
@@ -61,10 +62,33 @@ impl Options {
 /// agent that rewrites the file has it back within this.
 const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Why a check did not leave the entry in place.
+#[derive(Debug)]
+enum Unchained {
+    /// Nothing to chain into yet (the agent's own conflist, or any
+    /// configuration; no failure: Istio's installer waits for one too), or
+    /// no change allowed any more (uninstall has begun).
+    Waiting(Error),
+    /// istio-redirect's kubeconfig could not be written.
+    Kubeconfig(Error),
+    /// The entry could not be put into the primary configuration.
+    Config(Error),
+}
+
+impl std::fmt::Display for Unchained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unchained::Waiting(e) | Unchained::Kubeconfig(e) | Unchained::Config(e) => e.fmt(f),
+        }
+    }
+}
+
 /// Keeps istio-redirect last in the node's primary configuration (waiting
 /// for one when the directory has none yet) and its kubeconfig current.
-/// A problem is logged when it first shows, not every check.
-pub async fn run(options: Options, record: Record, health: Health) {
+/// A problem is logged when it first shows, not every check; a failure is
+/// counted at every check, as Istio's installer counts every failed
+/// attempt.
+pub async fn run(options: Options, record: Record, health: Health, metrics: Metrics) {
     warn_of_earlier_wraps(&options);
     let mut every = tokio::time::interval(CHAIN_CHECK);
     let mut last_problem: Option<String> = None;
@@ -73,9 +97,10 @@ pub async fn run(options: Options, record: Record, health: Health) {
     let mut recorded = BTreeSet::new();
     loop {
         every.tick().await;
-        let (options, record) = (options.clone(), record.clone());
+        let (options, record, counting) = (options.clone(), record.clone(), metrics.clone());
         let checking = tokio::task::spawn_blocking(move || {
-            let checked = changes::change(|| chain_once(&options, &record, &mut recorded));
+            let checked = changes::change(|| Ok(chain_once(&options, &record, &mut recorded, &counting)))
+                .unwrap_or_else(|stopped| Err(Unchained::Waiting(stopped)));
             (checked, recorded)
         })
         .await;
@@ -86,10 +111,10 @@ pub async fn run(options: Options, record: Record, health: Health) {
             }
             Err(e) => {
                 recorded = BTreeSet::new();
-                Err(Error::Task {
+                Err(Unchained::Config(Error::Task {
                     what: "chaining",
                     source: e,
-                })
+                }))
             }
         };
         match checked {
@@ -101,6 +126,11 @@ pub async fn run(options: Options, record: Record, health: Health) {
                 last_problem = None;
             }
             Err(problem) => {
+                match &problem {
+                    Unchained::Waiting(_) => {}
+                    Unchained::Kubeconfig(_) => metrics.installed(InstallResult::CreateKubeconfigFailure),
+                    Unchained::Config(_) => metrics.installed(InstallResult::CreateCniConfigFailure),
+                }
                 health.set_chained(false);
                 let text = problem.to_string();
                 if last_problem.as_ref() != Some(&text) {
@@ -135,59 +165,79 @@ fn chain_once(
     options: &Options,
     record: &Record,
     recorded: &mut BTreeSet<PathBuf>,
-) -> Result<Vec<String>, Error> {
-    let entry = &options.entry;
+    metrics: &Metrics,
+) -> Result<Vec<String>, Unchained> {
     let mut done = Vec::new();
-    let rendered = kubeconfig::render(&server_url()?, &options.service_account_dir)?;
-    if kubeconfig::write_if_changed(&options.kubeconfig, &rendered)? {
+    let rendered = server_url()
+        .and_then(|server| kubeconfig::render(&server, &options.service_account_dir))
+        .map_err(Unchained::Kubeconfig)?;
+    if kubeconfig::write_if_changed(&options.kubeconfig, &rendered).map_err(Unchained::Kubeconfig)? {
         done.push(format!("wrote {}", options.kubeconfig.display()));
     }
+    chain_entry(options, record, recorded, metrics, done)
+}
+
+/// [`chain_once`]'s part on the primary configuration, after the kubeconfig.
+fn chain_entry(
+    options: &Options,
+    record: &Record,
+    recorded: &mut BTreeSet<PathBuf>,
+    metrics: &Metrics,
+    mut done: Vec<String>,
+) -> Result<Vec<String>, Unchained> {
+    let entry = &options.entry;
     // The file to chain is the one the runtime will use, which the agent's
     // own conflist, once written, may be.
     let own = options.own_conflist.clone();
     if std::fs::symlink_metadata(&own).is_err() {
-        return Err(Error::Io(format!(
+        return Err(Unchained::Waiting(Error::Io(format!(
             "waiting for {} before choosing the file to chain istio-redirect into",
             own.display()
-        )));
+        ))));
     }
     let primary = files::primary(&options.cni_conf_dir, options.conf_file.as_deref()).ok_or_else(|| {
-        Error::Io(format!(
+        Unchained::Waiting(Error::Io(format!(
             "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
             options.cni_conf_dir.display()
-        ))
+        )))
     })?;
+    let failed = Unchained::Config;
     if files::in_place(&primary, entry) {
         if primary != own && !recorded.contains(&primary) {
-            record.update(|r| r.chained.insert(primary.clone()))?;
+            record
+                .update(|r| r.chained.insert(primary.clone()))
+                .map_err(failed)?;
             recorded.insert(primary);
         }
         return Ok(done);
     }
-    let plan = files::plan(&primary, entry)?;
+    let plan = files::plan(&primary, entry).map_err(failed)?;
     // A wrap writes the `.conf`'s list beside it: only over a list of the
     // agent's own making, never over someone's file of that name.
     if plan.wrapped.is_some()
         && std::fs::symlink_metadata(&plan.target).is_ok()
-        && !record.read()?.wrapped.contains_key(&plan.target)
+        && !record.read().map_err(failed)?.wrapped.contains_key(&plan.target)
     {
-        return Err(Error::Io(format!(
+        return Err(failed(Error::Io(format!(
             "cannot wrap {} into a list: {} is someone else's",
             primary.display(),
             plan.target.display()
-        )));
+        ))));
     }
     // The agent's own conflist goes whole at uninstall.
     if plan.target != own {
-        record.update(|r| {
-            r.chained.insert(plan.target.clone());
-            if let Some(wrapped) = &plan.wrapped {
-                r.wrapped.insert(plan.target.clone(), wrapped.clone());
-            }
-        })?;
+        record
+            .update(|r| {
+                r.chained.insert(plan.target.clone());
+                if let Some(wrapped) = &plan.wrapped {
+                    r.wrapped.insert(plan.target.clone(), wrapped.clone());
+                }
+            })
+            .map_err(failed)?;
         recorded.insert(plan.target.clone());
     }
-    files::apply(&plan)?;
+    files::apply(&plan).map_err(failed)?;
+    metrics.chain_reinserted();
     done.push(format!("chained istio-redirect into {}", plan.target.display()));
     Ok(done)
 }
