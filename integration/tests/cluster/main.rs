@@ -1,9 +1,11 @@
 //! The cluster tier: the node agent against the Kubernetes API test server
-//! (`node_agent`), three nodes wired by their agents (`cluster_lab`, `make
-//! demo-cluster`), and the suite on a real Kubernetes (`real_cluster`,
-//! ignored but by `make cluster-test`, which brings that cluster up). One
-//! module per former test file.
+//! (`node_agent`, and its metrics against what happened on its node:
+//! `agent_metrics`), three nodes wired by their agents (`cluster_lab`,
+//! `make demo-cluster`), and the suite on a real Kubernetes
+//! (`real_cluster`, ignored but by `make cluster-test`, which brings that
+//! cluster up). One module per former test file.
 
+mod agent_metrics;
 mod cluster_lab;
 mod node_agent;
 mod real_cluster;
