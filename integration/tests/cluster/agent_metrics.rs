@@ -14,6 +14,8 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, host_bin, host_leases, lab_node, node_object};
 use test_kit::{Node, require_root, wait_for};
 
+use super::node_agent::uplink;
+
 const TOKEN: &str = "metrics-token";
 
 /// GET /metrics of `agent`: the Content-Type and the body.
@@ -56,8 +58,10 @@ fn value(exposition: &str, series: &str) -> f64 {
 fn the_agents_metrics_count_its_install_syncs_and_the_leases_its_service_answered() {
     require_root();
     let node = lab_node();
+    // The pods' bridge takes its MTU (the loopback's would be refused).
+    uplink(&node);
     let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[]);
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
     // The agent's child serves the lease directory: the pods' leases are
