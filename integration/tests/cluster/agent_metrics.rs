@@ -77,7 +77,10 @@ fn the_agents_metrics_count_its_install_syncs_and_the_leases_its_service_answere
     );
     assert!(before.ends_with("# EOF\n"), "{before}");
     assert_eq!(
-        sample(&before, r#"cni_suite_lease_requests_total{verb="ADD",result="success"}"#),
+        sample(
+            &before,
+            r#"cni_suite_lease_requests_total{verb="ADD",result="success"}"#
+        ),
         None,
         "nothing asked yet:\n{before}"
     );
@@ -108,7 +111,10 @@ fn the_agents_metrics_count_its_install_syncs_and_the_leases_its_service_answere
         "CREATE_CNI_CONFIG_FAILURE",
     ] {
         assert_eq!(
-            value(&after, &format!(r#"istio_cni_installs_total{{result="{failure}"}}"#)),
+            value(
+                &after,
+                &format!(r#"istio_cni_installs_total{{result="{failure}"}}"#)
+            ),
             0.0
         );
     }
@@ -157,12 +163,19 @@ fn the_agents_metrics_count_its_install_syncs_and_the_leases_its_service_answere
         .lines()
         .filter(|line| line.starts_with("cni_suite_lease_requests_total{"))
         .collect();
-    assert_eq!(lease_requests.len(), 2, "only ADDs and DELs, all answered: {lease_requests:?}");
+    assert_eq!(
+        lease_requests.len(),
+        2,
+        "only ADDs and DELs, all answered: {lease_requests:?}"
+    );
     node.cnictl_env(&["del", "cni-suite", pods[0].path_str()], &cni_path)
         .success();
     let (_, last) = scrape(&node, &agent);
     assert_eq!(
-        value(&last, r#"cni_suite_lease_requests_total{verb="DEL",result="success"}"#),
+        value(
+            &last,
+            r#"cni_suite_lease_requests_total{verb="DEL",result="success"}"#
+        ),
         PODS as f64
     );
     let leases = node.leases_in("cni-suite", &host_leases(&node));
@@ -228,11 +241,17 @@ fn each_time_istio_redirect_is_put_back_into_a_rewritten_primary_file_is_counted
     }
     let (_, last) = scrape(&node, &agent);
     assert_eq!(
-        value(&last, r#"istio_cni_installs_total{result="CREATE_CNI_CONFIG_FAILURE"}"#),
+        value(
+            &last,
+            r#"istio_cni_installs_total{result="CREATE_CNI_CONFIG_FAILURE"}"#
+        ),
         0.0
     );
     assert_eq!(
-        value(&last, r#"istio_cni_installs_total{result="CREATE_KUBECONFIG_FAILURE"}"#),
+        value(
+            &last,
+            r#"istio_cni_installs_total{result="CREATE_KUBECONFIG_FAILURE"}"#
+        ),
         0.0
     );
 }
