@@ -1,6 +1,7 @@
 //! `/healthz` (the process answers) and `/readyz` (the binaries are
 //! installed, the Nodes listed, this node's configuration, the routes to
-//! the other nodes and the masquerade in place), over plain HTTP for the kubelet's probes.
+//! the other nodes and the masquerade in place), over plain HTTP for the kubelet's probes;
+//! and `/metrics` beside them, for Prometheus ([`crate::metrics`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::error::Error;
+use crate::metrics::{self, Metrics};
 
 #[derive(Debug, Clone, Default)]
 pub struct Health {
@@ -77,8 +79,12 @@ impl Health {
 }
 
 /// Binds `address` now (so a port in use fails the start) and answers
-/// probes until the process ends.
-pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::JoinHandle<()>, Error> {
+/// probes and scrapes until the process ends.
+pub async fn serve(
+    address: SocketAddr,
+    health: Health,
+    metrics: Metrics,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener = match TcpListener::bind(address).await {
         // `[::]` also answers IPv4, and is what an IPv6-only node's kubelet
         // probes; on a kernel without IPv6 it cannot be bound.
@@ -97,6 +103,7 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
                 continue;
             };
             let health = health.clone();
+            let metrics = metrics.clone();
             tokio::spawn(async move {
                 let read =
                     tokio::time::timeout(std::time::Duration::from_secs(5), read_head(&mut stream)).await;
@@ -106,21 +113,31 @@ pub async fn serve(address: SocketAddr, health: Health) -> Result<tokio::task::J
                 let line = String::from_utf8_lossy(&head);
                 let target = line.split_whitespace().nth(1).unwrap_or_default();
                 let path = target.split('?').next().unwrap_or_default();
-                let (code, body) = match path {
-                    "/healthz" => (200, "ok".to_owned()),
+                let plain = "text/plain";
+                let (code, body, content_type) = match path {
+                    "/healthz" => (200, "ok".to_owned(), plain),
                     "/readyz" => match health.not_ready() {
-                        None => (200, "ok".to_owned()),
-                        Some(reason) => (503, reason.to_owned()),
+                        None => (200, "ok".to_owned(), plain),
+                        Some(reason) => (503, reason.to_owned(), plain),
                     },
-                    _ => (404, "not found".to_owned()),
+                    "/metrics" => {
+                        let ready = health.not_ready().is_none();
+                        // It asks the lease service over a blocking socket.
+                        match tokio::task::spawn_blocking(move || metrics.scrape(ready)).await {
+                            Ok(exposition) => (200, exposition, metrics::CONTENT_TYPE),
+                            Err(e) => (500, e.to_string(), plain),
+                        }
+                    }
+                    _ => (404, "not found".to_owned(), plain),
                 };
                 let reason = match code {
                     200 => "OK",
+                    500 => "Internal Server Error",
                     503 => "Service Unavailable",
                     _ => "Not Found",
                 };
                 let response = format!(
-                    "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(response.as_bytes()).await;

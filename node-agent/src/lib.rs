@@ -14,7 +14,9 @@
 //!    lock), [`changes`] (one change to the node at a time, none once
 //!    uninstall has begun; the resync period), [`conf_dir`] (the CNI
 //!    configuration directory), [`record`] (what the agent changed, kept on
-//!    the node), [`health`] (readiness and its probes), [`pod_netns`] (a
+//!    the node), [`health`] (readiness and its probes, and `/metrics`),
+//!    [`metrics`] (what the controllers count, and the lease service's
+//!    counts, as Prometheus scrapes them), [`pod_netns`] (a
 //!    running pod's network namespace), [`iptables_mode`] (which iptables),
 //!    [`leftovers`] (what the suite left in the node's nat tables that no
 //!    one uses, recorded and removed) and [`logging`].
@@ -50,6 +52,7 @@ pub mod health;
 pub mod iptables_mode;
 pub mod leftovers;
 pub mod logging;
+pub mod metrics;
 pub mod pod_netns;
 pub mod record;
 

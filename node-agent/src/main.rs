@@ -21,6 +21,7 @@ use node_agent::controllers::routes::{self, Routes};
 use node_agent::controllers::{install, istio_chain, node_watch, readiness_taint, repair};
 use node_agent::error::Error;
 use node_agent::health::Health;
+use node_agent::metrics::Metrics;
 use node_agent::record::Record;
 use node_agent::settings::{RepairMode, Settings};
 use node_agent::{atomic, changes, cluster, health, iptables_mode, logging, uninstall};
@@ -58,7 +59,14 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(Error::Signal)?;
     let health = Health::default();
-    let _probes = health::serve(settings.health_listen, health.clone()).await?;
+    // The lease service's counts are asked where the lease directory's
+    // service listens, whoever started it.
+    let metrics = Metrics::new(
+        settings
+            .own_network
+            .then(|| lease::data_dir_socket(&settings.lease_dir)),
+    );
+    let _probes = health::serve(settings.health_listen, health.clone(), metrics.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
     settings.check().map_err(Error::Setting)?;
     let client = kube::Client::try_from(cluster::client::config(&settings.service_account_dir)?)?;
@@ -74,7 +82,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     // is the primary one the two never rewrite each other.
     let chain = conflist::Chain::new(settings.chained_plugins.as_deref(), istio_entry.clone())?;
     let record = Record::new(&settings.cni_bin_dir);
-    let installer = install::Installer::new(install::Options::from_settings(&settings));
+    let installer = install::Installer::new(install::Options::from_settings(&settings), metrics.clone());
     // What an agent killed while writing left beside a configuration.
     atomic::sweep(&settings.cni_conf_dir);
     // Before the first change: what the nat tables held before the suite
@@ -95,10 +103,22 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let repairing = istio_entry
         .as_ref()
         .filter(|_| repair_options.mode != RepairMode::Off)
-        .map(|entry| tokio::spawn(repair::run(client.clone(), repair_options.clone(), entry.clone())));
-    let chaining = istio
-        .clone()
-        .map(|istio| tokio::spawn(istio_chain::run(istio, record.clone(), health.clone())));
+        .map(|entry| {
+            tokio::spawn(repair::run(
+                client.clone(),
+                repair_options.clone(),
+                entry.clone(),
+                metrics.clone(),
+            ))
+        });
+    let chaining = istio.clone().map(|istio| {
+        tokio::spawn(istio_chain::run(
+            istio,
+            record.clone(),
+            health.clone(),
+            metrics.clone(),
+        ))
+    });
     let untainting = readiness_taint::Options::from_settings(&settings)
         .map(|options| tokio::spawn(readiness_taint::run(client.clone(), options, health.clone())));
     let outcome = if settings.own_network {
@@ -108,9 +128,13 @@ async fn run(settings: Settings) -> Result<(), Error> {
             settings.conflist_path().display()
         );
         let controllers = node_watch::Controllers {
-            conflist: Conflist::new(conflist::Options::from_settings(&settings), chain),
-            routes: Routes::new(routes::Options::from_settings(&settings)),
-            egress: Egress::new(egress::Options::from_settings(&settings)),
+            conflist: Conflist::new(
+                conflist::Options::from_settings(&settings),
+                chain,
+                metrics.clone(),
+            ),
+            routes: Routes::new(routes::Options::from_settings(&settings), metrics.clone()),
+            egress: Egress::new(egress::Options::from_settings(&settings), metrics),
         };
         tokio::select! {
             outcome = node_watch::run(client, controllers, health) => outcome,

@@ -160,8 +160,8 @@ pub struct Settings {
     )]
     pub service_account_dir: PathBuf,
 
-    /// Where `/healthz` and `/readyz` answer (`[::]`: IPv6 and IPv4, or
-    /// IPv4 alone on a kernel without IPv6).
+    /// Where `/healthz`, `/readyz` and `/metrics` answer (`[::]`: IPv6 and
+    /// IPv4, or IPv4 alone on a kernel without IPv6).
     #[arg(long, env = "HEALTH_LISTEN", default_value = "[::]:9470")]
     pub health_listen: SocketAddr,
 

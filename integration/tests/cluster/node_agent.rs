@@ -178,7 +178,7 @@ fn subnets(conf: &Value) -> Vec<String> {
 
 /// The uplink of the lab's node: a link holding the node's InternalIP,
 /// with an MTU pods must inherit (a veth: this kernel has no dummy links).
-fn uplink(node: &Node) {
+pub(super) fn uplink(node: &Node) {
     node.netns
         .ip(&[
             "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name", "uplink0p", "mtu",

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::cluster::node::Nodes;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{InstallResult, Metrics};
 use crate::settings::Settings;
 use crate::{changes, conf_dir};
 
@@ -43,24 +44,32 @@ impl Options {
     }
 }
 
-/// The conflist controller: its options and the plugins chained after
-/// the bridge.
+/// The conflist controller: its options, the plugins chained after the
+/// bridge and where it counts its writes.
 #[derive(Debug)]
 pub struct Conflist {
     options: Options,
     chained: Chain,
+    metrics: Metrics,
 }
 
 impl Conflist {
-    pub fn new(options: Options, chained: Chain) -> Conflist {
-        Conflist { options, chained }
+    pub fn new(options: Options, chained: Chain, metrics: Metrics) -> Conflist {
+        Conflist {
+            options,
+            chained,
+            metrics,
+        }
     }
 
     /// Writes this node's configuration if its content changed; a failure
-    /// is logged, and the agent is not ready until a run succeeds.
+    /// is logged and counted (as Istio's installer counts a configuration
+    /// it could not write), and the agent is not ready until a run
+    /// succeeds.
     pub async fn run(&self, nodes: &Nodes, health: &Health) {
         if let Err(e) = self.write_own(nodes, health).await {
             log::error!("{e}");
+            self.metrics.installed(InstallResult::CreateCniConfigFailure);
             health.set_configured(false);
         }
     }
@@ -90,6 +99,7 @@ impl Conflist {
         let content = render(options, &network, &self.chained.plugins(&options.cni_bin_dir));
         let path = &options.path;
         if conf_dir::write_if_changed(path, &content)? {
+            self.metrics.conflist_written();
             log::info!(
                 "wrote {} for pod CIDRs {:?}, MTU {mtu}",
                 path.display(),

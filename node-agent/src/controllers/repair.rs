@@ -27,6 +27,7 @@ use netns::NetNs;
 use serde_json::{Value, json};
 
 use crate::error::Error;
+use crate::metrics::{Metrics, Outcome};
 use crate::settings::{RepairMode as Mode, Settings};
 
 /// The Events' reason, as Istio's controller names them.
@@ -157,11 +158,14 @@ struct Controller {
     /// The last failure per pod, so one that keeps failing is reported
     /// once, not every retry.
     failures: HashMap<Key, String>,
+    /// Where every outcome is counted, each retry's failure too, as
+    /// Istio's repair controller counts them.
+    metrics: Metrics,
 }
 
 /// Follows this node's pods until the task is aborted (watch errors are
 /// retried with backoff); `entry` is istio-redirect's chain entry.
-pub async fn run(client: kube::Client, options: Options, entry: Value) {
+pub async fn run(client: kube::Client, options: Options, entry: Value, metrics: Metrics) {
     let mode = options.mode;
     let mut controller = Controller {
         client: client.clone(),
@@ -169,6 +173,7 @@ pub async fn run(client: kube::Client, options: Options, entry: Value) {
         entry,
         acted: HashMap::new(),
         failures: HashMap::new(),
+        metrics,
     };
     let selector = format!("spec.nodeName={}", controller.options.node_name);
     let pods: Api<Pod> = Api::all(client);
@@ -275,6 +280,12 @@ impl Controller {
         };
         let reason = event_reason(self.options.mode);
         let (namespace, name) = &key;
+        let counted = if outcome.is_ok() {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        };
+        self.metrics.repaired(self.options.mode, counted);
         match outcome {
             Ok(done) => {
                 self.failures.remove(&key);

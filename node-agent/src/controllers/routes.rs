@@ -21,6 +21,7 @@ use crate::changes;
 use crate::cluster::node::Nodes;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{Metrics, Outcome};
 use crate::settings::Settings;
 
 /// The `rtm_protocol` of the agent's routes (`ip route show proto 201`);
@@ -153,14 +154,16 @@ pub struct Routes {
     options: Options,
     routed: Option<BTreeMap<IpNetwork, Via>>,
     skips: Skips,
+    metrics: Metrics,
 }
 
 impl Routes {
-    pub fn new(options: Options) -> Routes {
+    pub fn new(options: Options, metrics: Metrics) -> Routes {
         Routes {
             options,
             routed: None,
             skips: Skips::default(),
+            metrics,
         }
     }
 
@@ -209,14 +212,17 @@ impl Routes {
                     }
                     if changes.failed.is_empty() {
                         self.routed = Some(target);
+                        self.metrics.route_synced(Outcome::Success);
                         health.set_routed(true);
                     } else {
                         log::error!("{}", failure(&changes.failed));
+                        self.metrics.route_synced(Outcome::Failure);
                         health.set_routed(false);
                     }
                 }
                 Err(e) => {
                     log::error!("{e}");
+                    self.metrics.route_synced(Outcome::Failure);
                     health.set_routed(false);
                 }
             }

@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 
 use cni::skel::Reply;
 
+use crate::served::Served;
 use crate::settings::{LeaseSettings, SocketSetting, data_dir_socket};
 use crate::socket::{self, FileId};
 use crate::trust::Refusal;
-use crate::wire::{Call, Request, Response, is_busy};
+use crate::wire::{Call, Request, Response, ServiceQuery, is_busy};
 
 /// How long a request may take along the lease path, waits for answers and
 /// for a database held elsewhere included: far more than a burst of ADDs
@@ -97,7 +98,35 @@ pub(crate) fn forward(socket: &Path, call: &Call) -> Result<Reply, CallError> {
     .map(Reply::from)
 }
 
-fn forward_until(place: &ServicePlace, request: &Request, deadline: Instant) -> Result<Response, CallError> {
+/// What the service at `socket` has answered since it started, asked
+/// directly (no other place is tried, no service started), under the same
+/// trust as every call ([`crate::socket`]), waiting at most `within`: for
+/// the node agent's metrics, read on each scrape.
+pub fn served(socket: &Path, within: Duration) -> Result<Served, CallError> {
+    let place = ServicePlace::new(socket.to_path_buf(), false);
+    let unreadable = |reason: String| CallError::Broken {
+        path: socket.to_path_buf(),
+        reason,
+    };
+    match Reply::from(forward_until(
+        &place,
+        &ServiceQuery::Served,
+        Instant::now() + within,
+    )?) {
+        Reply::Document(document) => {
+            serde_json::from_value(document).map_err(|e| unreadable(format!("unreadable counts: {e}")))
+        }
+        // One of a version that counts nothing says it cannot read the question.
+        Reply::Failed(e, _) => Err(unreadable(e.msg)),
+        Reply::Done | Reply::About(_) => Err(unreadable("no counts in its answer".into())),
+    }
+}
+
+fn forward_until(
+    place: &ServicePlace,
+    request: &impl serde::Serialize,
+    deadline: Instant,
+) -> Result<Response, CallError> {
     let path = place.socket.clone();
     let mut stream = socket::connect(&place.socket).map_err(|refusal| match refusal {
         Refusal::Absent(e) => CallError::Unreachable {

@@ -8,12 +8,15 @@
 //! - [`client`]: the one path a call takes ([`ask`] along a [`Route`]).
 //! - [`server`]: the service process, generic over what answers, and
 //!   [`start`]: starting one on demand, detached.
+//! - [`served`]: what a service has answered, counted by the service and
+//!   asked for by the node agent ([`client::served`]).
 //! - [`trust`] and [`socket`]: which directories, sockets and peers are
 //!   trusted.
 
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod served;
 pub mod server;
 pub mod settings;
 pub mod socket;

@@ -18,6 +18,10 @@
 //! finds a database held there is served through that socket (see
 //! [`crate::client`]), and one data directory has one service however its
 //! path is spelled.
+//!
+//! It counts what it answers, by verb and result, with the time each took
+//! ([`crate::served`]), whatever its handler, and tells those counts to
+//! whoever asks on any of its sockets (the node agent, for its metrics).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -34,9 +38,10 @@ use std::time::{Duration, Instant};
 use cni::skel::Reply;
 
 use crate::client::{self, Route};
+use crate::served::{self, Tally};
 use crate::settings::data_dir_socket;
 use crate::socket::{self, open_lock_file, trusted_socket_dir};
-use crate::wire::{Call, Request, Response};
+use crate::wire::{Call, Request, Response, ServiceQuery};
 
 /// How long the service waits for a client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -651,6 +656,8 @@ struct Workers {
     /// above zero never waits behind a call in progress.
     idle: Arc<AtomicUsize>,
     activity: Arc<Activity>,
+    /// What was answered, for whoever asks ([`ServiceQuery::Served`]).
+    tally: Arc<Tally>,
 }
 
 impl Workers {
@@ -662,6 +669,7 @@ impl Workers {
             waiting: Arc::new(Mutex::new(waiting)),
             idle: Arc::new(AtomicUsize::new(0)),
             activity: Arc::new(Activity::new()),
+            tally: Arc::default(),
         }
     }
 
@@ -679,10 +687,11 @@ impl Workers {
         let handler = Arc::clone(&self.handler);
         let (waiting, idle) = (Arc::clone(&self.waiting), Arc::clone(&self.idle));
         let activity = Arc::clone(&self.activity);
+        let tally = Arc::clone(&self.tally);
         std::thread::spawn(move || {
             let mut next = Some(stream);
             while let Some(mut stream) = next.take() {
-                if let Err(e) = answer(&mut stream, handler.as_ref()) {
+                if let Err(e) = answer(&mut stream, handler.as_ref(), &tally) {
                     log::warn!("lease service: {e}");
                 }
                 if handler.owes_after_answer() {
@@ -711,7 +720,7 @@ impl Workers {
     }
 }
 
-fn answer(stream: &mut UnixStream, handler: &dyn Handler) -> io::Result<()> {
+fn answer(stream: &mut UnixStream, handler: &dyn Handler, tally: &Tally) -> io::Result<()> {
     // Only root, or the service's own user, may talk to it; the socket's
     // mode says so too, this holds even if the mode is changed.
     socket::peer_trusted(stream)
@@ -723,19 +732,46 @@ fn answer(stream: &mut UnixStream, handler: &dyn Handler) -> io::Result<()> {
         // A connection that says nothing is a liveness probe.
         return Ok(());
     }
+    // Timed from a whole request to its answer: the service's share of
+    // the client's wait, not the client's pace of sending.
+    let received = Instant::now();
     let refused = |msg: String| Reply::Failed(cni::Error::invalid_config(msg), cni::Version::LATEST);
-    let reply = match serde_json::from_slice::<Request>(&body) {
-        Ok(request) if request.call.data_dir().is_some_and(|d| d.is_relative()) => refused(
-            "a relative dataDir names the caller's working directory, which the lease service does not share"
-                .into(),
+    let (reply, verb) = match serde_json::from_slice::<Request>(&body) {
+        Ok(request) if request.call.data_dir().is_some_and(|d| d.is_relative()) => (
+            refused(
+                "a relative dataDir names the caller's working directory, which the lease service does not share"
+                    .into(),
+            ),
+            Some(served::verb_of(&request.call)),
         ),
-        Ok(request) => client::serve(&Route::at_service(&request), &request, &|call: &Call| {
-            handler.answer(call)
-        }),
-        Err(e) => refused(format!("unreadable request: {e}")),
+        Ok(request) => (
+            client::serve(&Route::at_service(&request), &request, &|call: &Call| {
+                handler.answer(call)
+            }),
+            Some(served::verb_of(&request.call)),
+        ),
+        // Tried only once the body is no call: calls are the common case.
+        Err(e) => match serde_json::from_slice::<ServiceQuery>(&body) {
+            // Not counted: a scrape is no request for leases.
+            Ok(ServiceQuery::Served) => (counts(tally), None),
+            Err(_) => (refused(format!("unreadable request: {e}")), Some("unreadable".to_owned())),
+        },
     };
+    // Counted before the client has its answer, so that whoever it tells
+    // next (a test, an operator) finds the request in the counts.
+    if let Some(verb) = verb {
+        tally.record(verb, served::result_of(&reply), received.elapsed());
+    }
     let bytes = serde_json::to_vec(&Response::from(reply)).map_err(io::Error::other)?;
     stream.write_all(&bytes)
+}
+
+/// The counts as an answer.
+fn counts(tally: &Tally) -> Reply {
+    match serde_json::to_value(tally.snapshot()) {
+        Ok(document) => Reply::Document(document),
+        Err(e) => Reply::Failed(cni::Error::internal(e.to_string()), cni::Version::LATEST),
+    }
 }
 
 #[cfg(test)]
@@ -1009,6 +1045,57 @@ mod tests {
             .expect("run");
         assert_eq!(stopped.why, "no request for 1ms");
         assert!(!socket.exists(), "its socket is removed");
+    }
+
+    /// Every call answered is counted by verb and result and timed; the
+    /// question for the counts, and a liveness probe, are not.
+    #[test]
+    fn a_service_tells_what_it_answered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("svc.sock");
+        let handler = answering(|| Reply::Failed(cni::Error::invalid_config("no"), cni::Version::LATEST));
+        let _result = running(Service::new(), bind(&socket).expect("bind"), handler);
+        let within = Duration::from_secs(5);
+        assert_eq!(
+            crate::client::served(&socket, within).expect("counts"),
+            crate::served::Served {
+                bounds: crate::served::DURATION_BOUNDS.to_vec(),
+                verbs: Vec::new()
+            }
+        );
+        let add = Call::plugin(BTreeMap::from([("CNI_COMMAND".into(), "ADD".into())]), b"{}");
+        for _ in 0..3 {
+            forward(&socket, &add).expect("answered");
+        }
+        forward(&socket, &Call::admin("/d".into(), "n".into(), AdminOp::List)).expect("answered");
+        assert!(crate::is_served(&socket), "a liveness probe");
+        let served = crate::client::served(&socket, within).expect("counts");
+        let counted: Vec<(&str, u64, u64)> = served
+            .verbs
+            .iter()
+            .map(|verb| {
+                (
+                    verb.verb.as_str(),
+                    verb.results["failure"],
+                    verb.buckets.iter().sum(),
+                )
+            })
+            .collect();
+        assert_eq!(counted, [("ADD", 3, 3), ("admin_list", 1, 1)]);
+        assert!(served.verbs.iter().all(|verb| verb.seconds > 0.0), "{served:?}");
+    }
+
+    #[test]
+    fn counts_are_not_asked_of_a_socket_that_is_not_trusted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        let socket = open.join("svc.sock");
+        let _result = running(Service::new(), bind(&socket).expect("bind"), answers_done());
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = crate::client::served(&socket, Duration::from_secs(5)).expect_err("not asked");
+        assert!(matches!(err, CallError::Untrusted { .. }), "{err}");
     }
 
     #[test]

@@ -143,6 +143,19 @@ impl Request {
     }
 }
 
+/// A question to the service itself, about no lease: never a [`Call`],
+/// which the lease path may answer anywhere along its route (the caller's
+/// own process included), while only the service that is asked knows what
+/// it has served. Answered by [`crate::server`], not its handler, and
+/// never passed on. A service of a version without it answers that the
+/// request is unreadable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub(crate) enum ServiceQuery {
+    /// What it has answered since it started ([`crate::served::Served`]).
+    Served,
+}
+
 /// An answer on the wire: a [`Reply`] without its about text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Response {
@@ -215,6 +228,16 @@ mod tests {
         // What versions before `forwarded` sent.
         let old = r#"{"kind":"admin","dataDir":"/d","network":"n","op":"list"}"#;
         assert_eq!(serde_json::from_str::<Request>(old).expect("decode"), req);
+    }
+
+    #[test]
+    fn a_service_query_is_no_call_and_no_call_is_a_service_query() {
+        let wire = serde_json::to_string(&ServiceQuery::Served).expect("encode");
+        assert_eq!(wire, r#"{"kind":"served"}"#);
+        assert!(serde_json::from_str::<Request>(&wire).is_err());
+        let call = serde_json::to_string(&Request::new(Call::admin("/d".into(), "n".into(), AdminOp::List)))
+            .expect("encode");
+        assert!(serde_json::from_str::<ServiceQuery>(&call).is_err());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::cluster::node::Nodes;
 use crate::cluster::pod_range::PodRange;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{Metrics, Outcome};
 use crate::settings::Settings;
 
 /// What the masquerade is made of besides the Nodes.
@@ -43,13 +44,15 @@ pub struct Egress {
     options: Options,
     /// This node's pod CIDRs and the cluster's, as masqueraded.
     masqueraded: Option<(Vec<IpNetwork>, Vec<IpNetwork>)>,
+    metrics: Metrics,
 }
 
 impl Egress {
-    pub fn new(options: Options) -> Egress {
+    pub fn new(options: Options, metrics: Metrics) -> Egress {
         Egress {
             options,
             masqueraded: None,
+            metrics,
         }
     }
 
@@ -91,11 +94,13 @@ impl Egress {
                     );
                 }
                 self.masqueraded = Some(masquerade);
+                self.metrics.egress_synced(Outcome::Success);
                 health.set_masqueraded(true);
             }
             Err(e) => {
                 log::error!("masquerade: {e}");
                 self.masqueraded = None;
+                self.metrics.egress_synced(Outcome::Failure);
                 health.set_masqueraded(false);
             }
         }

@@ -12,6 +12,7 @@ use crate::changes::{self, RESYNC};
 use crate::controllers::lease_service::Restarter;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{InstallResult, Metrics};
 use crate::settings::Settings;
 
 use bin_dir::{BinDir, Installed};
@@ -42,18 +43,21 @@ impl Options {
     }
 }
 
-/// The install controller: its options and the bin directory it manages.
+/// The install controller: its options, the bin directory it manages and
+/// where it counts its installs.
 #[derive(Debug, Clone)]
 pub struct Installer {
     options: Options,
     bin_dir: BinDir,
+    metrics: Metrics,
 }
 
 impl Installer {
-    pub fn new(options: Options) -> Installer {
+    pub fn new(options: Options, metrics: Metrics) -> Installer {
         Installer {
             bin_dir: BinDir::new(options.cni_bin_dir.clone()),
             options,
+            metrics,
         }
     }
 
@@ -62,8 +66,27 @@ impl Installer {
         &self.bin_dir
     }
 
-    /// Installs the plugins from the agent's image once.
+    /// Installs the plugins from the agent's image once, at start: counted
+    /// as an install whatever it had to write, as Istio's installer counts
+    /// its first.
     pub async fn install(&self, health: &Health) -> Result<Installed, Error> {
+        let installed = self.install_round(health).await;
+        if installed.is_ok() {
+            self.metrics.installed(InstallResult::Success);
+        }
+        installed
+    }
+
+    /// Installs the plugins; a failure is counted.
+    async fn install_round(&self, health: &Health) -> Result<Installed, Error> {
+        let installed = self.copy_binaries(health).await;
+        if installed.is_err() {
+            self.metrics.installed(InstallResult::CopyBinariesFailure);
+        }
+        installed
+    }
+
+    async fn copy_binaries(&self, health: &Health) -> Result<Installed, Error> {
         let plugins = self.options.plugins.clone();
         if plugins.is_empty() {
             health.set_installed(true);
@@ -95,20 +118,25 @@ impl Installer {
     }
 
     /// Puts the binaries back when someone removed or changed them, every
-    /// resync; the lease service is told to start again from a host-local
-    /// it replaced.
+    /// resync (counted as an install only when one was put back, as Istio
+    /// counts a reinstall after a change); the lease service is told to
+    /// start again from a host-local it replaced.
     pub async fn run(self, health: Health, restart_lease_service: Option<Restarter>) {
         let mut every = tokio::time::interval(RESYNC);
         every.tick().await;
         loop {
             every.tick().await;
-            match self.install(&health).await {
-                Ok(done) if done.written.iter().any(|name| name == "host-local") => {
-                    if let Some(restart) = &restart_lease_service {
+            match self.install_round(&health).await {
+                Ok(done) => {
+                    if !done.written.is_empty() {
+                        self.metrics.installed(InstallResult::Success);
+                    }
+                    if done.written.iter().any(|name| name == "host-local")
+                        && let Some(restart) = &restart_lease_service
+                    {
                         restart.restart();
                     }
                 }
-                Ok(_) => {}
                 Err(e) => log::error!("{e}"),
             }
         }

@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::cluster::client::server_url;
 use crate::error::Error;
 use crate::health::Health;
+use crate::metrics::{InstallResult, Metrics};
 use crate::record::{NodeRecord, Record};
 use crate::settings::Settings;
 use crate::{changes, conf_dir};
@@ -73,6 +74,34 @@ impl Options {
 /// agent that rewrites the file has it back within this.
 const CHAIN_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Why a check did not leave the entry in place.
+#[derive(Debug)]
+enum NotInPlace {
+    /// Nothing to chain into yet (the agent's own conflist, or any
+    /// configuration; no failure: Istio's installer waits for one too), or
+    /// no change allowed any more (uninstall has begun).
+    Waiting(Error),
+    /// istio-redirect's kubeconfig could not be written.
+    Kubeconfig(Error),
+    /// The entry could not be put into the primary configuration (or the
+    /// owned file could not be written, or does not sort first).
+    Config(Error),
+}
+
+impl From<Error> for NotInPlace {
+    fn from(e: Error) -> NotInPlace {
+        NotInPlace::Config(e)
+    }
+}
+
+impl std::fmt::Display for NotInPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotInPlace::Waiting(e) | NotInPlace::Kubeconfig(e) | NotInPlace::Config(e) => e.fmt(f),
+        }
+    }
+}
+
 /// What the loop remembers between checks.
 #[derive(Debug, Default)]
 struct Known {
@@ -87,17 +116,19 @@ struct Known {
 /// Keeps istio-redirect last in the node's primary configuration, or the
 /// owned file current (waiting for a primary when the directory has none
 /// yet), and its kubeconfig current. A problem is logged when it first
-/// shows, not every check.
-pub async fn run(options: Options, record: Record, health: Health) {
+/// shows, not every check; a failure is counted at every check, as
+/// Istio's installer counts every failed attempt.
+pub async fn run(options: Options, record: Record, health: Health, metrics: Metrics) {
     warn_of_earlier_wraps(&options);
     let mut every = tokio::time::interval(CHAIN_CHECK);
     let mut last_problem: Option<String> = None;
     let mut known = Known::default();
     loop {
         every.tick().await;
-        let (options, record) = (options.clone(), record.clone());
+        let (options, record, counting) = (options.clone(), record.clone(), metrics.clone());
         let checking = tokio::task::spawn_blocking(move || {
-            let checked = changes::change(|| check_once(&options, &record, &mut known));
+            let checked = changes::change(|| Ok(check_once(&options, &record, &mut known, &counting)))
+                .unwrap_or_else(|stopped| Err(NotInPlace::Waiting(stopped)));
             (checked, known)
         })
         .await;
@@ -108,10 +139,10 @@ pub async fn run(options: Options, record: Record, health: Health) {
             }
             Err(e) => {
                 known = Known::default();
-                Err(Error::Task {
+                Err(NotInPlace::Config(Error::Task {
                     what: "chaining",
                     source: e,
-                })
+                }))
             }
         };
         match checked {
@@ -123,6 +154,11 @@ pub async fn run(options: Options, record: Record, health: Health) {
                 last_problem = None;
             }
             Err(problem) => {
+                match &problem {
+                    NotInPlace::Waiting(_) => {}
+                    NotInPlace::Kubeconfig(_) => metrics.installed(InstallResult::CreateKubeconfigFailure),
+                    NotInPlace::Config(_) => metrics.installed(InstallResult::CreateCniConfigFailure),
+                }
                 health.set_chained(false);
                 let text = problem.to_string();
                 if last_problem.as_ref() != Some(&text) {
@@ -152,15 +188,25 @@ fn warn_of_earlier_wraps(options: &Options) {
 
 /// One check of the kubeconfig and of the entry (or the owned file);
 /// what it changed.
-fn check_once(options: &Options, record: &Record, known: &mut Known) -> Result<Vec<String>, Error> {
+fn check_once(
+    options: &Options,
+    record: &Record,
+    known: &mut Known,
+    metrics: &Metrics,
+) -> Result<Vec<String>, NotInPlace> {
     let mut done = Vec::new();
-    let rendered = kubeconfig::render(&server_url()?, &options.service_account_dir)?;
-    if kubeconfig::write_if_changed(&options.kubeconfig, &rendered)? {
+    let rendered = server_url()
+        .and_then(|server| kubeconfig::render(&server, &options.service_account_dir))
+        .map_err(NotInPlace::Kubeconfig)?;
+    if kubeconfig::write_if_changed(&options.kubeconfig, &rendered).map_err(NotInPlace::Kubeconfig)? {
         done.push(format!("wrote {}", options.kubeconfig.display()));
     }
-    match &options.owned_file {
+    let put_back = match &options.owned_file {
         Some(owned) => write_owned(options, owned, record, known, &mut done)?,
         None => chain_into_primary(options, record, known, &mut done)?,
+    };
+    if put_back {
+        metrics.chain_reinserted();
     }
     Ok(done)
 }
@@ -168,32 +214,32 @@ fn check_once(options: &Options, record: &Record, known: &mut Known) -> Result<V
 /// The file the entry goes with: the primary configuration, once there
 /// is one (and, for an agent with its own network, once its conflist is
 /// written: the runtime may choose that one).
-fn primary_of(options: &Options, skip: Option<&Path>) -> Result<PathBuf, Error> {
+fn primary_of(options: &Options, skip: Option<&Path>) -> Result<PathBuf, NotInPlace> {
     if let Some(own) = &options.own_conflist
         && std::fs::symlink_metadata(own).is_err()
     {
-        return Err(Error::Io(format!(
+        return Err(NotInPlace::Waiting(Error::Io(format!(
             "waiting for {} before choosing the file to chain istio-redirect into",
             own.display()
-        )));
+        ))));
     }
     files::primary(&options.cni_conf_dir, options.conf_file.as_deref(), skip).ok_or_else(|| {
-        Error::Io(format!(
+        NotInPlace::Waiting(Error::Io(format!(
             "no CNI configuration in {} yet: waiting for one to chain istio-redirect into",
             options.cni_conf_dir.display()
-        ))
+        )))
     })
 }
 
-/// Makes the primary end with the entry. The file chained is recorded on
-/// the node before it is changed, so that uninstall finds it whatever
-/// happens to the agent in between.
+/// Makes the primary end with the entry; whether it had to be put in. The
+/// file chained is recorded on the node before it is changed, so that
+/// uninstall finds it whatever happens to the agent in between.
 fn chain_into_primary(
     options: &Options,
     record: &Record,
     known: &mut Known,
     done: &mut Vec<String>,
-) -> Result<(), Error> {
+) -> Result<bool, NotInPlace> {
     let entry = &options.entry;
     // An owned file an agent in Istio's owned mode left would sort first
     // and be taken for the primary.
@@ -209,7 +255,7 @@ fn chain_into_primary(
             record.update(|r| r.chained.insert(primary.clone()))?;
             known.recorded.insert(primary);
         }
-        return Ok(());
+        return Ok(false);
     }
     let plan = files::plan(&primary, entry)?;
     // A wrap writes the `.conf`'s list beside it: only over a list of the
@@ -222,7 +268,8 @@ fn chain_into_primary(
             "cannot wrap {} into a list: {} is someone else's",
             primary.display(),
             plan.target.display()
-        )));
+        ))
+        .into());
     }
     // The agent's own conflist goes whole at uninstall.
     if options.own_conflist.as_ref() != Some(&plan.target) {
@@ -236,21 +283,21 @@ fn chain_into_primary(
     }
     files::apply(&plan)?;
     done.push(format!("chained istio-redirect into {}", plan.target.display()));
-    Ok(())
+    Ok(true)
 }
 
 /// Istio's owned mode: `owned` holds the primary's list (its name, version
 /// and plugins unchanged) ending with the entry, re-copied whenever the
-/// primary changes; the primary is never written. Fails, so the agent is
-/// not ready, while another file sorts before `owned`: the runtime would
-/// not use it.
+/// primary changes; the primary is never written. Whether it was written.
+/// Fails, so the agent is not ready, while another file sorts before
+/// `owned`: the runtime would not use it.
 fn write_owned(
     options: &Options,
     owned: &Path,
     record: &Record,
     known: &mut Known,
     done: &mut Vec<String>,
-) -> Result<(), Error> {
+) -> Result<bool, NotInPlace> {
     let entry = &options.entry;
     let primary = primary_of(options, Some(owned))?;
     let content = files::with_entry(&primary, entry)?;
@@ -269,11 +316,13 @@ fn write_owned(
                 "cannot write {}: a file of that name that is not the agent's is there; \
                  set ISTIO_OWNED_CNI_CONF_FILENAME to another name",
                 owned.display()
-            )));
+            ))
+            .into());
         }
         known.recorded.insert(owned.to_path_buf());
     }
-    if conf_dir::write_if_changed(owned, &content)? {
+    let written = conf_dir::write_if_changed(owned, &content)?;
+    if written {
         done.push(format!(
             "wrote {} from {} and istio-redirect",
             owned.display(),
@@ -291,13 +340,14 @@ fn write_owned(
         known.other_mode_cleared = true;
     }
     match files::runtimes_choice(&options.cni_conf_dir) {
-        Some(first) if first == owned => Ok(()),
+        Some(first) if first == owned => Ok(written),
         first => Err(Error::Io(format!(
             "{} no longer sorts first ({} does): pods set up now are not captured; \
              set ISTIO_OWNED_CNI_CONF_FILENAME to a name that sorts before it",
             owned.display(),
             first.map_or_else(|| "no valid file".to_owned(), |f| f.display().to_string())
-        ))),
+        ))
+        .into()),
     }
 }
 
