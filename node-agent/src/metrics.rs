@@ -240,8 +240,13 @@ impl Metrics {
                 .map_err(|e| log::debug!("no counts from the lease service: {e}"))
                 .ok()
         });
+        // Without a lease directory of its own (Istio's CNI alone) there is
+        // no service to report on: no lease family at all, rather than one
+        // saying a service is down.
         let mut lease = Registry::default();
-        lease.register_collector(Box::new(LeaseCounts(served)));
+        if families.lease_socket.is_some() {
+            lease.register_collector(Box::new(LeaseCounts(served)));
+        }
         let mut exposition = String::new();
         let written = text::encode_registry(&mut exposition, &families.registry)
             .and_then(|()| text::encode_registry(&mut exposition, &lease))
@@ -349,14 +354,14 @@ mod tests {
             r#"cni_suite_egress_syncs_total{result="failure"} 1"#,
             r#"istio_cni_repair_pods_repaired_total{type="delete",result="success"} 1"#,
             r#"istio_cni_repair_pods_repaired_total{type="repair",result="fail"} 1"#,
-            // Not asked: no lease service to ask.
-            "cni_suite_lease_service_up 0",
         ];
         let found = samples(&exposition);
         for line in expected {
             assert!(found.contains(&line), "{line} not in:\n{exposition}");
         }
+        // No lease directory of its own (Istio's CNI alone): no lease family.
         assert_eq!(found.len(), expected.len(), "{exposition}");
+        assert!(!exposition.contains("cni_suite_lease"), "{exposition}");
         assert!(samples(&metrics.scrape(false)).contains(&"istio_cni_install_ready 0"));
     }
 

@@ -42,7 +42,7 @@ fn scrape(node: &Node, agent: &Agent) -> (String, String) {
 
 /// The value of the sample `series` (a name with its labels, as the
 /// exposition writes them), if there is one.
-fn sample(exposition: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(exposition: &str, series: &str) -> Option<f64> {
     exposition.lines().find_map(|line| {
         let value = line.strip_prefix(series)?.strip_prefix(' ')?;
         value.parse().ok()

@@ -14,6 +14,7 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, host_bin, host_conflist, host_leases, lab_node, node_object};
 use test_kit::{Node, require_root, wait_for};
 
+use crate::agent_metrics::sample;
 use crate::node_agent::{bare_conf, bin_dir_snapshot, plugin_types};
 
 const TOKEN: &str = "istio-token";
