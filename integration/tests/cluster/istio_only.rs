@@ -278,6 +278,27 @@ fn istio_alone_puts_its_entry_back_after_rewrites_and_follows_a_file_that_starts
         "the entry in the file that sorts first",
     );
 
+    // What /metrics says of it: the first chaining and three put back; no
+    // lease family (no lease directory of its own in this mode).
+    let (code, exposition) = agent.probe(&node, "/metrics").expect("an answer");
+    assert_eq!(code, 200, "{exposition}");
+    assert_eq!(
+        sample(&exposition, "cni_suite_chain_reinserts_total"),
+        Some(4.0),
+        "{exposition}"
+    );
+    assert_eq!(
+        sample(&exposition, "istio_cni_install_ready"),
+        Some(1.0),
+        "{exposition}"
+    );
+    assert_eq!(
+        sample(&exposition, r#"istio_cni_installs_total{result="SUCCESS"}"#),
+        Some(1.0),
+        "{exposition}"
+    );
+    assert!(!exposition.contains("cni_suite_lease"), "{exposition}");
+
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
     assert_eq!(read_json(&first), cilium, "{log}");
