@@ -1,10 +1,12 @@
 //! The cluster tier: the node agent against the Kubernetes API test server
-//! (`node_agent`), Istio's CNI alone beside another network
+//! (`node_agent`), the plugins' log records in its log (`agent_logs`),
+//! Istio's CNI alone beside another network
 //! (`istio_only`), three nodes wired by their agents (`cluster_lab`, `make
 //! demo-cluster`), and the suite on a real Kubernetes (`real_cluster`,
 //! ignored but by `make cluster-test`, which brings that cluster up). One
 //! module per former test file.
 
+mod agent_logs;
 mod cluster_lab;
 mod istio_only;
 mod node_agent;
