@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::atomic::{mode_of, read_text, replace_file};
 use crate::error::Error;
@@ -34,6 +34,29 @@ pub fn named_plugins(dir: &Path) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// Names the agent's socket in a plugin's entry as `logSocket`, unless the
+/// entry names one (an operator's `CNI_CHAINED_PLUGINS` or
+/// `ISTIO_PLUGIN_CONFIG` may, `""` for none). A plugin other than the
+/// suite's ignores the key, as the reference plugins ignore every key they
+/// do not know.
+pub fn with_log_socket(plugin: &mut Value, socket: &Path) {
+    if let Some(entry) = plugin.as_object_mut()
+        && !entry.contains_key(cni::conf::LOG_SOCKET_KEY)
+    {
+        entry.insert(cni::conf::LOG_SOCKET_KEY.to_owned(), json!(socket));
+    }
+}
+
+/// `entry` without the `logSocket` the agent names in it: how entries of
+/// releases that named none compare with this one's.
+pub fn without_log_socket(entry: &Value) -> Value {
+    let mut entry = entry.clone();
+    if let Some(map) = entry.as_object_mut() {
+        map.shift_remove(cni::conf::LOG_SOCKET_KEY);
+    }
+    entry
 }
 
 /// A configuration as the agent writes it: pretty JSON, one final newline.

@@ -24,8 +24,8 @@
 //!    `Options` built from the settings and one `run`: the conflist, the
 //!    routes and the masquerade (`egress`), run by the Node watch
 //!    (`node_watch`); the plugins' install, Istio's chained install
-//!    (`istio_chain`), the repair of pods that raced it, and the lease
-//!    service.
+//!    (`istio_chain`), the repair of pods that raced it, the lease
+//!    service, and the plugins' log records (`plugin_logs`).
 //! 4. [`uninstall`]: each controller's removal, in order, at stop.
 //!
 //! The controllers are a folder of their own, one file each, or a folder

@@ -17,6 +17,7 @@ use clap::Parser;
 use node_agent::controllers::conflist::{self, Conflist};
 use node_agent::controllers::egress::{self, Egress};
 use node_agent::controllers::lease_service::{self, LeaseService};
+use node_agent::controllers::plugin_logs::{self, PluginLogs};
 use node_agent::controllers::routes::{self, Routes};
 use node_agent::controllers::{install, istio_chain, node_watch, readiness_taint, repair};
 use node_agent::error::Error;
@@ -69,6 +70,8 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let _probes = health::serve(settings.health_listen, health.clone(), metrics.clone()).await?;
     // Settings that cannot work fail the start before anything is changed.
     settings.check().map_err(Error::Setting)?;
+    // Before any entry names the socket: the first pod's records reach it.
+    let plugin_logs = plugin_logs::start(&plugin_logs::Options::from_settings(&settings));
     let client = kube::Client::try_from(cluster::client::config(&settings.service_account_dir)?)?;
     let repair_options = repair::Options::from_settings(&settings)?;
     let istio = if settings.istio_chained {
@@ -159,6 +162,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
         if let Some(service) = lease_service {
             service.stop().await;
         }
+        stop_plugin_logs(plugin_logs).await;
         return outcome;
     }
     // A change already on a blocking thread (SIGTERM cannot cancel it)
@@ -172,6 +176,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let options = uninstall::Options::from_settings(&settings);
     let bin_dir = installer.bin_dir().clone();
     if !settings.own_network {
+        stop_plugin_logs(plugin_logs).await;
         let removing = tokio::task::spawn_blocking(move || uninstall::remove_binaries(&options, &bin_dir));
         if let Err(e) = removing.await {
             log::error!("uninstalling: {e}");
@@ -184,11 +189,19 @@ async fn run(settings: Settings) -> Result<(), Error> {
     if let Some(service) = lease_service {
         service.stop().await;
     }
+    // Before uninstall may remove the run directory the socket is in.
+    stop_plugin_logs(plugin_logs).await;
     let removing = tokio::task::spawn_blocking(move || uninstall::run(&options, &bin_dir, conflist_was_ours));
     if let Err(e) = removing.await {
         log::error!("uninstalling: {e}");
     }
     outcome
+}
+
+async fn stop_plugin_logs(plugin_logs: Option<PluginLogs>) {
+    if let Some(plugin_logs) = plugin_logs {
+        plugin_logs.stop().await;
+    }
 }
 
 /// Until SIGTERM or SIGINT.

@@ -174,6 +174,13 @@ pub struct Settings {
     /// On SIGTERM, remove everything the agent put on the node.
     #[arg(long, env = "UNINSTALL_ON_STOP")]
     pub uninstall_on_stop: bool,
+
+    /// The Unix datagram socket the agent reads the plugins' log records
+    /// from, named as `logSocket` in every entry it writes (under the
+    /// DaemonSet's /run/cni-suite mount: the host's path, which the
+    /// plugins see); empty: none.
+    #[arg(long, env = "PLUGIN_LOG_SOCKET", default_value = "/run/cni-suite/log.sock")]
+    pub plugin_log_socket: String,
 }
 
 /// Which iptables the rules go through (`IPTABLES_MODE`; see
@@ -249,7 +256,18 @@ impl Settings {
                 "ISTIO_OWNED_CNI_CONF_FILENAME {owned:?} must be a file name ending in .conflist"
             ));
         }
+        if self.plugin_log_socket().is_some_and(|path| !path.is_absolute()) {
+            return Err(format!(
+                "PLUGIN_LOG_SOCKET {:?} must be an absolute path: plugins run from elsewhere",
+                self.plugin_log_socket
+            ));
+        }
         Ok(())
+    }
+
+    /// `PLUGIN_LOG_SOCKET`, unless empty.
+    pub fn plugin_log_socket(&self) -> Option<PathBuf> {
+        (!self.plugin_log_socket.is_empty()).then(|| PathBuf::from(&self.plugin_log_socket))
     }
 
     pub fn conflist_path(&self) -> PathBuf {
@@ -266,5 +284,28 @@ impl Settings {
         std::env::current_exe()
             .ok()
             .and_then(|exe| exe.parent().map(PathBuf::from))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(extra: &[&str]) -> Settings {
+        let mut args = vec!["cni-node-agent", "--node-name", "n1"];
+        args.extend_from_slice(extra);
+        Settings::parse_from(args)
+    }
+
+    #[test]
+    fn the_plugins_log_socket_is_the_run_directorys_unless_emptied() {
+        assert_eq!(
+            settings(&[]).plugin_log_socket(),
+            Some(PathBuf::from("/run/cni-suite/log.sock"))
+        );
+        assert_eq!(settings(&["--plugin-log-socket", ""]).plugin_log_socket(), None);
+        assert!(settings(&["--plugin-log-socket", ""]).check().is_ok());
+        let relative = settings(&["--plugin-log-socket", "log.sock"]);
+        assert!(relative.check().is_err());
     }
 }

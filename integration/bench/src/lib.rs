@@ -8,6 +8,7 @@
 //! never on a timing. `sandbox` and `scale` are `cluster-bench`'s (`make
 //! bench-cluster`), on the real cluster.
 
+pub mod log_socket;
 pub mod measure;
 pub mod outcome;
 pub mod report;
@@ -41,8 +42,8 @@ pub struct Options {
 }
 
 /// The phases of a round, as `--only` names them.
-pub const PHASES: [&str; 10] = [
-    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "rechain", "floors", "cri",
+pub const PHASES: [&str; 11] = [
+    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "rechain", "logsock", "floors", "cri",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1460,6 +1461,9 @@ pub fn run(options: &Options) -> Outcome {
         }
         if wanted("rechain") {
             rechain(&mut out, options.pods.min(40));
+        }
+        if wanted("logsock") {
+            log_socket::phase(&mut out, &suites[0], options.pods);
         }
         if wanted("floors") {
             floors(&mut out, options.pods.min(20));

@@ -406,6 +406,8 @@ impl BenchAgent {
             ("CNI_CONF_DIR", path("conf")),
             ("CNI_BIN_DIR", path("bin")),
             ("CNI_LEASE_DIR", path("leases")),
+            // The default is the host's /run/cni-suite: never the bench's.
+            ("PLUGIN_LOG_SOCKET", path("log.sock")),
             ("CNI_INSTALL_PLUGINS", String::new()),
             ("LEASE_SERVICE", "false".to_owned()),
         ];

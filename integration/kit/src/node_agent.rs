@@ -54,6 +54,12 @@ pub fn host_leases(node: &Node) -> PathBuf {
     node.path("leases")
 }
 
+/// Where the agent reads the plugins' log records (`PLUGIN_LOG_SOCKET`),
+/// as the entries it writes name it.
+pub fn host_log_socket(node: &Node) -> PathBuf {
+    node.path("run/log.sock")
+}
+
 /// The conflist the agent writes.
 pub fn host_conflist(node: &Node) -> PathBuf {
     node.conf_dir().join("10-cni-suite.conflist")
@@ -94,6 +100,7 @@ impl Agent {
         let bin_dir = host_bin(node);
         // The default is the host's /run/cni-suite: never a test's.
         let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+        let log_socket = host_log_socket(node);
         let mut env = vec![
             ("NODE_NAME", name),
             ("KUBERNETES_SERVICE_HOST", server_host),
@@ -104,6 +111,7 @@ impl Agent {
             ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
             ("HEALTH_LISTEN", listen.as_str()),
             ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+            ("PLUGIN_LOG_SOCKET", log_socket.to_str().expect("UTF-8")),
         ];
         env.extend_from_slice(extra);
         let agent = bin("cni-node-agent");

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, host_conflist, host_leases, lab_node, node_object};
+use test_kit::node_agent::{
+    Agent, host_bin, host_conflist, host_leases, host_log_socket, lab_node, node_object,
+};
 use test_kit::{Node, require_root, wait_for};
 
 use crate::agent_metrics::sample;
@@ -324,6 +326,7 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
         .push(serde_json::from_str(ENTRY).expect("entry"));
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
     expected["plugins"][2]["kubeconfig"] = json!(kubeconfig);
+    expected["plugins"][2]["logSocket"] = json!(host_log_socket(&node));
     assert_eq!(
         read_json(&owned),
         expected,

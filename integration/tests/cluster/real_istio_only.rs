@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use test_kit::cluster::{AGENT, Cluster, Namespace, condition_of, deploy_dir, poll};
 
+use crate::agent_metrics::sample;
 use crate::real_cluster::{
     Reinstalled, agent_of, injected_pod, installed, patch_settings, rolling_update_with_churn, settled,
     validating_pod, validation_failed, validation_runs,
@@ -240,6 +241,21 @@ fn istios_cni_alone_beside_kindnet_untaints_captures_keeps_its_entry_and_rolls_f
         );
         eprintln!("istio-only: the entry back {back:?} after kindnetd's rewrite {how}");
     }
+    // The agent's /metrics agrees: the first chaining and the two put back.
+    let exposition = cluster
+        .on_node(&nodes[0], &["curl", "-sf", "http://127.0.0.1:9471/metrics"])
+        .success()
+        .stdout;
+    assert_eq!(
+        sample(&exposition, "cni_suite_chain_reinserts_total"),
+        Some(3.0),
+        "{exposition}"
+    );
+    assert_eq!(
+        sample(&exposition, "istio_cni_install_ready"),
+        Some(1.0),
+        "{exposition}"
+    );
     drop(ns);
     settled(cluster);
 

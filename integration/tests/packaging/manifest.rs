@@ -224,8 +224,15 @@ fn settings_and_mounts(file: &str, help: &str) {
         .map(str::to_owned)
         .into()
     );
-    // ISTIO_KUBECONFIG's default too: Istio mode needs no mount of its own.
-    let mut paths = vec!["CNI_BIN_DIR", "CNI_CONF_DIR", "ISTIO_KUBECONFIG"];
+    // ISTIO_KUBECONFIG's and PLUGIN_LOG_SOCKET's defaults too: neither
+    // needs a mount of its own, and the plugins reach the socket at the
+    // path the entries name.
+    let mut paths = vec![
+        "CNI_BIN_DIR",
+        "CNI_CONF_DIR",
+        "ISTIO_KUBECONFIG",
+        "PLUGIN_LOG_SOCKET",
+    ];
     if file != ISTIO_ONLY {
         paths.push("CNI_LEASE_DIR");
     }

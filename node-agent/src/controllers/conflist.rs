@@ -29,6 +29,9 @@ pub struct Options {
     pub lease_dir: PathBuf,
     /// Where the runtime finds plugins (whether portmap is installed).
     pub cni_bin_dir: PathBuf,
+    /// The agent's socket for the plugins' log records
+    /// (`PLUGIN_LOG_SOCKET`), named in every entry.
+    pub log_socket: Option<PathBuf>,
 }
 
 impl Options {
@@ -40,6 +43,7 @@ impl Options {
             bridge: settings.bridge.clone(),
             lease_dir: settings.lease_dir.clone(),
             cni_bin_dir: settings.cni_bin_dir.clone(),
+            log_socket: settings.plugin_log_socket(),
         }
     }
 }
@@ -170,6 +174,11 @@ pub fn render(options: &Options, network: &NodeNetwork, chained: &[Value]) -> Va
         },
     })];
     plugins.extend(chained.iter().cloned());
+    if let Some(socket) = &options.log_socket {
+        for plugin in &mut plugins {
+            conf_dir::with_log_socket(plugin, socket);
+        }
+    }
     json!({
         "cniVersion": "1.0.0",
         "name": options.network_name,
@@ -343,6 +352,46 @@ mod tests {
         );
         assert_eq!(bridge["ipam"]["dataDir"], "/run/cni-suite/ipam");
         assert_eq!(conf["plugins"][1]["type"], "portmap");
+    }
+
+    #[test]
+    fn every_entry_names_the_log_socket_unless_it_names_its_own() {
+        let network = NodeNetwork {
+            pod_cidrs: vec!["10.244.1.0/24".parse().expect("v4")],
+            mtu: 1500,
+        };
+        let chained = [
+            json!({"type": "portmap"}),
+            json!({"type": "bandwidth", "logSocket": ""}),
+            json!({"type": "istio-redirect", "logSocket": "/elsewhere.sock"}),
+        ];
+        let conf = render(&Options::from_settings(&settings(&[])), &network, &chained);
+        let sockets: Vec<&Value> = conf["plugins"]
+            .as_array()
+            .expect("plugins")
+            .iter()
+            .map(|p| &p["logSocket"])
+            .collect();
+        assert_eq!(
+            sockets,
+            [
+                "/run/cni-suite/log.sock",
+                "/run/cni-suite/log.sock",
+                "",
+                "/elsewhere.sock"
+            ]
+        );
+        assert!(
+            conf["plugins"][0]["ipam"].get("logSocket").is_none(),
+            "host-local reads the bridge's"
+        );
+        let none = render(
+            &Options::from_settings(&settings(&["--plugin-log-socket", ""])),
+            &network,
+            &chained[..1],
+        );
+        assert!(none["plugins"][0].get("logSocket").is_none());
+        assert!(none["plugins"][1].get("logSocket").is_none());
     }
 
     #[test]

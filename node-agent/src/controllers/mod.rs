@@ -3,7 +3,7 @@
 //! `run`. Those made from the Nodes (`conflist`, `routes`, `egress`) are
 //! run in that order by `node_watch` at every change and resync; the
 //! others run as tasks of their own (`install`, `istio_chain`, `repair`,
-//! `readiness_taint`, `lease_service`). A controller may use one below it in this list, never
+//! `readiness_taint`, `lease_service`, `plugin_logs`). A controller may use one below it in this list, never
 //! one above: `node_watch` runs the three made from the Nodes, and
 //! `install` restarts the lease service.
 
@@ -18,3 +18,4 @@ pub mod repair;
 pub mod routes;
 
 pub mod lease_service;
+pub mod plugin_logs;

@@ -433,9 +433,11 @@ fn kubernetes_args(pod: &Pod) -> String {
 /// The entry as libcni hands it to the plugin: with the network's name
 /// and version, and the pod's annotations in `runtimeConfig` when the
 /// entry declares them as a capability (otherwise the plugin reads the
-/// pod itself).
+/// pod itself). Without the agent's log socket: the agent reads this
+/// run's records from the plugin's stderr itself (see
+/// [`log_plugin_records`]), and would log them twice.
 fn plugin_config(entry: &Value, network: &str, pod: &Pod) -> Value {
-    let mut config = entry.clone();
+    let mut config = crate::conf_dir::without_log_socket(entry);
     config["cniVersion"] = json!("1.0.0");
     config["name"] = json!(network);
     if let Some(capabilities) = config.get("capabilities").and_then(Value::as_object) {
@@ -659,8 +661,16 @@ mod tests {
             config["runtimeConfig"]["io.kubernetes.cri.pod-annotations"][SIDECAR_STATUS],
             "{}"
         );
-        let config = plugin_config(&json!({"type": "istio-redirect"}), "n", &broken);
+        let config = plugin_config(
+            &json!({"type": "istio-redirect", "logSocket": "/run/cni-suite/log.sock"}),
+            "n",
+            &broken,
+        );
         assert!(config.get("runtimeConfig").is_none());
+        assert!(
+            config.get("logSocket").is_none(),
+            "the agent reads this run's stderr"
+        );
     }
 
     #[test]

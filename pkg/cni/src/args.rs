@@ -85,6 +85,19 @@ impl CniArgs {
     }
 }
 
+/// The last value of `key` in CNI_ARGS as given, reading what can be read:
+/// a malformed segment is skipped, never refused. For labels only (the
+/// pod a log record is about), which must not fail a call whose plugin
+/// reads no argument; a plugin's own arguments go through
+/// [`CniArgs::parse`], which refuses them.
+pub fn lenient_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
+    raw.split(';')
+        .filter_map(|segment| segment.split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .next_back()
+}
+
 /// `K=V;K=V`, the form CNI_ARGS takes in a child's environment.
 pub fn format_pairs(pairs: &[(String, String)]) -> String {
     pairs
@@ -148,6 +161,16 @@ mod tests {
             assert!(err.has_code(Code::InvalidEnvironment), "{bad}");
             assert!(err.msg.contains("invalid CNI_ARGS pair"), "{}", err.msg);
         }
+    }
+
+    #[test]
+    fn lenient_values_skip_what_cannot_be_read() {
+        let raw = "junk;K8S_POD_NAMESPACE=default;=x;K8S_POD_NAME=web-0;K8S_POD_NAME=web-1;;";
+        assert!(CniArgs::parse(raw).is_err(), "refused where arguments are read");
+        assert_eq!(lenient_value(raw, "K8S_POD_NAMESPACE"), Some("default"));
+        assert_eq!(lenient_value(raw, "K8S_POD_NAME"), Some("web-1"), "the last wins");
+        assert_eq!(lenient_value(raw, "k8s_pod_name"), None, "case-sensitive");
+        assert_eq!(lenient_value("", "K8S_POD_NAME"), None);
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub const LEGACY_ATTACHMENTS_KEY: &str = "cni.dev/attachments";
 /// The capability and runtimeConfig key under which containerd and CRI-O pass
 /// the pod's annotations.
 pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
+/// The suite's own key naming the Unix datagram socket a plugin also sends
+/// its log records to (the node agent's; see [`crate::log::socket`]). The
+/// reference plugins ignore a key they do not know, so an entry carrying
+/// it works with them unchanged.
+pub const LOG_SOCKET_KEY: &str = "logSocket";
 
 /// The keys every plugin configuration shares.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +43,8 @@ pub struct NetConf {
     pub prev_result: Option<Value>,
     pub log_file: Option<PathBuf>,
     pub log_level: Option<String>,
+    /// [`LOG_SOCKET_KEY`]: see [`log_socket`].
+    pub log_socket: Option<PathBuf>,
     raw: Value,
 }
 
@@ -103,6 +110,24 @@ pub fn config_version(doc: &Value) -> Result<Version> {
     }
 }
 
+/// The socket `logSocket` names, matched as Go's decoder would match a
+/// field of that name (any case, the last key, `null` absent); an empty
+/// string names none. Not a string is invalid configuration (7), as a
+/// wrong `logFile` is.
+pub fn log_socket(doc: &Value) -> Result<Option<PathBuf>> {
+    let Some(map) = doc.as_object() else {
+        return Ok(None);
+    };
+    match crate::keys::get(map, LOG_SOCKET_KEY) {
+        None => Ok(None),
+        Some(Value::String(path)) if path.is_empty() => Ok(None),
+        Some(Value::String(path)) => Ok(Some(PathBuf::from(path))),
+        Some(other) => Err(Error::invalid_config(format!(
+            "invalid network configuration: {LOG_SOCKET_KEY} must be a string, got {other}"
+        ))),
+    }
+}
+
 impl NetConf {
     /// Reads the shared keys of a document whose version was already
     /// accepted. Wrong types or values are invalid configuration (7).
@@ -120,6 +145,7 @@ impl NetConf {
         let shared = SharedKeys::deserialize(&doc)
             .map_err(|e| Error::invalid_config(format!("invalid network configuration: {e}")))?;
         let ipam = shared.ipam.map(IpamConf::from_value).transpose()?;
+        let log_socket = log_socket(&doc)?;
         Ok(NetConf {
             cni_version,
             name,
@@ -132,6 +158,7 @@ impl NetConf {
             prev_result: shared.prev_result.filter(|v| !v.is_null()),
             log_file: shared.log_file,
             log_level: shared.log_level,
+            log_socket,
             raw: doc,
         })
     }
@@ -529,6 +556,26 @@ mod tests {
         assert_eq!(c.prev_result().expect("valid").map(|r| r.ips.len()), Some(1));
         assert_eq!(c.raw()["custom"], 5);
         assert_eq!(c.log_level.as_deref(), Some("debug"));
+        assert_eq!(c.log_socket, None);
+    }
+
+    #[test]
+    fn the_log_socket_is_matched_as_go_matches_a_field() {
+        let socket = |doc: Value| conf(doc).log_socket;
+        assert_eq!(
+            socket(json!({"name": "n", "logSocket": "/run/cni-suite/log.sock"})),
+            Some(PathBuf::from("/run/cni-suite/log.sock"))
+        );
+        assert_eq!(
+            socket(json!({"name": "n", "logSocket": "/a", "LOGSOCKET": "/b"})),
+            Some(PathBuf::from("/b")),
+            "the later key in any case wins"
+        );
+        assert_eq!(socket(json!({"name": "n", "logSocket": null})), None);
+        assert_eq!(socket(json!({"name": "n", "logSocket": ""})), None);
+        let err = NetConf::from_document(json!({"name": "n", "logSocket": 1}), Version::V1_0_0)
+            .expect_err("not a string");
+        assert!(err.has_code(Code::InvalidConfig), "{err}");
     }
 
     #[test]

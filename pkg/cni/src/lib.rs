@@ -6,7 +6,8 @@
 //!   each version's shape.
 //! - [`error`]: the spec's error document and codes.
 //! - [`skel`]: the plugin skeleton; [`exec`]: running other plugins.
-//! - [`log`]: logging to stderr or a configured file, never stdout.
+//! - [`log`]: logging to stderr or a configured file, never stdout, and to
+//!   the node agent's socket when the configuration names one.
 //! - [`small_file`]: reading a small file where others may put anything.
 
 #![forbid(unsafe_code)]

@@ -1,5 +1,17 @@
 //! Plugin logging: never stdout. Records go to stderr (which libcni passes on
-//! to the runtime's log) or, when the configuration names one, to `logFile`.
+//! to the runtime's log) or, when the configuration names one, to `logFile`;
+//! and, when it names the node agent's socket (`logSocket`), also there
+//! (see [`socket`]).
+//!
+//! The socket has a level of its own: `info` (or the configuration's
+//! `logLevel` when that asks for more), so the agent's log shows every
+//! verb's outcome ([`outcome`]) while stderr stays at `warn`. stderr or
+//! `logFile` keep their level and get the records they always got, and
+//! also each record the socket was to carry but did not take (nobody
+//! listens, or the listener's queue is full): nothing logged for the
+//! agent is lost when the agent is not there.
+
+pub mod socket;
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
@@ -9,9 +21,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use log::{LevelFilter, Log, Metadata, Record};
+use log::{Level, LevelFilter, Log, Metadata, Record};
 
 use crate::error::{Error, Result};
+use socket::{Invocation, LogSocket};
 
 struct Logger {
     state: Mutex<State>,
@@ -22,13 +35,55 @@ struct State {
     /// The process's own level (records of other threads in a service).
     level: LevelFilter,
     file: Option<File>,
+    /// The one invocation a plugin process serves, once its configuration
+    /// is read (see [`begin`]): the labels of its socket records and of
+    /// its [`outcome`].
+    invocation: Option<Invocation>,
+    /// The agent's socket, when the configuration names one.
+    socket: Option<LogSocket>,
 }
+
+impl State {
+    /// The most verbose level any destination takes.
+    fn widest(&self) -> LevelFilter {
+        match self.socket {
+            Some(_) => self.level.max(SOCKET_LEVEL),
+            None => self.level,
+        }
+    }
+
+    /// Whether the socket is to carry a record of `level`.
+    fn socket_takes(&self, level: Level) -> bool {
+        self.socket.is_some() && level <= self.level.max(SOCKET_LEVEL)
+    }
+
+    /// Sends a record to the socket; whether it took it.
+    fn send(&mut self, level: Level, msg: String) -> bool {
+        let (Some(socket), Some(invocation)) = (self.socket.as_mut(), self.invocation.as_ref()) else {
+            return false;
+        };
+        let record = socket::Record::new(
+            self.plugin,
+            level,
+            invocation,
+            utc_timestamp(SystemTime::now()),
+            msg,
+        );
+        socket.send(&record.encode()).is_ok()
+    }
+}
+
+/// The least the socket takes whatever `logLevel` says: the outcome of
+/// every verb.
+const SOCKET_LEVEL: LevelFilter = LevelFilter::Info;
 
 static LOGGER: Logger = Logger {
     state: Mutex::new(State {
         plugin: "cni",
         level: LevelFilter::Warn,
         file: None,
+        invocation: None,
+        socket: None,
     }),
 };
 
@@ -60,7 +115,10 @@ pub fn init(plugin: &'static str) {
 /// `logFile` apply to the records of that request's thread until its
 /// [`RequestScope`] ends, not to the process, or one pod's `logLevel:
 /// debug` would send every later request, from any network, into that
-/// pod's file.
+/// pod's file. Such a process sends nothing to a `logSocket`: its records
+/// are not one invocation's, the plugin process that asked it logs the
+/// call's outcome, and the agent's own service's stderr is the agent's
+/// log already.
 pub fn keep_own_settings() {
     OWN_SETTINGS.store(true, Ordering::Relaxed);
 }
@@ -111,9 +169,6 @@ pub fn configure(file: Option<&Path>, level: Option<&str>) -> Result<()> {
         REQUEST.with(|request| *request.borrow_mut() = Some(RequestLog { level, file }));
         return Ok(());
     }
-    if let Some(level) = level {
-        log::set_max_level(level);
-    }
     let file = file.and_then(open_log_file);
     if let Ok(mut state) = LOGGER.state.lock() {
         if let Some(level) = level {
@@ -122,8 +177,46 @@ pub fn configure(file: Option<&Path>, level: Option<&str>) -> Result<()> {
         if file.is_some() {
             state.file = file;
         }
+        log::set_max_level(state.widest());
     }
     Ok(())
+}
+
+/// Starts the process's one invocation, once its environment is checked
+/// and its configuration parsed: its labels, and the agent's socket when
+/// the configuration names one. Nothing in a process with its own
+/// settings (see [`keep_own_settings`]).
+pub fn begin(invocation: Invocation, socket: Option<&Path>) {
+    if OWN_SETTINGS.load(Ordering::Relaxed) {
+        return;
+    }
+    let Ok(mut state) = LOGGER.state.lock() else {
+        return;
+    };
+    state.invocation = Some(invocation);
+    let same = state.socket.as_ref().map(LogSocket::path) == socket;
+    if !same {
+        state.socket = socket.map(LogSocket::new);
+    }
+    log::set_max_level(state.widest());
+}
+
+/// Logs how the invocation [`begin`] started ended (`ok, <addresses>`,
+/// or `failed: <error>`): at `info` for a success, which the agent's
+/// socket takes, `error` for a failure. The socket's record has the verb
+/// as a label; the line on stderr or in `logFile` starts with it. False,
+/// logging nothing, when no invocation began (VERSION, the about text, a
+/// call refused before its configuration was read).
+pub fn outcome(level: Level, text: &str) -> bool {
+    let verb = match LOGGER.state.lock() {
+        Ok(state) => state.invocation.as_ref().map(|i| i.verb.clone()),
+        Err(_) => None,
+    };
+    let Some(verb) = verb else {
+        return false;
+    };
+    LOGGER.write(level, text.to_owned(), &format!("{verb} {text}"));
+    true
 }
 
 fn parse_level(level: &str) -> Result<LevelFilter> {
@@ -150,24 +243,49 @@ fn level_here(own: LevelFilter) -> LevelFilter {
 
 impl Log for Logger {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        let own = self.state.lock().map_or(LevelFilter::Warn, |state| state.level);
-        metadata.level() <= level_here(own)
+        let Ok(state) = self.state.lock() else {
+            return false;
+        };
+        metadata.level() <= level_here(state.level) || state.socket_takes(metadata.level())
     }
 
     fn log(&self, record: &Record<'_>) {
-        let Ok(mut state) = self.state.lock() else {
+        let msg = record.args().to_string();
+        self.write(record.level(), msg.clone(), &msg);
+    }
+
+    fn flush(&self) {}
+}
+
+impl Logger {
+    fn write(&self, level: Level, to_socket: String, in_line: &str) {
+        if let Ok(mut state) = self.state.lock() {
+            state.write(level, to_socket, in_line);
+        }
+    }
+}
+
+impl State {
+    /// One record: `to_socket` as the socket's message, `in_line` as the
+    /// line's on stderr or in `logFile`, which also gets what the socket
+    /// was to carry and did not take.
+    fn write(&mut self, level: Level, to_socket: String, in_line: &str) {
+        let local = level <= level_here(self.level);
+        let for_socket = self.socket_takes(level);
+        if !local && !for_socket {
             return;
-        };
-        if record.level() > level_here(state.level) {
+        }
+        let sent = for_socket && self.send(level, to_socket);
+        if !local && sent {
             return;
         }
         let line = format!(
             "{} {:<5} {}[{}]: {}\n",
             utc_timestamp(SystemTime::now()),
-            record.level(),
-            state.plugin,
+            level,
+            self.plugin,
             std::process::id(),
-            record.args()
+            in_line
         );
         let in_request_file = REQUEST.with(|request| {
             let mut request = request.borrow_mut();
@@ -177,13 +295,11 @@ impl Log for Logger {
         if in_request_file {
             return;
         }
-        let written = state.file.as_mut().map(|f| f.write_all(line.as_bytes()));
+        let written = self.file.as_mut().map(|f| f.write_all(line.as_bytes()));
         if !matches!(written, Some(Ok(()))) {
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
     }
-
-    fn flush(&self) {}
 }
 
 /// `2026-11-22T04:01:43.123Z`, without a date crate.
@@ -218,6 +334,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
     use std::time::Duration;
 
     use super::*;
@@ -229,6 +346,64 @@ mod tests {
         assert_eq!(utc_timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(utc_timestamp(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    /// A process's logging state as a plugin's would be after [`begin`],
+    /// writing its lines into a file.
+    fn state_with(socket: &Path, file: &Path) -> State {
+        State {
+            plugin: "bridge",
+            level: LevelFilter::Warn,
+            file: Some(File::create(file).expect("log file")),
+            invocation: Some(Invocation {
+                verb: "ADD".into(),
+                container_id: "c1".into(),
+                pod_namespace: "default".into(),
+                pod_name: "web-1".into(),
+            }),
+            socket: Some(LogSocket::new(socket)),
+        }
+    }
+
+    #[test]
+    fn the_socket_takes_info_and_what_it_does_not_take_goes_to_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (socket, file) = (dir.path().join("log.sock"), dir.path().join("plugin.log"));
+        let listener = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let mut state = state_with(&socket, &file);
+        assert_eq!(state.widest(), LevelFilter::Info);
+        state.write(Level::Info, "ok, 10.0.0.2/24".into(), "ADD ok, 10.0.0.2/24");
+        state.write(Level::Warn, "odd".into(), "odd");
+        state.write(Level::Debug, "chatter".into(), "chatter");
+        let mut buf = vec![0; socket::MAX_DATAGRAM];
+        let mut received = Vec::new();
+        while let Ok(n) = listener.recv(&mut buf) {
+            let record = socket::Record::decode(&buf[..n]).expect("a record");
+            received.push(format!(
+                "{} {} {}/{}",
+                record.level, record.msg, record.pod_namespace, record.pod_name
+            ));
+        }
+        assert_eq!(
+            received,
+            ["info ok, 10.0.0.2/24 default/web-1", "warn odd default/web-1"]
+        );
+        let lines = std::fs::read_to_string(&file).expect("read");
+        assert!(
+            !lines.contains("ADD ok") && lines.contains("WARN  bridge["),
+            "{lines}"
+        );
+
+        // The listener gone: the file gets the record the socket was for.
+        drop(listener);
+        state.write(Level::Info, "ok".into(), "DEL ok");
+        let lines = std::fs::read_to_string(&file).expect("read");
+        assert!(
+            lines.contains("INFO  bridge[") && lines.contains("]: DEL ok"),
+            "{lines}"
+        );
+        assert!(!lines.contains("chatter"), "{lines}");
     }
 
     #[test]

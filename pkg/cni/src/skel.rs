@@ -13,6 +13,7 @@ use crate::conf::{NetConf, config_version, parse_document};
 use crate::env::{Command, EnvSource, Environment, ProcessEnv};
 use crate::error::{Code, Error, Result};
 use crate::keys::{self, Shape};
+use crate::log::socket::Invocation;
 use crate::result::CniResult;
 use crate::version::Version;
 
@@ -88,7 +89,9 @@ pub fn run<P: Plugin>(plugin: &P) -> ExitCode {
     code
 }
 
-/// Prints a reply the way a plugin must and gives the exit status.
+/// Prints a reply the way a plugin must and gives the exit status; the
+/// verb's outcome is logged first (see [`crate::log::outcome`]), so a
+/// runtime that stops reading once the reply is printed cannot lose it.
 pub fn emit(reply: &Reply) -> ExitCode {
     match reply {
         Reply::About(text) => {
@@ -96,16 +99,39 @@ pub fn emit(reply: &Reply) -> ExitCode {
             ExitCode::SUCCESS
         }
         Reply::Document(doc) => {
+            crate::log::outcome(log::Level::Info, &succeeded(doc));
             print_document(doc);
             ExitCode::SUCCESS
         }
-        Reply::Done => ExitCode::SUCCESS,
+        Reply::Done => {
+            crate::log::outcome(log::Level::Info, "ok");
+            ExitCode::SUCCESS
+        }
         Reply::Failed(err, version) => {
-            log::error!("{err}");
+            if !crate::log::outcome(log::Level::Error, &format!("failed: {err}")) {
+                log::error!("{err}");
+            }
             print_document(&err.to_json(*version));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `ok`, with the addresses of a result (an ADD's): `ok, 10.244.1.5/24,
+/// fd00:10:244:1::5/64`. Results of every version: `ips` from 0.3.0 on,
+/// `ip4` and `ip6` before.
+fn succeeded(doc: &Value) -> String {
+    let listed = doc["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ip| &ip["address"]);
+    let legacy = [&doc["ip4"]["ip"], &doc["ip6"]["ip"]].into_iter();
+    let addresses: Vec<&str> = listed.chain(legacy).filter_map(Value::as_str).collect();
+    std::iter::once("ok")
+        .chain(addresses)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Writes one JSON document to stdout, indented as Go's `PrintResult` does.
@@ -179,11 +205,19 @@ pub fn dispatch<P: Plugin>(
     if env.command == Command::Version {
         return Reply::Document(version_document(&stdin));
     }
-    let doc = match parse_as::<P>(&stdin).and_then(|doc| Ok((config_version(&doc)?, doc))) {
-        Ok(parsed) => parsed,
+    let doc = match parse_as::<P>(&stdin) {
+        Ok(doc) => doc,
         Err(e) => return Reply::Failed(e, Version::LATEST),
     };
-    let (version, doc) = doc;
+    // As soon as the socket can be known, so the outcome of a call refused
+    // for its version or its shared keys reaches the agent too; a wrong
+    // `logSocket` is refused with the other shared keys, below.
+    let socket = crate::conf::log_socket(&doc).ok().flatten();
+    crate::log::begin(Invocation::of(&env), socket.as_deref());
+    let version = match config_version(&doc) {
+        Ok(version) => version,
+        Err(e) => return Reply::Failed(e, Version::LATEST),
+    };
     match invoke(plugin, env, doc, version, stdin) {
         Ok(Some(doc)) => Reply::Document(doc),
         Ok(None) => Reply::Done,

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::atomic::{mode_of, read_text, replace_file};
-use crate::conf_dir::{render_text, write_if_changed};
+use crate::conf_dir::{render_text, without_log_socket, write_if_changed};
 use crate::error::Error;
 use crate::record::Wrapped;
 
@@ -270,11 +270,17 @@ fn put_back(wrapped: &Wrapped) -> Result<(), Error> {
     }
 }
 
-/// Whether `path` holds exactly `entry`, wherever in its list: the files
-/// an agent chained it into, whether or not it recorded them (releases
-/// before this one did not).
+/// Whether `path` holds `entry`, wherever in its list: the files an agent
+/// chained it into, whether or not it recorded them (releases before the
+/// record did not). Exactly the entry, but for the `logSocket` the agent
+/// names in it: releases before that named none.
 pub fn holds(path: &Path, entry: &Value) -> bool {
-    parse(path).is_some_and(|conf| conf["plugins"].as_array().is_some_and(|p| p.contains(entry)))
+    let ours = without_log_socket(entry);
+    parse(path).is_some_and(|conf| {
+        conf["plugins"]
+            .as_array()
+            .is_some_and(|plugins| plugins.iter().any(|p| without_log_socket(p) == ours))
+    })
 }
 
 /// The network name a list was given by a release of the agent that
@@ -311,6 +317,7 @@ fn is_just_the_wrap_of(path: &Path, wrapped: &Wrapped) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conf_dir::with_log_socket;
     use std::os::unix::fs::PermissionsExt;
 
     fn kindnet() -> Value {
@@ -372,6 +379,12 @@ mod tests {
             let newer = json!({"type": TYPE, "plugin_log_level": "debug"});
             insert(&path, &newer);
             assert!(in_place(&path, &newer));
+            // So is an entry of a release that named no log socket.
+            let mut naming_the_socket = newer.clone();
+            with_log_socket(&mut naming_the_socket, Path::new("/run/cni-suite/log.sock"));
+            assert!(!in_place(&path, &naming_the_socket), "rewritten on upgrade");
+            insert(&path, &naming_the_socket);
+            assert!(in_place(&path, &naming_the_socket));
             assert!(remove(&path).expect("remove"));
             assert_eq!(read(&path), original, "the rest of the file unchanged");
             assert!(!remove(&path).expect("nothing left"));
@@ -526,6 +539,10 @@ mod tests {
         write(&path, &istios_wrap, 0o644);
         assert!(holds(&path, &ours));
         assert!(!holds(&path, &json!({"type": TYPE, "other": true})));
+        // The entry of a release that named no log socket is still ours.
+        let mut named = ours.clone();
+        with_log_socket(&mut named, Path::new("/run/cni-suite/log.sock"));
+        assert!(holds(&path, &named));
         assert_eq!(renamed_by_an_earlier_wrap(&path).as_deref(), Some("mynet"));
         write(&path, &kindnet(), 0o644);
         assert_eq!(renamed_by_an_earlier_wrap(&path), None);

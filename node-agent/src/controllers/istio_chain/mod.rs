@@ -27,7 +27,8 @@ use crate::{changes, conf_dir};
 #[derive(Debug, Clone)]
 pub struct Options {
     /// istio-redirect's entry: `ISTIO_PLUGIN_CONFIG`, else the default
-    /// (see [`files::entry`]), naming the kubeconfig unless it names one.
+    /// (see [`files::entry`]), naming the kubeconfig and the agent's log
+    /// socket unless it names them.
     pub entry: serde_json::Value,
     /// The CNI conf directory.
     pub cni_conf_dir: PathBuf,
@@ -53,6 +54,9 @@ impl Options {
         let mut entry = files::entry(settings.istio_plugin_config.as_deref())?;
         if entry.get("kubeconfig").is_none() {
             entry["kubeconfig"] = json!(settings.istio_kubeconfig);
+        }
+        if let Some(socket) = settings.plugin_log_socket() {
+            conf_dir::with_log_socket(&mut entry, &socket);
         }
         Ok(Options {
             entry,

@@ -266,3 +266,17 @@ fn go_style_indentation() {
         "{\n    \"a\": [\n        1\n    ]\n}"
     );
 }
+
+#[test]
+fn an_outcome_names_the_addresses_of_a_result_of_any_version() {
+    assert_eq!(
+        succeeded(&json!({"cniVersion": "1.0.0",
+            "ips": [{"address": "10.244.1.5/24"}, {"address": "fd00::5/64"}]})),
+        "ok, 10.244.1.5/24, fd00::5/64"
+    );
+    assert_eq!(
+        succeeded(&json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24"}})),
+        "ok, 10.0.0.2/24"
+    );
+    assert_eq!(succeeded(&json!({"cniVersion": "1.0.0"})), "ok");
+}

@@ -1,0 +1,287 @@
+//! The plugins' log records in the agent's log: the plugins the agent's
+//! entries name send their records (`logSocket`, see `cni::log::socket`)
+//! as datagrams to a Unix socket in the agent's run directory, as Istio's
+//! plugin sends its records to its agent's `log.sock`; the agent writes
+//! each as one of its own lines (`logging::plugin_record`), so `kubectl
+//! logs` of the agent shows every ADD and DEL, its pod and its outcome.
+//!
+//! Bounded by the kernel: a datagram socket queues at most
+//! `net.unix.max_dgram_qlen` records (10 by default) before a sender's
+//! non-blocking send is refused, and that sender writes the record to its
+//! own stderr instead. The agent holds one record's buffer; what is not a
+//! record is counted and skipped.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use cni::log::socket::{MAX_DATAGRAM, Record};
+use tokio::net::UnixDatagram;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::logging;
+use crate::settings::Settings;
+
+/// Where the records come in.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `PLUGIN_LOG_SOCKET`; None: the plugins log to the runtime only.
+    pub socket: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn from_settings(settings: &Settings) -> Options {
+        Options {
+            socket: settings.plugin_log_socket(),
+        }
+    }
+}
+
+/// The listener, reading until [`PluginLogs::stop`].
+#[derive(Debug)]
+pub struct PluginLogs {
+    reading: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
+    bound: Bound,
+}
+
+/// Listens on the socket, replacing a socket a former agent left there;
+/// None when there is no socket to listen on (unset, or the place holds
+/// something else: the plugins' records then stay in the runtime's log,
+/// which is no reason to leave the node without its network).
+pub fn start(options: &Options) -> Option<PluginLogs> {
+    let path = options.socket.as_ref()?;
+    let (socket, bound) = match bind(path) {
+        Ok(bound) => bound,
+        Err(e) => {
+            log::error!(
+                "cannot listen for the plugins' log records on {}: {e}; they stay in the runtime's log",
+                path.display()
+            );
+            return None;
+        }
+    };
+    log::info!("the plugins' log records: {}", path.display());
+    let (stop, stopped) = oneshot::channel();
+    Some(PluginLogs {
+        reading: tokio::spawn(read(socket, path.clone(), stopped)),
+        stop,
+        bound,
+    })
+}
+
+impl PluginLogs {
+    /// Removes the socket (a plugin from now on logs to its stderr), then
+    /// writes what was queued before and stops.
+    pub async fn stop(self) {
+        let PluginLogs { reading, stop, bound } = self;
+        drop(bound);
+        let _ = stop.send(());
+        let _ = reading.await;
+    }
+}
+
+/// The socket file this agent bound, removed when dropped unless it is
+/// someone else's by then (a newer agent of a rollout binds its own at the
+/// same path before this one stops).
+#[derive(Debug)]
+struct Bound {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|meta| {
+            meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino
+        });
+        if ours && let Err(e) = std::fs::remove_file(&self.path) {
+            log::warn!("cannot remove {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Binds the socket at `path`, 0600 (plugins run as root; only a sender
+/// with write permission on the file can send). A socket already there is
+/// a former agent's and is replaced; anything else (a file, a link, a
+/// directory) is left as it is and refused.
+fn bind(path: &Path) -> io::Result<(UnixDatagram, Bound)> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "something that is no socket is there, and is left as it is",
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let socket = UnixDatagram::bind(path)?;
+    let meta = std::fs::symlink_metadata(path)?;
+    let bound = Bound {
+        path: path.to_path_buf(),
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    // The directory is root's; the lstat above saw the socket just bound,
+    // so the mode goes on it and not through a link put there since.
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::other("the socket bound is not where it was bound"));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok((socket, bound))
+}
+
+/// Reads records until told to stop, then what is still queued.
+async fn read(socket: UnixDatagram, path: PathBuf, mut stopped: oneshot::Receiver<()>) {
+    // One byte more than a record may have: a datagram that fills it was
+    // cut, and is not read as a record.
+    let mut buf = vec![0; MAX_DATAGRAM + 1];
+    let mut skipped = Skipped::new(path);
+    loop {
+        tokio::select! {
+            received = socket.recv(&mut buf) => match received {
+                Ok(len) => take(&buf[..len], &mut skipped),
+                Err(e) => {
+                    log::warn!("reading the plugins' log records: {e}");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            },
+            _ = &mut stopped => break,
+        }
+    }
+    while let Ok(len) = socket.try_recv(&mut buf) {
+        take(&buf[..len], &mut skipped);
+    }
+}
+
+/// One datagram: a record is logged, anything else counted.
+fn take(datagram: &[u8], skipped: &mut Skipped) {
+    match (datagram.len() <= MAX_DATAGRAM)
+        .then(|| Record::decode(datagram))
+        .flatten()
+    {
+        Some(record) => logging::plugin_record(&record),
+        None => {
+            skipped.one();
+        }
+    }
+}
+
+/// Datagrams that were no record: counted, and told of at the 1st, 2nd,
+/// 4th, 8th... so a sender of garbage cannot flood the log.
+#[derive(Debug)]
+struct Skipped {
+    path: PathBuf,
+    count: u64,
+}
+
+impl Skipped {
+    fn new(path: PathBuf) -> Skipped {
+        Skipped { path, count: 0 }
+    }
+
+    /// Counts one; whether it was told of.
+    fn one(&mut self) -> bool {
+        self.count += 1;
+        let told = self.count.is_power_of_two();
+        if told {
+            log::warn!(
+                "{} datagram(s) on {} so far were no plugin's log record: skipped",
+                self.count,
+                self.path.display()
+            );
+        }
+        told
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixDatagram as StdDatagram;
+
+    use super::*;
+
+    #[test]
+    fn malformed_datagrams_are_counted_and_told_of_ever_more_rarely() {
+        let mut skipped = Skipped::new(PathBuf::from("/run/cni-suite/log.sock"));
+        let told: Vec<u64> = (1..=20).filter(|_| skipped.one()).collect();
+        assert_eq!(told.len(), 5, "1, 2, 4, 8, 16");
+        assert_eq!(skipped.count, 20);
+        let mut skipped = Skipped::new(PathBuf::from("/x"));
+        for garbage in [&b"not json"[..], b"{}", &vec![b' '; MAX_DATAGRAM + 1]] {
+            take(garbage, &mut skipped);
+        }
+        assert_eq!(skipped.count, 3);
+    }
+
+    #[tokio::test]
+    async fn a_former_agents_socket_is_replaced_and_anything_else_left_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("run/log.sock");
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        drop(StdDatagram::bind(&path).expect("a former agent's socket"));
+        let logs = start(&Options {
+            socket: Some(path.clone()),
+        })
+        .expect("listening");
+        let meta = std::fs::symlink_metadata(&path).expect("bound");
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let sender = StdDatagram::unbound().expect("socket");
+        sender.send_to(b"{}", &path).expect("a reader is there");
+        logs.stop().await;
+        assert!(std::fs::symlink_metadata(&path).is_err(), "removed at stop");
+
+        for (what, make) in [
+            (
+                "a file",
+                &(|p: &Path| std::fs::write(p, "someone's")) as &dyn Fn(&Path) -> io::Result<()>,
+            ),
+            ("a link", &|p: &Path| {
+                std::os::unix::fs::symlink("/etc/hostname", p)
+            }),
+            ("a directory", &|p: &Path| std::fs::create_dir(p)),
+        ] {
+            make(&path).expect(what);
+            assert!(
+                start(&Options {
+                    socket: Some(path.clone())
+                })
+                .is_none(),
+                "{what}"
+            );
+            let kept = std::fs::symlink_metadata(&path).expect(what);
+            assert!(!kept.file_type().is_socket(), "{what} is left as it is");
+            if kept.is_dir() {
+                std::fs::remove_dir(&path).expect("rmdir");
+            } else {
+                std::fs::remove_file(&path).expect("rm");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_socket_a_newer_agent_bound_since_is_not_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log.sock");
+        let options = Options {
+            socket: Some(path.clone()),
+        };
+        let older = start(&options).expect("the older agent");
+        let newer = start(&options).expect("the newer agent, replacing it");
+        older.stop().await;
+        assert!(
+            std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()),
+            "the newer agent's socket stays"
+        );
+        newer.stop().await;
+        assert!(std::fs::symlink_metadata(&path).is_err());
+    }
+}
