@@ -214,13 +214,38 @@ fn istios_cni_alone_beside_kindnet_untaints_captures_keeps_its_entry_and_rolls_f
     let ns = Namespace::new(cluster, "istio-only");
     ns.apply(&injected_pod("captured"));
     ns.apply(&validating_pod("plain", false));
-    ns.ready_pods("app=captured", 1, Duration::from_secs(120));
+    let captured = ns
+        .ready_pods("app=captured", 1, Duration::from_secs(120))
+        .remove(0);
     assert_eq!(
         validation_runs(&ns, "captured"),
         (vec![0], 0),
         "the injected pod's validation"
     );
     validation_failed(&ns, "plain");
+    // `kubectl logs` of the agent on its node shows the plugin's record of
+    // the pod's ADD, with its namespace and name.
+    let (agent, _) = agent_of(cluster, ISTIO_ONLY_AGENT, &captured.node).expect("an agent there");
+    let wanted = format!("plugin istio-redirect ADD {}/captured", ns.name);
+    let logged = poll(
+        "the plugin's ADD record in the agent's log",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || {
+            let logs = cluster
+                .kubectl(&["-n", "kube-system", "logs", &agent])
+                .success()
+                .stdout;
+            match logs.lines().find(|line| line.contains(&wanted)) {
+                Some(line) => {
+                    eprintln!("istio-only: kubectl logs {agent}: {line}");
+                    Ok(())
+                }
+                None => Err(format!("no {wanted:?} in {} lines", logs.lines().count())),
+            }
+        },
+    );
+    eprintln!("istio-only: the record in the agent's log {logged:?} after the check began");
 
     // kindnetd writes its file again (in place, then renamed over): the
     // entry is back. The 2 s goal is make bench's; here 10 s at most.
