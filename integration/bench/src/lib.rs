@@ -963,14 +963,9 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
 /// (its max); the agent checks every 500 ms.
 fn rechain(out: &mut Outcome, n: usize) {
     use test_kit::fakes::api_server::ApiServer;
-    use test_kit::node_agent::{Agent, lab_node, node_object};
+    use test_kit::node_agent::{Agent, kindnet_conflist, lab_node, node_object};
     let node = lab_node();
-    let kindnet = json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
-        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
-         "dataDir": node.path("kindnet-ipam"), "ranges": [[{"subnet": "10.244.1.0/24"}]],
-         "routes": [{"dst": "0.0.0.0/0"}]}},
-        {"type": "portmap", "capabilities": {"portMappings": true}}]})
-    .to_string();
+    let kindnet = kindnet_conflist(&node).to_string();
     let file = node.conf_dir().join("10-kindnet.conflist");
     std::fs::write(&file, &kindnet).expect("kindnet's file");
     let server = ApiServer::start(node.netns.path(), "bench-token");

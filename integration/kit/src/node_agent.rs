@@ -236,6 +236,33 @@ pub fn lab_node() -> Node {
     node
 }
 
+/// A lab node as kind's image makes one: Debian's reference plugins kindnet
+/// uses (ptp, host-local, portmap, loopback) in its bin directory.
+pub fn kind_node() -> Node {
+    let node = lab_node();
+    let bin = host_bin(&node);
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for plugin in ["ptp", "host-local", "portmap", "loopback"] {
+        std::fs::copy(
+            std::path::Path::new("/usr/lib/cni").join(plugin),
+            bin.join(plugin),
+        )
+        .expect("a reference plugin");
+    }
+    node
+}
+
+/// kindnet's conflist as kindnetd writes it (`10-kindnet.conflist`), its
+/// leases under the node's directory rather than the host's /run.
+pub fn kindnet_conflist(node: &Node) -> Value {
+    json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
+        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
+         "dataDir": node.path("kindnet-ipam"), "ranges": [[{"subnet": "10.244.1.0/24"}]],
+         "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}
+    ]})
+}
+
 /// `ip [-6] route show proto 201` in the node: the agent's routes, as
 /// `<dst> via <gateway>`, sorted.
 pub fn agent_routes(node: &Node) -> Vec<String> {

@@ -14,26 +14,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, host_conflist, host_log_socket, lab_node, node_object};
+use test_kit::node_agent::{
+    Agent, host_bin, host_conflist, host_log_socket, kind_node, kindnet_conflist, lab_node, node_object,
+};
+
+use crate::node_agent::uplink;
 use test_kit::{Node, require_root, wait_for};
 
 const TOKEN: &str = "agent-token";
-
-/// A link holding the Node's InternalIP, so pods get its MTU (1450).
-fn uplink(node: &Node) {
-    node.netns
-        .ip(&[
-            "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name", "uplink0p", "mtu",
-            "1450",
-        ])
-        .success();
-    node.netns
-        .ip(&["addr", "add", "10.250.0.11/24", "dev", "uplink0"])
-        .success();
-    for link in ["uplink0", "uplink0p"] {
-        node.netns.ip(&["link", "set", link, "up"]).success();
-    }
-}
 
 /// The agent's lines that are plugins' records.
 fn plugin_lines(log: &str) -> Vec<Value> {
@@ -158,20 +146,11 @@ fn read_json(path: &Path) -> Value {
 #[test]
 fn istios_entry_in_another_networks_file_names_the_socket_and_replaces_an_earlier_releases() {
     require_root();
-    let node = lab_node();
     // kindnet's list with Debian's reference plugins, chained by a release
     // whose entry named no log socket.
+    let node = kind_node();
     let bin = host_bin(&node);
-    std::fs::create_dir_all(&bin).expect("bin dir");
-    for plugin in ["ptp", "host-local", "portmap", "loopback"] {
-        std::fs::copy(Path::new("/usr/lib/cni").join(plugin), bin.join(plugin)).expect("a reference plugin");
-    }
-    let kindnet = json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
-        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
-         "dataDir": node.path("kindnet-ipam"), "ranges": [[{"subnet": "10.244.1.0/24"}]],
-         "routes": [{"dst": "0.0.0.0/0"}]}},
-        {"type": "portmap", "capabilities": {"portMappings": true}}
-    ]});
+    let kindnet = kindnet_conflist(&node);
     let entry = r#"{"type":"istio-redirect","redirect":{"interceptionMode":"REDIRECT"}}"#;
     let mut earlier: Value = serde_json::from_str(entry).expect("entry");
     earlier["kubeconfig"] = json!(node.path("run/istio-cni/istio-cni-kubeconfig"));

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{
-    Agent, host_bin, host_conflist, host_leases, host_log_socket, lab_node, node_object,
+    Agent, host_bin, host_conflist, host_leases, host_log_socket, kind_node, kindnet_conflist, lab_node,
+    node_object,
 };
 use test_kit::{Node, require_root, wait_for};
 
@@ -24,33 +25,6 @@ const TOKEN: &str = "istio-token";
 /// The entry the tests' agents chain: a static capture, so a pod set up
 /// by cnictl (no Kubernetes arguments) is captured.
 const ENTRY: &str = r#"{"type":"istio-redirect","redirect":{"interceptionMode":"REDIRECT"}}"#;
-
-/// Where Debian's reference plugins are.
-const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
-
-/// A node as kind's image makes it: the reference plugins kindnet uses in
-/// its bin directory.
-fn kind_node() -> Node {
-    let node = lab_node();
-    let bin = host_bin(&node);
-    std::fs::create_dir_all(&bin).expect("bin dir");
-    for plugin in ["ptp", "host-local", "portmap", "loopback"] {
-        std::fs::copy(Path::new(REFERENCE_PLUGINS).join(plugin), bin.join(plugin))
-            .expect("a reference plugin");
-    }
-    node
-}
-
-/// kindnet's conflist as kindnetd writes it, its leases under the node's
-/// directory.
-fn kindnet(node: &Node) -> Value {
-    json!({"cniVersion": "0.3.1", "name": "kindnet", "plugins": [
-        {"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": {"type": "host-local",
-         "dataDir": node.path("kindnet-ipam"), "ranges": [[{"subnet": "10.244.1.0/24"}]],
-         "routes": [{"dst": "0.0.0.0/0"}]}},
-        {"type": "portmap", "capabilities": {"portMappings": true}}
-    ]})
-}
 
 fn kindnet_path(node: &Node) -> PathBuf {
     node.conf_dir().join("10-kindnet.conflist")
@@ -96,7 +70,7 @@ fn istio_alone_chains_into_kindnets_file_captures_its_pods_and_uninstall_leaves_
     require_root();
     let node = kind_node();
     let kindnet_file = kindnet_path(&node);
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let bin = host_bin(&node);
     let before = bin_dir_snapshot(&bin);
     let server = server_of(&node);
@@ -141,7 +115,7 @@ fn istio_alone_chains_into_kindnets_file_captures_its_pods_and_uninstall_leaves_
     assert_no_network_of_its_own(&node, &log);
     assert_eq!(
         read_json(&kindnet_file),
-        kindnet(&node),
+        kindnet_conflist(&node),
         "only our entry removed: {log}"
     );
     assert_eq!(
@@ -251,21 +225,21 @@ fn istio_alone_puts_its_entry_back_after_rewrites_and_follows_a_file_that_starts
     require_root();
     let node = kind_node();
     let kindnet_file = kindnet_path(&node);
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let server = server_of(&node);
     let mut agent = istio_agent(&node, &server, &[("UNINSTALL_ON_STOP", "true")]);
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
     let chained = ["ptp", "portmap", "istio-redirect"];
 
     // kindnetd writes its file in place, then through a renamed temporary.
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("in place");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("in place");
     back_within(
         &kindnet_file,
         &chained,
         "the entry back after an in-place rewrite",
     );
     let temporary = node.conf_dir().join(".kindnet.tmp");
-    std::fs::write(&temporary, kindnet(&node).to_string()).expect("temporary");
+    std::fs::write(&temporary, kindnet_conflist(&node).to_string()).expect("temporary");
     std::fs::rename(&temporary, &kindnet_file).expect("renamed over");
     back_within(&kindnet_file, &chained, "the entry back after a rename");
 
@@ -304,7 +278,7 @@ fn istio_alone_puts_its_entry_back_after_rewrites_and_follows_a_file_that_starts
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
     assert_eq!(read_json(&first), cilium, "{log}");
-    assert_eq!(read_json(&kindnet_file), kindnet(&node), "{log}");
+    assert_eq!(read_json(&kindnet_file), kindnet_conflist(&node), "{log}");
 }
 
 #[test]
@@ -312,14 +286,14 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
     require_root();
     let node = kind_node();
     let kindnet_file = kindnet_path(&node);
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let kindnet_bytes = std::fs::read(&kindnet_file).expect("read");
     let server = server_of(&node);
     let owned = node.conf_dir().join("02-istio-cni.conflist");
     let settings = [("ISTIO_OWNED_CNI_CONFIG", "true"), ("UNINSTALL_ON_STOP", "true")];
     let mut agent = istio_agent(&node, &server, &settings);
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
-    let mut expected = kindnet(&node);
+    let mut expected = kindnet_conflist(&node);
     expected["plugins"]
         .as_array_mut()
         .expect("plugins")
@@ -352,7 +326,7 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
         .success();
 
     // kindnetd changes its list: the owned file follows.
-    let mut changed = kindnet(&node);
+    let mut changed = kindnet_conflist(&node);
     changed["plugins"][0]["mtu"] = json!(1400);
     std::fs::write(&kindnet_file, changed.to_string()).expect("changed");
     wait_for("the owned file re-copied", Duration::from_secs(10), || {
@@ -391,7 +365,7 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
 fn the_owned_mode_never_overwrites_someone_elses_file_of_its_name() {
     require_root();
     let node = kind_node();
-    std::fs::write(kindnet_path(&node), kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(kindnet_path(&node), kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let theirs = node.conf_dir().join("02-istio-cni.conflist");
     let content = json!({"cniVersion": "0.3.1", "name": "theirs", "plugins": [{"type": "ptp"}]}).to_string();
     std::fs::write(&theirs, &content).expect("someone's file");
@@ -415,7 +389,7 @@ fn switching_to_the_owned_mode_takes_the_entry_out_of_the_primary_and_back() {
     require_root();
     let node = kind_node();
     let kindnet_file = kindnet_path(&node);
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let server = server_of(&node);
     let owned = node.conf_dir().join("02-istio-cni.conflist");
     let mut chained = istio_agent(&node, &server, &[]);
@@ -440,7 +414,7 @@ fn switching_to_the_owned_mode_takes_the_entry_out_of_the_primary_and_back() {
     assert_eq!(plugin_types(&kindnet_file), ["ptp", "portmap", "istio-redirect"]);
     let (status, log) = chained.stop();
     assert!(status.success(), "{log}");
-    assert_eq!(read_json(&kindnet_file), kindnet(&node), "{log}");
+    assert_eq!(read_json(&kindnet_file), kindnet_conflist(&node), "{log}");
 }
 
 #[test]
@@ -448,7 +422,7 @@ fn an_agent_stopped_for_an_upgrade_leaves_everything_and_the_next_one_adopts_it(
     require_root();
     let node = kind_node();
     let kindnet_file = kindnet_path(&node);
-    std::fs::write(&kindnet_file, kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(&kindnet_file, kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let server = server_of(&node);
     let bin = host_bin(&node);
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
@@ -491,7 +465,7 @@ fn an_agent_stopped_for_an_upgrade_leaves_everything_and_the_next_one_adopts_it(
         .success();
     let (status, log) = new.stop();
     assert!(status.success(), "{log}");
-    assert_eq!(read_json(&kindnet_file), kindnet(&node), "{log}");
+    assert_eq!(read_json(&kindnet_file), kindnet_conflist(&node), "{log}");
     assert!(!bin.join("istio-redirect").exists(), "{log}");
 }
 
@@ -499,7 +473,7 @@ fn an_agent_stopped_for_an_upgrade_leaves_everything_and_the_next_one_adopts_it(
 fn uninstall_keeps_istio_redirect_while_an_operators_configuration_names_it() {
     require_root();
     let node = kind_node();
-    std::fs::write(kindnet_path(&node), kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(kindnet_path(&node), kindnet_conflist(&node).to_string()).expect("kindnet's file");
     let operators = node.conf_dir().join("99-operator.conflist");
     let operator = json!({"cniVersion": "1.0.0", "name": "operator", "plugins": [
         {"type": "ptp", "ipam": {"type": "host-local", "subnet": "10.99.0.0/24"}},
@@ -551,7 +525,7 @@ fn the_readiness_taint_goes_once_the_chain_is_in_place_and_never_before() {
         "no Node written before"
     );
 
-    std::fs::write(kindnet_path(&node), kindnet(&node).to_string()).expect("kindnet's file");
+    std::fs::write(kindnet_path(&node), kindnet_conflist(&node).to_string()).expect("kindnet's file");
     wait_for("the taint removed", Duration::from_secs(10), || {
         taint_keys(&server) == ["example.com/other"]
     });

@@ -852,8 +852,12 @@ fn kindnet_conflist() -> Value {
 }
 
 pub(crate) fn plugin_types(path: &std::path::Path) -> Vec<String> {
-    let conf: Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default()).unwrap_or_default();
+    plugin_types_in(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The plugin types of a configuration's text (empty when it is not JSON).
+pub(crate) fn plugin_types_in(text: &str) -> Vec<String> {
+    let conf: Value = serde_json::from_str(text).unwrap_or_default();
     conf["plugins"]
         .as_array()
         .into_iter()

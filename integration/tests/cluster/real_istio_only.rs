@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use test_kit::cluster::{AGENT, Cluster, Namespace, condition_of, deploy_dir, poll};
 
 use crate::agent_metrics::sample;
+use crate::node_agent::plugin_types_in;
 use crate::real_cluster::{
     Reinstalled, agent_of, injected_pod, installed, patch_settings, rolling_update_with_churn, settled,
     validating_pod, validation_failed, validation_runs,
@@ -31,14 +31,7 @@ const TAINTED: &str = "tainted";
 /// The plugin types of a configuration file on `node` (empty when it is
 /// missing or not JSON).
 fn types_on(cluster: &Cluster, node: &str, path: &str) -> Vec<String> {
-    let run = cluster.on_node(node, &["cat", path]);
-    let conf: Value = serde_json::from_str(&run.stdout).unwrap_or_default();
-    conf["plugins"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["type"].as_str().map(str::to_owned))
-        .collect()
+    plugin_types_in(&cluster.on_node(node, &["cat", path]).stdout)
 }
 
 fn exists_on(cluster: &Cluster, node: &str, path: &str) -> bool {
