@@ -199,8 +199,10 @@ async fn run(settings: Settings) -> Result<(), Error> {
 }
 
 async fn stop_plugin_logs(plugin_logs: Option<PluginLogs>) {
-    if let Some(plugin_logs) = plugin_logs {
-        plugin_logs.stop().await;
+    if let Some(plugin_logs) = plugin_logs
+        && let Err(e) = tokio::task::spawn_blocking(move || plugin_logs.stop()).await
+    {
+        log::error!("stopping the plugins' log records: {e}");
     }
 }
 

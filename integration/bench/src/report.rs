@@ -195,6 +195,7 @@ fn display_name(metric: &str) -> String {
     let log_socket = [
         super::log_socket::LISTENED_METRIC,
         super::log_socket::UNREAD_METRIC,
+        super::log_socket::CONTROL_METRIC,
     ];
     if log_socket.iter().any(|m| metric.starts_with(m)) {
         format!("{metric} (reference: the same chain, no logSocket)")

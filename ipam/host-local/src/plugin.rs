@@ -39,6 +39,7 @@ impl HostLocal {
 impl Plugin for HostLocal {
     const NAME: &'static str = "host-local";
     const KEYS: cni::keys::Shape = ipam_config::config::KEYS;
+    const IPAM: bool = true;
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let checks::Add { cfg, dns } = checks::add(req)?;
@@ -130,6 +131,7 @@ struct BeforeStore;
 impl Plugin for BeforeStore {
     const NAME: &'static str = HostLocal::NAME;
     const KEYS: cni::keys::Shape = HostLocal::KEYS;
+    const IPAM: bool = HostLocal::IPAM;
 
     fn add(&self, req: &Request, _: &Attachment) -> Result<CniResult> {
         checks::before_store(Command::Add, req).map(|()| CniResult::default())

@@ -30,6 +30,12 @@ pub trait Plugin {
     /// anything reads the document. A plugin reads its own keys from
     /// [`Request::conf`].
     const KEYS: Shape;
+    /// An IPAM plugin, run by the plugin whose `ipam` names it and not by
+    /// a runtime: it sends nothing to the agent's `logSocket`, whose
+    /// records are one per plugin of the list. The plugin that ran it
+    /// logs the outcome, with its addresses or its error, and the ADD
+    /// costs one send less (each costs about 30 µs: a socket and a send).
+    const IPAM: bool = false;
 
     fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult>;
     fn check(&self, req: &Request, attachment: &Attachment) -> Result<()>;
@@ -212,7 +218,7 @@ pub fn dispatch<P: Plugin>(
     // As soon as the socket can be known, so the outcome of a call refused
     // for its version or its shared keys reaches the agent too; a wrong
     // `logSocket` is refused with the other shared keys, below.
-    let socket = crate::conf::log_socket(&doc).ok().flatten();
+    let socket = crate::conf::log_socket(&doc).ok().flatten().filter(|_| !P::IPAM);
     crate::log::begin(Invocation::of(&env), socket.as_deref());
     let version = match config_version(&doc) {
         Ok(version) => version,
