@@ -62,23 +62,33 @@ const VARIANTS: [Variant; 4] = [
     Variant::Control,
 ];
 
+/// What the agent's reader got: ADD outcomes, and records of host-local.
+#[derive(Debug, Default)]
+struct Read {
+    add_outcomes: AtomicUsize,
+    of_host_local: AtomicUsize,
+}
+
 /// The agent's own reader of the socket, each record made into the
 /// agent's line (written nowhere: the agent's stderr is the runtime's
-/// pipe, not the bench's to measure), ADD records counted.
-fn agents_reader(path: &Path) -> (PluginLogs, Arc<AtomicUsize>) {
-    let adds = Arc::new(AtomicUsize::new(0));
-    let counting = adds.clone();
+/// pipe, not the bench's to measure), and counted.
+fn agents_reader(path: &Path) -> (PluginLogs, Arc<Read>) {
+    let read = Arc::new(Read::default());
+    let counting = read.clone();
     let options = plugin_logs::Options {
         socket: Some(path.to_path_buf()),
     };
     let sink = Box::new(move |record: &Record| {
         std::hint::black_box(node_agent::logging::plugin_message(record));
-        if record.verb == "ADD" {
-            counting.fetch_add(1, Ordering::Relaxed);
+        if record.verb == "ADD" && record.level == "info" && record.msg.starts_with("ok") {
+            counting.add_outcomes.fetch_add(1, Ordering::Relaxed);
+        }
+        if record.plugin == "host-local" {
+            counting.of_host_local.fetch_add(1, Ordering::Relaxed);
         }
     });
     let reader = plugin_logs::start_with(&options, sink).expect("the agent's reader");
-    (reader, adds)
+    (reader, read)
 }
 
 /// A socket bound at `path`, the bench's own, in place of the one the
@@ -198,7 +208,7 @@ fn run_list(
 pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
     let listened = suite.node.path("log.sock");
     let unread = suite.node.path("unread.sock");
-    let (reader, read_adds) = agents_reader(&listened);
+    let (reader, read) = agents_reader(&listened);
     let _unread = unread_socket(&unread);
     let lists = [
         agent_conflist(suite, Some(listened.clone())),
@@ -212,7 +222,7 @@ pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
     let mut first = 0;
     while first < calls {
         let batch = BATCH.min(calls - first);
-        let added = add_batch(suite, &lists, first, batch);
+        let added = add_batch(out, suite, &lists, first, batch);
         for (i, v) in turns(first, batch) {
             let (pod, result, _) = &added[v][i];
             dels.push(run_list(
@@ -232,7 +242,8 @@ pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
     }
     // The agent's reader writes what is still queued as it stops.
     reader.stop();
-    let received = read_adds.load(Ordering::Relaxed);
+    let received = read.add_outcomes.load(Ordering::Relaxed);
+    let of_host_local = read.of_host_local.load(Ordering::Relaxed);
     let plugins = lists[0]["plugins"].as_array().map_or(0, Vec::len);
     for (v, variant) in VARIANTS.iter().enumerate() {
         check_calls(
@@ -249,7 +260,12 @@ pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
     // the unread socket's records went to stderr.
     if received != calls * plugins {
         out.problem(format!(
-            "log socket: the reader got {received} ADD records of {calls} ADDs of {plugins} plugins"
+            "log socket: the reader got {received} ADD outcomes of {calls} ADDs of {plugins} plugins"
+        ));
+    }
+    if of_host_local != 0 {
+        out.problem(format!(
+            "log socket: host-local, run by the bridge, sent {of_host_local} records"
         ));
     }
     let unread_on_stderr = adds[1]
@@ -283,7 +299,13 @@ fn container_id(variant: usize, call: usize) -> String {
 
 /// `batch` pods per variant, numbered from `first`, each added in turn:
 /// per variant, each pod with its ADD's result and the call.
-fn add_batch(suite: &Suite, lists: &[Value], first: usize, batch: usize) -> Vec<Vec<(Netns, Value, Call)>> {
+fn add_batch(
+    out: &mut Outcome,
+    suite: &Suite,
+    lists: &[Value],
+    first: usize,
+    batch: usize,
+) -> Vec<Vec<(Netns, Value, Call)>> {
     let mut pods: Vec<std::vec::IntoIter<Netns>> = lists
         .iter()
         .map(|_| super::pods(batch, "logsock").into_iter())
@@ -299,12 +321,7 @@ fn add_batch(suite: &Suite, lists: &[Value], first: usize, batch: usize) -> Vec<
     let add = run_list(suite, &lists[2], "ADD", &id, warm.path_str(), "", None);
     let result: Value = serde_json::from_str(&add.stdout).unwrap_or(Value::Null);
     let del = run_list(suite, &lists[2], "DEL", &id, warm.path_str(), "", Some(&result));
-    assert!(
-        add.ok && del.ok,
-        "the untimed ADD and DEL: {}{}",
-        add.stderr,
-        del.stderr
-    );
+    check_calls(out, "log socket untimed ADD and DEL", suite.setup, &[add, del]);
     let mut added: Vec<Vec<(Netns, Value, Call)>> = lists.iter().map(|_| Vec::new()).collect();
     for (i, v) in turns(first, batch) {
         let call = first + i;

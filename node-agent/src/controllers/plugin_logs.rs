@@ -8,18 +8,22 @@
 //! The agent looks for records on a tick ([`TICK`]) rather than waiting
 //! on the socket: a reader waiting there (tokio's reactor too) is woken
 //! by every send, while the plugin that sent still runs; a send to a
-//! reader that is not waiting wakes no one. In `make bench`'s `logsock`
-//! phase (900 calls per variant) the chain's ADD p50 was 1.032 and 1.049
+//! reader that is not waiting wakes no one. In the `logsock` bench phase
+//! (900 calls per variant then) the chain's ADD p50 was 1.032 and 1.049
 //! times the same chain without the socket with a waiting reader, and
-//! 1.022 twice with this one; a record waits at most 20 ms.
+//! 1.022 twice with this one (1.014 in the full `make bench` run of 1,500
+//! calls). A record waits at most 20 ms (a second after a read error).
+//! The reader's own work lands on the calls after the one that sent.
 //!
 //! Bounded by the kernel: a datagram socket queues at most
 //! `net.unix.max_dgram_qlen` records (10 by default) before a sender's
 //! non-blocking send is refused, and that sender writes the record to its
-//! own stderr instead; after a tick that found records the next comes
-//! sooner ([`BUSY_TICK`]), so a burst of pods fills the queue only beyond
-//! about 2,000 records a second. The agent holds one record's buffer;
-//! what is not a record is counted and skipped.
+//! own stderr instead. From idle the queue holds what 20 ms bring (a
+//! burst of more than 10 records, 500 a second, sends the rest to
+//! stderr); after a look that found records the next comes sooner
+//! ([`BUSY_TICK`]), 2,000 records a second. Distributions whose systemd
+//! sets `max_dgram_qlen` to 512 hold far more. The agent holds one
+//! record's buffer; what is not a record is counted and skipped.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -116,7 +120,7 @@ pub fn start_with(options: &Options, sink: Sink) -> Option<PluginLogs> {
 impl PluginLogs {
     /// Removes the socket (a plugin from now on logs to its stderr), then
     /// writes what was queued before and stops: waits for at most one
-    /// tick.
+    /// tick (a second after a read error).
     pub fn stop(mut self) {
         drop(self.bound.take());
         self.stop.store(true, Ordering::Release);

@@ -35,6 +35,8 @@ pub trait Plugin {
     /// records are one per plugin of the list. The plugin that ran it
     /// logs the outcome, with its addresses or its error, and the ADD
     /// costs one send less (each costs about 30 µs: a socket and a send).
+    /// Its own `info` records (host-local's GC count) go nowhere, as
+    /// without the key.
     const IPAM: bool = false;
 
     fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult>;
