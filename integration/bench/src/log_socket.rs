@@ -219,8 +219,7 @@ pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
     let calls = pods * CALLS_PER_POD;
     let mut adds: Vec<Vec<Call>> = vec![Vec::new(); VARIANTS.len()];
     let mut dels = Vec::new();
-    let mut first = 0;
-    while first < calls {
+    for first in (0..calls).step_by(BATCH) {
         let batch = BATCH.min(calls - first);
         let added = add_batch(out, suite, &lists, first, batch);
         for (i, v) in turns(first, batch) {
@@ -238,7 +237,6 @@ pub fn phase(out: &mut Outcome, suite: &Suite, pods: usize) {
         for (v, batch_adds) in added.into_iter().enumerate() {
             adds[v].extend(batch_adds.into_iter().map(|(_, _, add)| add));
         }
-        first += batch;
     }
     // The agent's reader writes what is still queued as it stops.
     reader.stop();
