@@ -20,7 +20,8 @@ pub fn fit_comment(mut text: String) -> String {
     text
 }
 
-fn hash16(text: &str) -> String {
+/// 16 hex digits of sha512(`text`): names that stay short and stable.
+pub fn short_hash(text: &str) -> String {
     Sha512::digest(text.as_bytes())
         .iter()
         .take(8)
@@ -30,7 +31,7 @@ fn hash16(text: &str) -> String {
 
 /// `<16 hex of sha512(network)>`: the prefix of a network's comments.
 pub fn network_hash(network: &str) -> String {
-    hash16(network)
+    short_hash(network)
 }
 
 /// `<network hash>-<16 hex of sha512(ifname:containerID)>`.
@@ -38,6 +39,6 @@ pub fn instance_hash(network: &str, ifname: &str, container_id: &str) -> String 
     format!(
         "{}-{}",
         network_hash(network),
-        hash16(&format!("{ifname}:{container_id}"))
+        short_hash(&format!("{ifname}:{container_id}"))
     )
 }

@@ -1,0 +1,290 @@
+//! Every verdict in the kernel: pods on one node's bridge (bridged frames
+//! through `br_netfilter`, as on a real node), a policy compiled and
+//! applied in the node's namespace, and connections that pass or not.
+
+use std::net::IpAddr;
+
+use netpol::model::{Peer, PodView, Policy, PortSpec, Protocol, Rule, Selector};
+use netpol::{Compiled, Snapshot};
+use serde_json::{Value, json};
+use test_kit::probe::{Listener, Probe};
+use test_kit::{Netns, Node};
+
+const NETWORK: &str = "policy-net";
+const DB_PORT: u16 = 5432;
+const OTHER_PORT: u16 = 5433;
+
+struct Cluster {
+    node: Node,
+    probe: Probe,
+    pods: Vec<(Netns, PodView)>,
+}
+
+impl Cluster {
+    /// A node whose bridge network has both families, and `pods` (name,
+    /// app label) on it.
+    fn new(pods: &[(&str, &str)]) -> Cluster {
+        let node = Node::new();
+        let list = json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [{
+            "type": "bridge", "bridge": "polbr0", "isGateway": true,
+            "ipam": {"type": "host-local", "socket": "",
+                     "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]],
+                     "dataDir": node.path("ipam").to_str().expect("UTF-8")}}]});
+        node.write_conf("10-policy.conflist", &list);
+        let pods = pods
+            .iter()
+            .map(|(name, app)| {
+                let ns = node.pod(name);
+                let result = node
+                    .cnictl(&["--json", "add", NETWORK, ns.path_str()])
+                    .success()
+                    .json();
+                let view = PodView {
+                    namespace: "shop".into(),
+                    name: (*name).into(),
+                    node: Some("n1".into()),
+                    labels: [("app".to_owned(), (*app).to_owned())].into(),
+                    ips: addresses(&result),
+                    ports: vec![],
+                };
+                (ns, view)
+            })
+            .collect();
+        Cluster {
+            node,
+            probe: Probe::new(),
+            pods,
+        }
+    }
+
+    fn pod(&self, name: &str) -> &(Netns, PodView) {
+        self.pods
+            .iter()
+            .find(|(_, view)| view.name == name)
+            .expect("a pod of that name")
+    }
+
+    fn address(&self, name: &str, v6: bool) -> String {
+        let (_, view) = self.pod(name);
+        view.ips
+            .iter()
+            .find(|ip| ip.is_ipv6() == v6)
+            .expect("an address of that family")
+            .to_string()
+    }
+
+    fn listen(&self, name: &str) -> Listener {
+        self.probe.listen(&self.pod(name).0, &[DB_PORT, OTHER_PORT])
+    }
+
+    /// Whether a TCP connection from pod `from` to pod `to` on `port` is
+    /// accepted (a dropped SYN times out in 2 s).
+    fn connects(&self, from: &str, to: &str, port: u16, v6: bool) -> bool {
+        let host = self.address(to, v6);
+        self.probe
+            .connect(&self.pod(from).0, None, &host, port, None)
+            .ok()
+    }
+
+    /// Whether the node itself reaches pod `to` (kubelet's probes).
+    fn node_connects(&self, to: &str) -> bool {
+        let host = self.address(to, false);
+        self.probe
+            .connect(&self.node.netns, None, &host, DB_PORT, None)
+            .ok()
+    }
+
+    fn compile(&self, policies: Vec<Policy>) -> Compiled {
+        let snapshot = Snapshot {
+            pods: self.pods.iter().map(|(_, view)| view.clone()).collect(),
+            namespaces: vec![],
+            policies,
+        };
+        netpol::compile(&snapshot, "n1")
+    }
+
+    /// Runs `f` in the node's namespace, through the one RAII helper.
+    fn on_node<T>(&self, f: impl FnOnce() -> T) -> T {
+        netns::NetNs::open(self.node.netns.path())
+            .expect("the node's namespace")
+            .run(f)
+            .expect("enter the node's namespace")
+    }
+
+    fn enforce(&self, policies: Vec<Policy>) -> String {
+        let compiled = self.compile(policies);
+        self.on_node(|| netpol::apply(&compiled)).expect("apply")
+    }
+
+    fn nft(&self, args: &[&str]) -> String {
+        let mut full = vec!["netns", "exec", self.node.netns.name(), "nft"];
+        full.extend_from_slice(args);
+        test_kit::run("ip", &full).success().stdout
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (ns, _) in &self.pods {
+            let _ = self.node.cnictl(&["del", NETWORK, ns.path_str()]);
+        }
+    }
+}
+
+fn addresses(result: &Value) -> Vec<IpAddr> {
+    result["ips"]
+        .as_array()
+        .expect("ips")
+        .iter()
+        .map(|ip| {
+            let cidr = ip["address"].as_str().expect("an address");
+            cidr.split('/').next().unwrap_or_default().parse().expect("an IP")
+        })
+        .collect()
+}
+
+fn app(name: &str) -> Selector {
+    Selector::labels(&[("app", name)])
+}
+
+/// `db` takes connections from `web` on the database port only.
+fn db_from_web() -> Policy {
+    Policy {
+        namespace: "shop".into(),
+        name: "db-from-web".into(),
+        pod_selector: app("db"),
+        ingress: Some(vec![Rule {
+            peers: Some(vec![Peer::Pods {
+                pods: Some(app("web")),
+                namespaces: None,
+            }]),
+            ports: vec![PortSpec::Range(Protocol::Tcp, DB_PORT, DB_PORT)],
+        }]),
+        egress: None,
+    }
+}
+
+fn deny_all(ingress: bool, egress: bool) -> Policy {
+    Policy {
+        namespace: "shop".into(),
+        name: "deny".into(),
+        pod_selector: Selector::default(),
+        ingress: ingress.then(Vec::new),
+        egress: egress.then(Vec::new),
+    }
+}
+
+#[test]
+fn ingress_allows_only_what_a_rule_names_in_both_families_and_the_node_always_reaches_its_pods() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
+    let _db = cluster.listen("db");
+    let _web = cluster.listen("web");
+    assert!(
+        cluster.connects("other", "db", DB_PORT, false),
+        "open before any policy"
+    );
+
+    cluster.enforce(vec![db_from_web()]);
+    for v6 in [false, true] {
+        assert!(cluster.connects("web", "db", DB_PORT, v6), "web to db (v6: {v6})");
+        assert!(
+            !cluster.connects("other", "db", DB_PORT, v6),
+            "other to db (v6: {v6})"
+        );
+    }
+    assert!(
+        !cluster.connects("web", "db", OTHER_PORT, false),
+        "web to db's other port"
+    );
+    assert!(
+        cluster.connects("db", "web", DB_PORT, false),
+        "web is selected by no policy: open"
+    );
+    assert!(cluster.node_connects("db"), "the node reaches its pods");
+
+    // Default deny in the namespace on top: db still takes web (policies
+    // add up), web now takes nothing.
+    cluster.enforce(vec![db_from_web(), deny_all(true, false)]);
+    assert!(cluster.connects("web", "db", DB_PORT, false));
+    assert!(!cluster.connects("db", "web", DB_PORT, false));
+
+    // Gone: open again, the table empty of chains.
+    cluster.enforce(vec![]);
+    assert!(cluster.connects("other", "db", DB_PORT, false));
+    let table = cluster.nft(&["list", "table", "inet", netpol::TABLE]);
+    assert!(!table.contains("chain in-"), "{table}");
+    cluster.on_node(netpol::remove).expect("remove");
+    assert!(!cluster.nft(&["list", "tables"]).contains(netpol::TABLE));
+}
+
+#[test]
+fn egress_is_judged_at_the_source_and_replies_of_allowed_connections_flow() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
+    let _db = cluster.listen("db");
+    let _other = cluster.listen("other");
+    let web_to_db = Policy {
+        namespace: "shop".into(),
+        name: "web-out".into(),
+        pod_selector: app("web"),
+        ingress: None,
+        egress: Some(vec![Rule {
+            peers: Some(vec![Peer::Block {
+                cidr: "10.77.0.0/24".parse().expect("a CIDR"),
+                except: vec![
+                    format!("{}/32", cluster.address("other", false))
+                        .parse()
+                        .expect("a CIDR"),
+                ],
+            }]),
+            ports: vec![PortSpec::All(Protocol::Tcp)],
+        }]),
+    };
+    cluster.enforce(vec![web_to_db]);
+    assert!(cluster.connects("web", "db", DB_PORT, false), "inside the block");
+    assert!(
+        !cluster.connects("web", "other", DB_PORT, false),
+        "the block's exception"
+    );
+    assert!(
+        !cluster.connects("web", "db", DB_PORT, true),
+        "no v6 block: nothing"
+    );
+    // db's egress is open and web's ingress too: db reaches web, and web's
+    // replies (egress-isolated) flow back.
+    let _web = cluster.listen("web");
+    assert!(cluster.connects("db", "web", DB_PORT, false));
+    cluster.on_node(netpol::remove).expect("remove");
+}
+
+#[test]
+fn an_agent_that_comes_back_reconciles_the_table_it_left_instead_of_rebuilding_it() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db")]);
+    let _db = cluster.listen("db");
+    assert!(
+        !cluster
+            .enforce(vec![db_from_web(), deny_all(true, true)])
+            .is_empty()
+    );
+    // The same state again: nothing to do, nothing run.
+    assert_eq!(cluster.enforce(vec![db_from_web(), deny_all(true, true)]), "");
+    // Someone removes an entry: the next pass puts back that entry only.
+    let db = cluster.address("db", false);
+    cluster.nft(&[
+        "delete",
+        "element",
+        "inet",
+        netpol::TABLE,
+        "ingress-v4",
+        &format!("{{ {db} }}"),
+    ]);
+    let script = cluster.enforce(vec![db_from_web(), deny_all(true, true)]);
+    assert_eq!(script.lines().count(), 1, "{script}");
+    assert!(
+        script.contains(&format!("ingress-v4 {{ {db} : jump in-")),
+        "{script}"
+    );
+    cluster.on_node(netpol::remove).expect("remove");
+}

@@ -1,0 +1,333 @@
+//! What NetworkPolicy is computed from: the pods, namespaces and policies
+//! the agent watches, reduced to the fields the policy semantics read, and
+//! label selectors as Kubernetes matches them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+pub type Labels = BTreeMap<String, String>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The API's name (`TCP` when absent, as the API server defaults it);
+    /// `None` for a protocol NetworkPolicy does not know.
+    pub fn parse(name: Option<&str>) -> Option<Protocol> {
+        match name.unwrap_or("TCP") {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
+    /// nftables' keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+/// A container port with a name, which policies may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedPort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// A pod as policy sees it: only pods with addresses of their own (not
+/// `hostNetwork`, not finished: a finished pod's address is free for
+/// another) are selected or matched as peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub node: Option<String>,
+    pub labels: Labels,
+    pub ips: Vec<IpAddr>,
+    pub ports: Vec<NamedPort>,
+}
+
+impl PodView {
+    pub fn from_pod(pod: &Pod) -> Option<PodView> {
+        let spec = pod.spec.as_ref()?;
+        if spec.host_network == Some(true) {
+            return None;
+        }
+        let status = pod.status.as_ref()?;
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let mut ips: Vec<IpAddr> = status
+            .pod_ips
+            .iter()
+            .flatten()
+            .filter_map(|ip| ip.ip.parse().ok())
+            .collect();
+        if ips.is_empty() {
+            ips.extend(status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()));
+        }
+        if ips.is_empty() {
+            return None;
+        }
+        let ports = spec
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                Some(NamedPort {
+                    name: p.name.clone()?,
+                    protocol: Protocol::parse(p.protocol.as_deref())?,
+                    port: u16::try_from(p.container_port).ok()?,
+                })
+            })
+            .collect();
+        Some(PodView {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            node: spec.node_name.clone(),
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            ips,
+            ports,
+        })
+    }
+
+    /// The number a port name stands for in this pod, for `protocol`.
+    pub fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|p| p.name == name && p.protocol == protocol)
+            .map(|p| p.port)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceView {
+    pub name: String,
+    pub labels: Labels,
+}
+
+impl NamespaceView {
+    pub fn from_namespace(namespace: &Namespace) -> NamespaceView {
+        NamespaceView {
+            name: namespace.metadata.name.clone().unwrap_or_default(),
+            labels: namespace.metadata.labels.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// A label selector: every `matchLabels` pair and every expression must
+/// hold. One that cannot be read (an unknown operator) selects nothing, as
+/// the API server refuses it anyway.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector {
+    requirements: Vec<Requirement>,
+    unreadable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Requirement {
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+impl Selector {
+    pub fn from_label_selector(selector: &LabelSelector) -> Selector {
+        let mut requirements: Vec<Requirement> = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| Requirement::In(k.clone(), vec![v.clone()]))
+            .collect();
+        let mut unreadable = false;
+        for expression in selector.match_expressions.iter().flatten() {
+            let key = expression.key.clone();
+            let values = expression.values.clone().unwrap_or_default();
+            requirements.push(match expression.operator.as_str() {
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::DoesNotExist(key),
+                _ => {
+                    unreadable = true;
+                    continue;
+                }
+            });
+        }
+        Selector {
+            requirements,
+            unreadable,
+        }
+    }
+
+    /// `matchLabels` only, for tests and callers that build selectors.
+    pub fn labels(pairs: &[(&str, &str)]) -> Selector {
+        Selector {
+            requirements: pairs
+                .iter()
+                .map(|(k, v)| Requirement::In((*k).into(), vec![(*v).into()]))
+                .collect(),
+            unreadable: false,
+        }
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        !self.unreadable
+            && self.requirements.iter().all(|r| match r {
+                Requirement::In(k, values) => labels.get(k).is_some_and(|v| values.contains(v)),
+                Requirement::NotIn(k, values) => labels.get(k).is_none_or(|v| !values.contains(v)),
+                Requirement::Exists(k) => labels.contains_key(k),
+                Requirement::DoesNotExist(k) => !labels.contains_key(k),
+            })
+    }
+}
+
+/// Who a rule allows to talk to or from the selected pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// Pods: by `podSelector` in the policy's namespace, by
+    /// `namespaceSelector` (all their pods), or both.
+    Pods {
+        pods: Option<Selector>,
+        namespaces: Option<Selector>,
+    },
+    /// Addresses: `cidr` but `except`.
+    Block { cidr: IpNetwork, except: Vec<IpNetwork> },
+}
+
+/// A port a rule allows: one number, a range (`endPort`), a name resolved
+/// per pod, or every port of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSpec {
+    All(Protocol),
+    Range(Protocol, u16, u16),
+    Named(Protocol, String),
+}
+
+/// One ingress or egress rule. `peers: None` allows every peer (an absent
+/// or empty `from`/`to`), empty `ports` every port and protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub peers: Option<Vec<Peer>>,
+    pub ports: Vec<PortSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub namespace: String,
+    pub name: String,
+    pub pod_selector: Selector,
+    /// `Some` when the policy isolates its pods for ingress: the rules
+    /// (none: everything denied).
+    pub ingress: Option<Vec<Rule>>,
+    pub egress: Option<Vec<Rule>>,
+}
+
+impl Policy {
+    pub fn from_network_policy(policy: &NetworkPolicy) -> Policy {
+        let spec = policy.spec.clone().unwrap_or_default();
+        let types = spec.policy_types.clone().unwrap_or_default();
+        // Unset `policyTypes` (the API server defaults it, a client may
+        // not): Ingress always, Egress when there are egress rules.
+        let (ingress_on, egress_on) = if types.is_empty() {
+            (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty()))
+        } else {
+            (
+                types.iter().any(|t| t == "Ingress"),
+                types.iter().any(|t| t == "Egress"),
+            )
+        };
+        let ingress = ingress_on.then(|| {
+            spec.ingress
+                .iter()
+                .flatten()
+                .map(|r: &NetworkPolicyIngressRule| rule(r.from.as_deref(), r.ports.as_deref()))
+                .collect()
+        });
+        let egress = egress_on.then(|| {
+            spec.egress
+                .iter()
+                .flatten()
+                .map(|r: &NetworkPolicyEgressRule| rule(r.to.as_deref(), r.ports.as_deref()))
+                .collect()
+        });
+        Policy {
+            namespace: policy.metadata.namespace.clone().unwrap_or_default(),
+            name: policy.metadata.name.clone().unwrap_or_default(),
+            pod_selector: Selector::from_label_selector(&spec.pod_selector.unwrap_or_default()),
+            ingress,
+            egress,
+        }
+    }
+}
+
+fn rule(peers: Option<&[NetworkPolicyPeer]>, ports: Option<&[NetworkPolicyPort]>) -> Rule {
+    let peers = peers
+        .filter(|p| !p.is_empty())
+        .map(|peers| peers.iter().filter_map(peer).collect());
+    let ports = ports.unwrap_or_default().iter().filter_map(port).collect();
+    Rule { peers, ports }
+}
+
+fn peer(peer: &NetworkPolicyPeer) -> Option<Peer> {
+    if let Some(block) = &peer.ip_block {
+        return Some(Peer::Block {
+            cidr: block.cidr.parse().ok()?,
+            except: block
+                .except
+                .iter()
+                .flatten()
+                .filter_map(|e| e.parse().ok())
+                .collect(),
+        });
+    }
+    if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {
+        return None;
+    }
+    Some(Peer::Pods {
+        pods: peer.pod_selector.as_ref().map(Selector::from_label_selector),
+        namespaces: peer
+            .namespace_selector
+            .as_ref()
+            .map(Selector::from_label_selector),
+    })
+}
+
+fn port(port: &NetworkPolicyPort) -> Option<PortSpec> {
+    let protocol = Protocol::parse(port.protocol.as_deref())?;
+    Some(match &port.port {
+        None => PortSpec::All(protocol),
+        Some(IntOrString::String(name)) => match name.parse::<u16>() {
+            Ok(number) => PortSpec::Range(protocol, number, number),
+            Err(_) => PortSpec::Named(protocol, name.clone()),
+        },
+        Some(IntOrString::Int(number)) => {
+            let first = u16::try_from(*number).ok()?;
+            let last = port
+                .end_port
+                .and_then(|end| u16::try_from(end).ok())
+                .filter(|end| *end >= first)
+                .unwrap_or(first);
+            PortSpec::Range(protocol, first, last)
+        }
+    })
+}
