@@ -98,7 +98,8 @@ def main():
         try:
             if len(sys.argv) > 4:
                 s.bind((sys.argv[4], 0))
-            s.connect((host, port))
+            # getaddrinfo reads a zone ("fe80::1%eth0") into the scope id.
+            s.connect(socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4])
         except OSError as e:
             print("connect failed: %s" % e)
             sys.exit(1)

@@ -19,7 +19,7 @@ use node_agent::controllers::egress::{self, Egress};
 use node_agent::controllers::lease_service::{self, LeaseService};
 use node_agent::controllers::plugin_logs::{self, PluginLogs};
 use node_agent::controllers::routes::{self, Routes};
-use node_agent::controllers::{install, istio_chain, node_watch, readiness_taint, repair};
+use node_agent::controllers::{install, istio_chain, network_policy, node_watch, readiness_taint, repair};
 use node_agent::error::Error;
 use node_agent::health::Health;
 use node_agent::metrics::Metrics;
@@ -124,6 +124,8 @@ async fn run(settings: Settings) -> Result<(), Error> {
     });
     let untainting = readiness_taint::Options::from_settings(&settings)
         .map(|options| tokio::spawn(readiness_taint::run(client.clone(), options, health.clone())));
+    let enforcing = network_policy::Options::from_settings(&settings)
+        .map(|options| tokio::spawn(network_policy::run(client.clone(), options, metrics.clone())));
     let outcome = if settings.own_network {
         log::info!(
             "node {}: writing {} from its Node object",
@@ -154,7 +156,9 @@ async fn run(settings: Settings) -> Result<(), Error> {
     };
     reinstalling.abort();
     let _ = reinstalling.await;
-    for task in [chaining, repairing, untainting].into_iter().flatten() {
+    // The policy table stays in the kernel across a restart: the next
+    // agent reconciles it.
+    for task in [chaining, repairing, untainting, enforcing].into_iter().flatten() {
         task.abort();
         let _ = task.await;
     }
@@ -188,6 +192,11 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let conflist_was_ours = conflist::remove(&conflist::Options::from_settings(&settings));
     if let Some(service) = lease_service {
         service.stop().await;
+    }
+    if settings.network_policy
+        && let Err(e) = tokio::task::spawn_blocking(network_policy::remove).await
+    {
+        log::error!("uninstalling: {e}");
     }
     // Before uninstall may remove the run directory the socket is in.
     stop_plugin_logs(plugin_logs).await;

@@ -105,6 +105,7 @@ struct Families {
     chain_reinserts: Counter,
     route_syncs: Family<[Label; 1], Counter>,
     egress_syncs: Family<[Label; 1], Counter>,
+    policy_syncs: Family<[Label; 1], Counter>,
     repairs: Family<[Label; 2], Counter>,
     /// Where the lease service whose counts are shown listens: the lease
     /// directory's socket, whoever started the service there.
@@ -154,6 +155,12 @@ impl Metrics {
             "Reconciliations of the masquerade of traffic leaving the cluster, by result",
             egress_syncs.clone(),
         );
+        let policy_syncs = Family::<[Label; 1], Counter>::default();
+        registry.register(
+            "cni_suite_policy_syncs",
+            "Reconciliations of the NetworkPolicy table with the Pods, Namespaces and policies, by result",
+            policy_syncs.clone(),
+        );
         let repairs = Family::<[Label; 2], Counter>::default();
         registry.register(
             "istio_cni_repair_pods_repaired",
@@ -168,6 +175,7 @@ impl Metrics {
         for outcome in [Outcome::Success, Outcome::Failure] {
             route_syncs.get_or_create_owned(&[("result", outcome.sync_label())]);
             egress_syncs.get_or_create_owned(&[("result", outcome.sync_label())]);
+            policy_syncs.get_or_create_owned(&[("result", outcome.sync_label())]);
         }
         Metrics {
             families: Arc::new(Families {
@@ -178,6 +186,7 @@ impl Metrics {
                 chain_reinserts,
                 route_syncs,
                 egress_syncs,
+                policy_syncs,
                 repairs,
                 lease_socket,
             }),
@@ -209,6 +218,13 @@ impl Metrics {
     pub fn egress_synced(&self, outcome: Outcome) {
         self.families
             .egress_syncs
+            .get_or_create(&[("result", outcome.sync_label())])
+            .inc();
+    }
+
+    pub fn policy_synced(&self, outcome: Outcome) {
+        self.families
+            .policy_syncs
             .get_or_create(&[("result", outcome.sync_label())])
             .inc();
     }
@@ -332,6 +348,8 @@ mod tests {
         counting.chain_reinserted();
         counting.route_synced(Outcome::Success);
         counting.egress_synced(Outcome::Failure);
+        counting.policy_synced(Outcome::Success);
+        counting.policy_synced(Outcome::Success);
         counting.repaired(RepairMode::Delete, Outcome::Success);
         counting.repaired(RepairMode::Repair, Outcome::Failure);
         let exposition = metrics.scrape(true);
@@ -352,6 +370,8 @@ mod tests {
             r#"cni_suite_route_syncs_total{result="failure"} 0"#,
             r#"cni_suite_egress_syncs_total{result="success"} 0"#,
             r#"cni_suite_egress_syncs_total{result="failure"} 1"#,
+            r#"cni_suite_policy_syncs_total{result="success"} 2"#,
+            r#"cni_suite_policy_syncs_total{result="failure"} 0"#,
             r#"istio_cni_repair_pods_repaired_total{type="delete",result="success"} 1"#,
             r#"istio_cni_repair_pods_repaired_total{type="repair",result="fail"} 1"#,
         ];

@@ -80,6 +80,11 @@ pub struct Settings {
     #[arg(long, env = "LEASE_SERVICE", default_value_t = true, action = clap::ArgAction::Set)]
     pub lease_service: bool,
 
+    /// Enforce the cluster's NetworkPolicies for this node's pods, in the
+    /// kernel (with OWN_NETWORK: Istio's CNI alone enforces none).
+    #[arg(long, env = "NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
+
     /// Which iptables the rules go through when the agent's image carries
     /// both (`auto`: the node's kubelet's, see `iptables_mode`).
     #[arg(long, env = "IPTABLES_MODE", value_enum, default_value = "auto")]

@@ -112,6 +112,9 @@ impl Agent {
             ("HEALTH_LISTEN", listen.as_str()),
             ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
             ("PLUGIN_LOG_SOCKET", log_socket.to_str().expect("UTF-8")),
+            // Off but where a test turns it on: its watches are the
+            // policy tests' to count.
+            ("NETWORK_POLICY", "false"),
         ];
         env.extend_from_slice(extra);
         let agent = bin("cni-node-agent");

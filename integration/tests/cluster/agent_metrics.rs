@@ -19,7 +19,7 @@ use super::node_agent::uplink;
 const TOKEN: &str = "metrics-token";
 
 /// GET /metrics of `agent`: the Content-Type and the body.
-fn scrape(node: &Node, agent: &Agent) -> (String, String) {
+pub(crate) fn scrape(node: &Node, agent: &Agent) -> (String, String) {
     let ns = netns::NetNs::open(node.netns.path()).expect("netns");
     let mut stream = ns
         .run(|| TcpStream::connect(("127.0.0.1", agent.health)))

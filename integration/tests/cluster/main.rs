@@ -1,6 +1,7 @@
 //! The cluster tier: the node agent against the Kubernetes API test server
 //! (`node_agent`, its metrics against what happened on its node:
-//! `agent_metrics`, the plugins' log records in its log: `agent_logs`),
+//! `agent_metrics`, the plugins' log records in its log: `agent_logs`, NetworkPolicy from
+//! the API server's objects: `agent_policy`),
 //! Istio's CNI alone beside another network
 //! (`istio_only`), three nodes wired by their agents (`cluster_lab`, `make
 //! demo-cluster`), and the suite on a real Kubernetes (`real_cluster`, and
@@ -10,6 +11,7 @@
 
 mod agent_logs;
 mod agent_metrics;
+mod agent_policy;
 mod cluster_lab;
 mod istio_only;
 mod node_agent;

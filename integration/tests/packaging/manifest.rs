@@ -126,15 +126,21 @@ fn every_document_round_trips_through_its_kubernetes_type() {
     }
 }
 
-/// Reading nodes; in Istio mode also pods and events, for the plugin's
-/// lookup and repair.
+/// Reading nodes, and following pods, namespaces and NetworkPolicies
+/// (`NETWORK_POLICY`); in Istio mode also pods and events, for the
+/// plugin's lookup and repair.
 #[test]
-fn the_role_grants_reading_nodes_and_in_istio_mode_pods_and_events() {
+fn the_role_grants_reading_nodes_and_what_policy_reads_and_in_istio_mode_pods_and_events() {
     for file in [BASE, ISTIO] {
         let documents = documents(file);
         let role: ClusterRole = round_trip(file, of_kind(&documents, "ClusterRole"));
-        let mut expected =
-            vec![json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]})];
+        let config = of_kind(&documents, "ConfigMap");
+        assert_eq!(config["data"]["NETWORK_POLICY"], "true", "{file}");
+        let mut expected = vec![
+            json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}),
+            json!({"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]}),
+            json!({"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]}),
+        ];
         if file == ISTIO {
             expected.extend(istio_rules().as_array().expect("rules").iter().cloned());
         }
@@ -311,6 +317,9 @@ fn the_istio_only_manifest_is_apart_from_the_suites_and_grants_what_its_mode_use
     ] {
         assert_eq!(settings.get(key).map(String::as_str), Some(value), "{key}");
     }
+    // Istio's CNI alone enforces no policy: neither the setting nor the
+    // grants (the rules below hold no namespaces or NetworkPolicies).
+    assert!(!settings.contains_key("NETWORK_POLICY"));
     let base_config: ConfigMap = round_trip(BASE, of_kind(&base, "ConfigMap"));
     assert_ne!(
         settings["HEALTH_LISTEN"],

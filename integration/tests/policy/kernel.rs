@@ -31,6 +31,15 @@ impl Cluster {
                      "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]],
                      "dataDir": node.path("ipam").to_str().expect("UTF-8")}}]});
         node.write_conf("10-policy.conflist", &list);
+        // Pods on one bridge are judged only if their frames reach the
+        // IP hooks (the agent turns these on).
+        for name in ["bridge-nf-call-iptables", "bridge-nf-call-ip6tables"] {
+            let value = node
+                .run("cat", &[&format!("/proc/sys/net/bridge/{name}")])
+                .success()
+                .stdout;
+            assert_eq!(value.trim(), "1", "{name} in the node");
+        }
         let pods = pods
             .iter()
             .map(|(name, app)| {
@@ -83,6 +92,28 @@ impl Cluster {
         let host = self.address(to, v6);
         self.probe
             .connect(&self.pod(from).0, None, &host, port, None)
+            .ok()
+    }
+
+    /// Whether pod `from` reaches pod `to` at `to`'s IPv6 link-local
+    /// address, which no policy names.
+    fn connects_link_local(&self, from: &str, to: &str) -> bool {
+        let shown = self
+            .pod(to)
+            .0
+            .ip(&["-6", "-o", "addr", "show", "dev", "eth0", "scope", "link"])
+            .success()
+            .stdout;
+        let address = shown
+            .split_whitespace()
+            .skip_while(|word| *word != "inet6")
+            .nth(1)
+            .and_then(|cidr| cidr.split('/').next())
+            .expect("a link-local address")
+            .to_owned();
+        let host = format!("{address}%eth0");
+        self.probe
+            .connect(&self.pod(from).0, None, &host, DB_PORT, None)
             .ok()
     }
 
@@ -184,6 +215,7 @@ fn ingress_allows_only_what_a_rule_names_in_both_families_and_the_node_always_re
         cluster.connects("other", "db", DB_PORT, false),
         "open before any policy"
     );
+    assert!(cluster.connects_link_local("web", "db"), "link-local too");
 
     cluster.enforce(vec![db_from_web()]);
     for v6 in [false, true] {
@@ -202,6 +234,10 @@ fn ingress_allows_only_what_a_rule_names_in_both_families_and_the_node_always_re
         "web is selected by no policy: open"
     );
     assert!(cluster.node_connects("db"), "the node reaches its pods");
+    assert!(
+        !cluster.connects_link_local("web", "db"),
+        "a pod's link-local address is no way around its policy"
+    );
 
     // Default deny in the namespace on top: db still takes web (policies
     // add up), web now takes nothing.
@@ -224,20 +260,20 @@ fn egress_is_judged_at_the_source_and_replies_of_allowed_connections_flow() {
     let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
     let _db = cluster.listen("db");
     let _other = cluster.listen("other");
+    let block = |cidr: &str, except: String| Peer::Block {
+        cidr: cidr.parse().expect("a CIDR"),
+        except: vec![except.parse().expect("a CIDR")],
+    };
     let web_to_db = Policy {
         namespace: "shop".into(),
         name: "web-out".into(),
         pod_selector: app("web"),
         ingress: None,
         egress: Some(vec![Rule {
-            peers: Some(vec![Peer::Block {
-                cidr: "10.77.0.0/24".parse().expect("a CIDR"),
-                except: vec![
-                    format!("{}/32", cluster.address("other", false))
-                        .parse()
-                        .expect("a CIDR"),
-                ],
-            }]),
+            peers: Some(vec![
+                block("10.77.0.0/24", format!("{}/32", cluster.address("other", false))),
+                block("fd77::/64", format!("{}/128", cluster.address("other", true))),
+            ]),
             ports: vec![PortSpec::All(Protocol::Tcp)],
         }]),
     };
@@ -247,9 +283,15 @@ fn egress_is_judged_at_the_source_and_replies_of_allowed_connections_flow() {
         !cluster.connects("web", "other", DB_PORT, false),
         "the block's exception"
     );
+    // IPv6 from a pod whose egress is isolated: its neighbour discovery
+    // (untracked, no TCP) passes, or nothing would.
     assert!(
-        !cluster.connects("web", "db", DB_PORT, true),
-        "no v6 block: nothing"
+        cluster.connects("web", "db", DB_PORT, true),
+        "inside the v6 block"
+    );
+    assert!(
+        !cluster.connects("web", "other", DB_PORT, true),
+        "the v6 block's exception"
     );
     // db's egress is open and web's ingress too: db reaches web, and web's
     // replies (egress-isolated) flow back.

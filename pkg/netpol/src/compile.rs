@@ -30,6 +30,10 @@ impl Direction {
     }
 }
 
+/// The version of how a list is rendered into a chain (`nft`): changing
+/// the rendering changes it, so chains are never reused across versions.
+pub const RENDERING: &str = "netpol-chain-1";
+
 /// Ports of one protocol, first to last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PortRange {
@@ -69,7 +73,12 @@ impl AllowList {
             Direction::Ingress => "in",
             Direction::Egress => "eg",
         };
-        format!("{prefix}-{}", firewall::nft::short_hash(&text))
+        // The rendering's version is in the name too: a chain rendered
+        // otherwise by a newer agent is another chain.
+        format!(
+            "{prefix}-{}",
+            firewall::nft::short_hash(&format!("{RENDERING}|{text}"))
+        )
     }
 }
 
@@ -314,10 +323,28 @@ fn allows_of(
         let peers = (!anyone).then(|| set_of("", all_peers(peers)));
         allows.push(Allow {
             peers,
-            ports: Some(fixed),
+            ports: Some(merge_ports(fixed)),
         });
     }
     allows
+}
+
+/// Port ranges of each protocol with overlapping and adjacent ones joined:
+/// an anonymous set of ranges refuses overlapping elements (`TCP` with
+/// any port beside `TCP 443`, `80` beside `80-90`).
+fn merge_ports(ports: BTreeSet<PortRange>) -> BTreeSet<PortRange> {
+    let mut merged: Vec<PortRange> = Vec::new();
+    for next in ports {
+        match merged.last_mut() {
+            Some(last)
+                if last.protocol == next.protocol && u32::from(next.first) <= u32::from(last.last) + 1 =>
+            {
+                last.last = last.last.max(next.last);
+            }
+            _ => merged.push(next),
+        }
+    }
+    merged.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -486,6 +513,30 @@ mod tests {
         assert_eq!(
             allowed(&compiled, Direction::Ingress, "10.0.1.2").expect("present"),
             vec![(None, Some(vec!["tcp:9100-9100".into()]))]
+        );
+    }
+
+    #[test]
+    fn overlapping_ports_of_a_rule_are_joined_per_protocol() {
+        let rule = Rule {
+            peers: None,
+            ports: vec![
+                PortSpec::Range(Protocol::Tcp, 443, 443),
+                PortSpec::All(Protocol::Tcp),
+                PortSpec::Range(Protocol::Udp, 80, 90),
+                PortSpec::Range(Protocol::Udp, 91, 91),
+                PortSpec::Range(Protocol::Udp, 85, 85),
+                PortSpec::Range(Protocol::Sctp, 9, 9),
+            ],
+        };
+        let p = policy("a", Selector::default(), Some(vec![rule]), None);
+        let compiled = compile(&snapshot(vec![p]), "n1");
+        assert_eq!(
+            allowed(&compiled, Direction::Ingress, "10.0.1.3"),
+            Some(vec![(
+                None,
+                Some(vec!["tcp:0-65535".into(), "udp:80-91".into(), "sctp:9-9".into()])
+            )])
         );
     }
 

@@ -284,20 +284,32 @@ fn rule(peers: Option<&[NetworkPolicyPeer]>, ports: Option<&[NetworkPolicyPort]>
     let peers = peers
         .filter(|p| !p.is_empty())
         .map(|peers| peers.iter().filter_map(peer).collect());
-    let ports = ports.unwrap_or_default().iter().filter_map(port).collect();
+    let given = ports.unwrap_or_default();
+    let ports: Vec<PortSpec> = given.iter().filter_map(port).collect();
+    // Ports none of which can be read allow nothing, not every port (what
+    // no ports at all would mean): unreadable input never widens a rule.
+    if ports.is_empty() && !given.is_empty() {
+        return Rule {
+            peers: Some(Vec::new()),
+            ports,
+        };
+    }
     Rule { peers, ports }
 }
 
 fn peer(peer: &NetworkPolicyPeer) -> Option<Peer> {
     if let Some(block) = &peer.ip_block {
+        // An exception that cannot be read drops the block rather than
+        // widen it.
+        let except = block
+            .except
+            .iter()
+            .flatten()
+            .map(|e| e.parse().ok())
+            .collect::<Option<Vec<IpNetwork>>>()?;
         return Some(Peer::Block {
             cidr: block.cidr.parse().ok()?,
-            except: block
-                .except
-                .iter()
-                .flatten()
-                .filter_map(|e| e.parse().ok())
-                .collect(),
+            except,
         });
     }
     if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {

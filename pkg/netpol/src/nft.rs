@@ -36,6 +36,18 @@ const BASE_TAG: &str = "cni-suite netpol v1";
 
 const BASE_CHAINS: [&str; 2] = ["forward", "input"];
 
+/// The sets of a local pod's own address twice (`addr . addr`), per
+/// family: a pod reaching itself (through its Service, hairpinned) is
+/// always allowed, as Kubernetes' e2e tests expect.
+const SELF_SETS: [&str; 2] = ["self-v4", "self-v6"];
+
+fn self_set(family: Family) -> &'static str {
+    match family {
+        Family::V4 => SELF_SETS[0],
+        Family::V6 => SELF_SETS[1],
+    }
+}
+
 fn map_name(direction: Direction, family: Family) -> String {
     let family = match family {
         Family::V4 => "v4",
@@ -74,10 +86,12 @@ pub struct Current {
     pub exists: bool,
     /// Base chains whose rules are all this version's.
     pub base_current: BTreeSet<String>,
-    /// Chains other than the base ones.
-    pub chains: BTreeSet<String>,
-    /// Sets by name, with their elements.
+    /// Chains other than the base ones, with how many rules each holds.
+    pub chains: BTreeMap<String, usize>,
+    /// Peer sets by name, with their elements.
     pub sets: BTreeMap<String, BTreeSet<Interval>>,
+    /// The addresses in each family's set of a pod's own traffic.
+    pub selves: BTreeMap<String, BTreeSet<IpAddr>>,
     /// Maps by name: address to the chain it jumps to.
     pub maps: BTreeMap<String, BTreeMap<IpAddr, String>>,
 }
@@ -98,7 +112,7 @@ impl Current {
                 if BASE_CHAINS.contains(&name.as_str()) {
                     base_rules.entry(name).or_default();
                 } else {
-                    current.chains.insert(name);
+                    current.chains.entry(name).or_default();
                 }
             } else if let Some(rule) = item.get("rule") {
                 let chain = text(rule, "chain")?;
@@ -107,7 +121,23 @@ impl Current {
                     if rule["comment"].as_str() == Some(BASE_TAG) {
                         counts.1 += 1;
                     }
+                } else {
+                    *current.chains.entry(chain).or_default() += 1;
                 }
+            } else if let Some(set) = item.get("set")
+                && let Some(name) = SELF_SETS.iter().find(|n| set["name"] == **n)
+            {
+                // `addr . addr` pairs, the same address twice.
+                let mut addresses = BTreeSet::new();
+                for element in set["elem"].as_array().into_iter().flatten() {
+                    let first = &element["concat"][0];
+                    let address = first
+                        .as_str()
+                        .and_then(|a| a.parse().ok())
+                        .ok_or_else(|| Error::Listing(format!("{name} element {element}")))?;
+                    addresses.insert(address);
+                }
+                current.selves.insert((*name).to_owned(), addresses);
             } else if let Some(set) = item.get("set") {
                 let mut elements = BTreeSet::new();
                 for element in set["elem"].as_array().into_iter().flatten() {
@@ -121,9 +151,9 @@ impl Current {
                         .as_str()
                         .and_then(|k| k.parse().ok())
                         .ok_or_else(|| Error::Listing(format!("map key {}", pair[0])))?;
-                    let target = pair[1]["jump"]["target"]
-                        .as_str()
-                        .ok_or_else(|| Error::Listing(format!("map verdict {}", pair[1])))?;
+                    // Another verdict than a jump (someone else's): no
+                    // chain's, so it is replaced.
+                    let target = pair[1]["jump"]["target"].as_str().unwrap_or_default();
                     entries.insert(key, target.to_owned());
                 }
                 current.maps.insert(text(map, "name")?, entries);
@@ -167,7 +197,33 @@ fn interval(element: &Value) -> Result<Interval> {
 
 fn base_rules_of(chain: &str) -> Vec<String> {
     let tag = format!("comment \"{BASE_TAG}\"");
-    let mut rules = vec![format!("ct state established,related accept {tag}")];
+    let mut rules = vec![
+        format!("ct state established,related accept {tag}"),
+        // Neighbour discovery is untracked: without it an isolated pod
+        // resolves no neighbour, not even for what it is allowed.
+        format!(
+            "icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, \
+             nd-neighbor-advert, nd-redirect }} accept {tag}"
+        ),
+    ];
+    if chain == "forward" {
+        // Pods' link-local addresses are in no map: between pods they
+        // would pass every policy (the node's own link-local traffic, on
+        // `input`, is left alone: DHCPv6 and the like use it).
+        rules.push(format!(
+            "ip6 saddr fe80::/10 meta l4proto {{ tcp, udp, sctp }} drop {tag}"
+        ));
+        rules.push(format!(
+            "ip6 daddr fe80::/10 meta l4proto {{ tcp, udp, sctp }} drop {tag}"
+        ));
+        for family in FAMILIES {
+            let ip = ip_keyword(family);
+            rules.push(format!(
+                "{ip} saddr . {ip} daddr @{} accept {tag}",
+                self_set(family)
+            ));
+        }
+    }
     let directions: &[Direction] = if chain == "forward" {
         &DIRECTIONS
     } else {
@@ -256,6 +312,39 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
             }
         }
     }
+    // A pod's own traffic: every isolated local address, paired with itself.
+    for family in FAMILIES {
+        let name = self_set(family);
+        let wanted: BTreeSet<IpAddr> = compiled
+            .isolated
+            .values()
+            .flat_map(|addresses| addresses.keys())
+            .filter(|ip| Family::of(**ip) == family)
+            .copied()
+            .collect();
+        let have = match current.selves.get(name) {
+            Some(have) => have.clone(),
+            None => {
+                let key = address_type(family);
+                line(format!("add set {t} {name} {{ type {key} . {key}; }}"));
+                BTreeSet::new()
+            }
+        };
+        let pairs = |ips: Vec<&IpAddr>| -> String {
+            ips.iter()
+                .map(|ip| format!("{ip} . {ip}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let gone: Vec<&IpAddr> = have.difference(&wanted).collect();
+        let new: Vec<&IpAddr> = wanted.difference(&have).collect();
+        if !gone.is_empty() {
+            line(format!("delete element {t} {name} {{ {} }}", pairs(gone)));
+        }
+        if !new.is_empty() {
+            line(format!("add element {t} {name} {{ {} }}", pairs(new)));
+        }
+    }
     // Sets: new ones made, the others' elements changed.
     let mut wanted_sets: BTreeMap<String, BTreeSet<Interval>> = BTreeMap::new();
     for (base, members) in &compiled.peer_sets {
@@ -291,13 +380,17 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
             line(format!("add element {t} {name} {{ {} }}", elements(new)));
         }
     }
-    // Chains, before anything jumps to them.
+    // Chains, before anything jumps to them; one whose rules someone
+    // changed (flushed, or its `drop` deleted) is written again.
     for (name, list) in &compiled.lists {
-        if !current.chains.contains(name) {
-            line(format!("add chain {t} {name}"));
-            for rule in chain_rules(list) {
-                line(format!("add rule {t} {name} {rule}"));
-            }
+        let rules = chain_rules(list);
+        match current.chains.get(name) {
+            Some(count) if *count == rules.len() => continue,
+            Some(_) => line(format!("flush chain {t} {name}")),
+            None => line(format!("add chain {t} {name}")),
+        }
+        for rule in rules {
+            line(format!("add rule {t} {name} {rule}"));
         }
     }
     // Base chains, once their maps exist.
@@ -345,7 +438,7 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
         }
     }
     // Chains and sets nothing refers to any more.
-    for name in current.chains.iter().filter(|c| !compiled.lists.contains_key(*c)) {
+    for name in current.chains.keys().filter(|c| !compiled.lists.contains_key(*c)) {
         line(format!("flush chain {t} {name}"));
         line(format!("delete chain {t} {name}"));
     }
@@ -400,7 +493,11 @@ mod tests {
         let mut current = Current {
             exists: true,
             base_current: BASE_CHAINS.iter().map(|c| (*c).to_owned()).collect(),
-            chains: compiled.lists.keys().cloned().collect(),
+            chains: compiled
+                .lists
+                .iter()
+                .map(|(name, list)| (name.clone(), chain_rules(list).len()))
+                .collect(),
             ..Current::default()
         };
         for (base, members) in &compiled.peer_sets {
@@ -408,6 +505,16 @@ mod tests {
                 let of_family = members.iter().filter(|i| i.family == family).copied().collect();
                 current.sets.insert(set_name(base, family), of_family);
             }
+        }
+        for family in FAMILIES {
+            let selves = compiled
+                .isolated
+                .values()
+                .flat_map(|a| a.keys())
+                .filter(|ip| Family::of(**ip) == family)
+                .copied()
+                .collect();
+            current.selves.insert(self_set(family).to_owned(), selves);
         }
         for direction in DIRECTIONS {
             for family in FAMILIES {
@@ -490,6 +597,27 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_someone_flushed_is_written_again_and_a_pod_is_allowed_itself() {
+        let compiled = web_to_db(db_pods());
+        let mut current = held(&compiled);
+        let chain = compiled.lists.keys().next().expect("a chain").clone();
+        current.chains.insert(chain.clone(), 0);
+        let script = plan(&current, &compiled);
+        assert!(
+            script.starts_with(&format!("flush chain inet cni-suite-netpol {chain}\n")),
+            "{script}"
+        );
+        assert!(script.contains(" drop\n"), "{script}");
+
+        let script = plan(&Current::default(), &compiled);
+        assert!(
+            script.contains("add element inet cni-suite-netpol self-v4 { 10.0.1.3 . 10.0.1.3 }"),
+            "{script}"
+        );
+        assert!(script.contains("ip saddr . ip daddr @self-v4 accept"), "{script}");
+    }
+
+    #[test]
     fn base_chains_of_another_version_are_rewritten_in_the_same_transaction() {
         let compiled = web_to_db(db_pods());
         let mut current = held(&compiled);
@@ -506,12 +634,20 @@ mod tests {
           {"chain": {"family": "inet", "table": "cni-suite-netpol", "name": "in-0011223344556677"}},
           {"set": {"name": "peers-1-v4", "type": "ipv4_addr", "flags": ["interval"],
                    "elem": ["10.0.0.1", {"prefix": {"addr": "10.1.0.0", "len": 16}}, {"range": ["10.2.0.1", "10.2.0.9"]}]}},
+          {"set": {"name": "self-v4", "type": ["ipv4_addr", "ipv4_addr"],
+                   "elem": [{"concat": ["10.0.1.3", "10.0.1.3"]}]}},
+          {"rule": {"chain": "in-0011223344556677", "comment": null}},
           {"map": {"name": "ingress-v4", "type": "ipv4_addr", "map": "verdict",
                    "elem": [["10.0.1.3", {"jump": {"target": "in-0011223344556677"}}]]}},
           {"rule": {"chain": "forward", "comment": "cni-suite netpol v1"}}]}"#;
         let current = Current::parse(listing).expect("present");
         assert!(current.exists);
-        assert_eq!(current.chains, BTreeSet::from(["in-0011223344556677".to_owned()]));
+        assert_eq!(
+            current.chains,
+            BTreeMap::from([("in-0011223344556677".to_owned(), 1)])
+        );
+        let ip: IpAddr = "10.0.1.3".parse().expect("an address");
+        assert_eq!(current.selves["self-v4"], BTreeSet::from([ip]));
         // One base rule of five: not this version's.
         assert!(current.base_current.is_empty());
         let set: Vec<String> = current.sets["peers-1-v4"]

@@ -1,6 +1,9 @@
 //! Address intervals of one family: what an nftables interval set holds.
 //! A CIDR less its exceptions is a few intervals; a set's elements are
-//! kept merged and disjoint, as the kernel refuses overlapping ones.
+//! kept disjoint, as the kernel refuses overlapping ones, but neighbours
+//! stay apart: host-local hands out consecutive addresses, and a pod
+//! coming or going must be one element added or deleted, not a range
+//! rewritten.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -108,13 +111,13 @@ impl fmt::Display for Interval {
     }
 }
 
-/// `intervals` sorted, overlapping and adjacent ones merged.
+/// `intervals` sorted, overlapping ones merged (neighbours kept apart).
 pub fn merge(mut intervals: Vec<Interval>) -> Vec<Interval> {
     intervals.sort();
     let mut merged: Vec<Interval> = Vec::with_capacity(intervals.len());
     for next in intervals {
         match merged.last_mut() {
-            Some(last) if last.family == next.family && next.first <= last.last.saturating_add(1) => {
+            Some(last) if last.family == next.family && next.first <= last.last => {
                 last.last = last.last.max(next.last);
             }
             _ => merged.push(next),
@@ -204,16 +207,19 @@ mod tests {
     }
 
     #[test]
-    fn merging_joins_overlaps_and_neighbours_but_never_families() {
+    fn merging_joins_overlaps_but_neither_neighbours_nor_families() {
         let a = |t: &str| Interval::parse(t).expect("present");
         let merged = merge(vec![
             a("10.0.0.5"),
             a("10.0.0.0/30"),
-            a("10.0.0.4"),
+            a("10.0.0.2-10.0.0.4"),
             a("::4"),
             a("0.0.0.4"),
         ]);
-        assert_eq!(shown(&merged), ["0.0.0.4", "10.0.0.0-10.0.0.5", "::4"]);
+        assert_eq!(
+            shown(&merged),
+            ["0.0.0.4", "10.0.0.0-10.0.0.4", "10.0.0.5", "::4"]
+        );
     }
 
     #[test]

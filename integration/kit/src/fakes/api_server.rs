@@ -1,6 +1,7 @@
 //! A stand-in for the Kubernetes API server (none can run here): HTTPS
 //! inside a test's namespace, with its own CA, checking a bearer token, and
-//! serving pods and nodes the way the real one does for the calls the suite
+//! serving pods and nodes (and the namespaces and NetworkPolicies policy
+//! reads) the way the real one does for the calls the suite
 //! makes: GET of one object, LIST with a `resourceVersion`, WATCH streams of
 //! ADDED/MODIFIED/DELETED events and BOOKMARKs from a version, an expired
 //! version answered with HTTP 200 and an ERROR event carrying a 410
@@ -41,6 +42,8 @@ struct Change {
 enum Kind {
     Pod,
     Node,
+    Namespace,
+    NetworkPolicy,
 }
 
 impl Kind {
@@ -48,6 +51,15 @@ impl Kind {
         match self {
             Kind::Pod => "Pod",
             Kind::Node => "Node",
+            Kind::Namespace => "Namespace",
+            Kind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            _ => "v1",
         }
     }
 }
@@ -57,6 +69,8 @@ struct State {
     version: u64,
     pods: BTreeMap<(String, String), Value>,
     nodes: BTreeMap<String, Value>,
+    namespaces: BTreeMap<String, Value>,
+    network_policies: BTreeMap<(String, String), Value>,
     changes: Vec<Change>,
     /// Watches from a version below this are answered 410 Expired.
     oldest_watchable: u64,
@@ -85,6 +99,8 @@ impl State {
         let all: Vec<&Value> = match kind {
             Kind::Node => self.nodes.values().collect(),
             Kind::Pod => self.pods.values().collect(),
+            Kind::Namespace => self.namespaces.values().collect(),
+            Kind::NetworkPolicy => self.network_policies.values().collect(),
         };
         all.into_iter().filter(|o| target.selects(o)).cloned().collect()
     }
@@ -259,6 +275,54 @@ impl ApiServer {
         }
     }
 
+    /// Creates or replaces the Namespace `namespace["metadata"]["name"]`.
+    pub fn apply_namespace(&self, namespace: Value) {
+        let name = namespace["metadata"]["name"]
+            .as_str()
+            .expect("a namespace's name")
+            .to_owned();
+        let mut state = self.shared.lock();
+        let event = if state.namespaces.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let namespace = stamp(&mut state, Kind::Namespace, namespace);
+        state.namespaces.insert(name, namespace.clone());
+        self.shared.publish(state, Kind::Namespace, event, namespace);
+    }
+
+    /// Creates or replaces a NetworkPolicy (by its namespace and name).
+    pub fn apply_network_policy(&self, policy: Value) {
+        let key = (
+            policy["metadata"]["namespace"]
+                .as_str()
+                .expect("a namespace")
+                .to_owned(),
+            policy["metadata"]["name"].as_str().expect("a name").to_owned(),
+        );
+        let mut state = self.shared.lock();
+        let event = if state.network_policies.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        let policy = stamp(&mut state, Kind::NetworkPolicy, policy);
+        state.network_policies.insert(key, policy.clone());
+        self.shared.publish(state, Kind::NetworkPolicy, event, policy);
+    }
+
+    pub fn delete_network_policy(&self, namespace: &str, name: &str) {
+        let mut state = self.shared.lock();
+        if let Some(policy) = state
+            .network_policies
+            .remove(&(namespace.to_owned(), name.to_owned()))
+        {
+            let policy = stamp(&mut state, Kind::NetworkPolicy, policy);
+            self.shared.publish(state, Kind::NetworkPolicy, "DELETED", policy);
+        }
+    }
+
     /// Forgets the history: a watch from any version seen so far is
     /// answered 410 Expired, as after the real server's compaction.
     pub fn expire_history(&self) {
@@ -312,7 +376,7 @@ impl ApiServer {
 /// The object as the server returns it: its kind and the next version.
 fn stamp(state: &mut State, kind: Kind, mut object: Value) -> Value {
     state.version += 1;
-    object["apiVersion"] = json!("v1");
+    object["apiVersion"] = json!(kind.api_version());
     object["kind"] = json!(kind.name());
     object["metadata"]["resourceVersion"] = json!(state.version.to_string());
     object
@@ -472,6 +536,16 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
         ("GET", ["api", "v1", "pods"]) if target.watch() => return watch(tls, shared, Kind::Pod, target),
         ("GET", ["api", "v1", "nodes"]) => return list(tls, shared, Kind::Node, target),
         ("GET", ["api", "v1", "pods"]) => return list(tls, shared, Kind::Pod, target),
+        ("GET", ["api", "v1", "namespaces"]) if target.watch() => {
+            return watch(tls, shared, Kind::Namespace, target);
+        }
+        ("GET", ["api", "v1", "namespaces"]) => return list(tls, shared, Kind::Namespace, target),
+        ("GET", ["apis", "networking.k8s.io", "v1", "networkpolicies"]) if target.watch() => {
+            return watch(tls, shared, Kind::NetworkPolicy, target);
+        }
+        ("GET", ["apis", "networking.k8s.io", "v1", "networkpolicies"]) => {
+            return list(tls, shared, Kind::NetworkPolicy, target);
+        }
         ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
             delete_pod(shared, ns, name, &request.body)
         }
@@ -596,7 +670,7 @@ fn list<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) -> 
     state.lists += 1;
     let list = json!({
         "kind": format!("{}List", kind.name()),
-        "apiVersion": "v1",
+        "apiVersion": kind.api_version(),
         "metadata": {"resourceVersion": state.version.to_string()},
         "items": state.objects(kind, target),
     });
