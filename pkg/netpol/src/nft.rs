@@ -284,6 +284,17 @@ fn chain_rules(list: &AllowList) -> Vec<String> {
     rules
 }
 
+/// Every local pod address of `family` isolated in either direction.
+fn isolated_addresses(compiled: &Compiled, family: Family) -> BTreeSet<IpAddr> {
+    compiled
+        .isolated
+        .values()
+        .flat_map(|addresses| addresses.keys())
+        .filter(|ip| Family::of(**ip) == family)
+        .copied()
+        .collect()
+}
+
 fn elements(intervals: impl IntoIterator<Item = Interval>) -> String {
     let shown: Vec<String> = intervals.into_iter().map(|i| i.to_string()).collect();
     shown.join(", ")
@@ -315,13 +326,7 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
     // A pod's own traffic: every isolated local address, paired with itself.
     for family in FAMILIES {
         let name = self_set(family);
-        let wanted: BTreeSet<IpAddr> = compiled
-            .isolated
-            .values()
-            .flat_map(|addresses| addresses.keys())
-            .filter(|ip| Family::of(**ip) == family)
-            .copied()
-            .collect();
+        let wanted = isolated_addresses(compiled, family);
         let have = match current.selves.get(name) {
             Some(have) => have.clone(),
             None => {
@@ -507,14 +512,9 @@ mod tests {
             }
         }
         for family in FAMILIES {
-            let selves = compiled
-                .isolated
-                .values()
-                .flat_map(|a| a.keys())
-                .filter(|ip| Family::of(**ip) == family)
-                .copied()
-                .collect();
-            current.selves.insert(self_set(family).to_owned(), selves);
+            current
+                .selves
+                .insert(self_set(family).to_owned(), isolated_addresses(compiled, family));
         }
         for direction in DIRECTIONS {
             for family in FAMILIES {

@@ -281,15 +281,7 @@ impl ApiServer {
             .as_str()
             .expect("a namespace's name")
             .to_owned();
-        let mut state = self.shared.lock();
-        let event = if state.namespaces.contains_key(&name) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        let namespace = stamp(&mut state, Kind::Namespace, namespace);
-        state.namespaces.insert(name, namespace.clone());
-        self.shared.publish(state, Kind::Namespace, event, namespace);
+        self.upsert(Kind::Namespace, name, namespace, |state| &mut state.namespaces);
     }
 
     /// Creates or replaces a NetworkPolicy (by its namespace and name).
@@ -301,15 +293,29 @@ impl ApiServer {
                 .to_owned(),
             policy["metadata"]["name"].as_str().expect("a name").to_owned(),
         );
+        self.upsert(Kind::NetworkPolicy, key, policy, |state| {
+            &mut state.network_policies
+        });
+    }
+
+    /// Stores `object` of `kind` under `key` in the map `of` picks, as
+    /// ADDED or MODIFIED.
+    fn upsert<K: Ord>(
+        &self,
+        kind: Kind,
+        key: K,
+        object: Value,
+        of: impl Fn(&mut State) -> &mut BTreeMap<K, Value>,
+    ) {
         let mut state = self.shared.lock();
-        let event = if state.network_policies.contains_key(&key) {
+        let event = if of(&mut state).contains_key(&key) {
             "MODIFIED"
         } else {
             "ADDED"
         };
-        let policy = stamp(&mut state, Kind::NetworkPolicy, policy);
-        state.network_policies.insert(key, policy.clone());
-        self.shared.publish(state, Kind::NetworkPolicy, event, policy);
+        let object = stamp(&mut state, kind, object);
+        of(&mut state).insert(key, object.clone());
+        self.shared.publish(state, kind, event, object);
     }
 
     pub fn delete_network_policy(&self, namespace: &str, name: &str) {
