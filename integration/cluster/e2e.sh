@@ -9,6 +9,8 @@
 #                        provider, cluster DNS or SCTP sockets and is not
 #                        [Disruptive] or [Serial] ([Slow] ones included;
 #                        the list below says what is left out and why)
+#   e2e.sh netpol        the [Feature:NetworkPolicy] specs (tagged, so only
+#                        run when focused), the SCTP ones left out
 #
 # Writes $E2E_REPORT_DIR (default target/e2e/MODE) with the run's log,
 # ginkgo's JUnit files and summary.txt: every spec the focus names, passed,
@@ -28,8 +30,11 @@ subset)
 conformance)
 	FOCUS='\[sig-network\]'
 	;;
+netpol)
+	FOCUS='\[Feature:NetworkPolicy\]'
+	;;
 *)
-	sed -n '2,15p' "$0" >&2
+	sed -n '2,17p' "$0" >&2
 	exit 2
 	;;
 esac
@@ -49,6 +54,9 @@ resolve connection reset issue #74839	its regression-issue-74839 image is not bu
 \[Feature:Networking-Performance\]	an iperf throughput measurement, not pass/fail (make bench measures the suite)
 \[Feature:Example\]	the guestbook example's images are not built here
 LIST
+if [ "$MODE" = netpol ]; then
+	sed -i '/NetworkPolicy is issue/d' "$EXCLUDED"
+fi
 SKIP=$(cut -f1 "$EXCLUDED" | paste -sd'|')
 
 rm -rf "$REPORT"
