@@ -14,7 +14,7 @@ use test_kit::probe::Probe;
 use test_kit::{Netns, Node, require_root, wait_for};
 
 use super::agent_metrics::{sample, scrape};
-use super::node_agent::uplink;
+use super::node_agent::{pod_address, uplink};
 
 const TOKEN: &str = "policy-token";
 const PORT: u16 = 5432;
@@ -37,11 +37,8 @@ impl<'a> Pods<'a> {
             .iter()
             .map(|name| {
                 let ns = node.pod(name);
-                let result = node
-                    .cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &cni_path)
-                    .success()
-                    .json();
-                let cidr = result["ips"][0]["address"].as_str().expect("an address");
+                let cidr =
+                    pod_address(node.cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &cni_path));
                 let ip = cidr.split('/').next().unwrap_or_default().to_owned();
                 server.add_pod("shop", name, pod_object(name, &ip));
                 ((*name).to_owned(), ns, ip)

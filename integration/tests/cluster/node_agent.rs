@@ -1000,7 +1000,7 @@ fn runtime_network(node: &Node) -> String {
 }
 
 /// The IPv4 address cnictl's result gives the pod.
-fn pod_address(run: test_kit::Run) -> String {
+pub(super) fn pod_address(run: test_kit::Run) -> String {
     let result = run.success().json();
     result["ips"][0]["address"]
         .as_str()
