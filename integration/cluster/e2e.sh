@@ -3,14 +3,18 @@
 # against the running real cluster, and their outcome spec by spec.
 #
 #   e2e.sh subset        what `make test` runs: Granular Checks: Pods (the 4
-#                        [Conformance] specs) and the pod- and node-to-Service
-#                        http/udp specs of Granular Checks: Services
+#                        [Conformance] specs), the pod- and node-to-Service
+#                        http/udp specs of Granular Checks: Services, and 5
+#                        NetworkPolicy specs (default deny, pod and
+#                        namespace selectors, ports, a named port with
+#                        egress, ipBlock with except)
 #   e2e.sh conformance   every [sig-network] spec that needs no cloud
 #                        provider, cluster DNS or SCTP sockets and is not
-#                        [Disruptive] or [Serial] ([Slow] ones included;
-#                        the list below says what is left out and why)
-#   e2e.sh netpol        the [Feature:NetworkPolicy] specs (tagged, so only
-#                        run when focused), the SCTP ones left out
+#                        [Disruptive] or [Serial] ([Slow] ones included,
+#                        and the NetworkPolicy specs; the list below says
+#                        what is left out and why)
+#   e2e.sh netpol        the [Feature:NetworkPolicy] specs alone, the SCTP
+#                        ones left out
 #
 # Writes $E2E_REPORT_DIR (default target/e2e/MODE) with the run's log,
 # ginkgo's JUnit files and summary.txt: every spec the focus names, passed,
@@ -25,7 +29,7 @@ NODES=${E2E_PARALLEL:-2}
 
 case "$MODE" in
 subset)
-	FOCUS='\[sig-network\] Networking Granular Checks: (Pods should function for (intra|node)-pod communication: (http|udp)|Services should function for (pod|node)-Service: (http|udp))'
+	FOCUS='\[sig-network\] (Networking Granular Checks: (Pods should function for (intra|node)-pod communication: (http|udp)|Services should function for (pod|node)-Service: (http|udp))|NetworkPolicy \[LinuxOnly\] NetworkPolicy between server and client should (support a .default-deny-all. policy|enforce policy based on PodSelector and NamespaceSelector|enforce policy based on Ports|allow egress access on one named port|enforce except clause while egress access to server in CIDR block))'
 	;;
 conformance)
 	FOCUS='\[sig-network\]'
@@ -43,20 +47,16 @@ esac
 EXCLUDED="$REPORT.excluded"
 mkdir -p "$(dirname "$REPORT")"
 cat >"$EXCLUDED" <<'LIST'
-\[Disruptive\]|\[Serial\]	[Disruptive] or [Serial]: left out by the issue (one shared cluster)
 SCTP	no SCTP sockets in this kernel (CONFIG_IP_SCTP unset)
+\[Disruptive\]|\[Serial\]	[Disruptive] or [Serial]: left out by the issue (one shared cluster)
 DNS|ExternalName|externalname|should create endpoints for unready pods|Services should (have|be able to switch) session affinity|listening on same port number but different protocols|be rejected when no endpoints exist|create a functioning NodePort service|hairpin back to themselves through services	needs cluster DNS (Debian has no CoreDNS package): dials the Service by name
 KubeProxy should set TCP CLOSE_WAIT timeout	kube-proxy here leaves the machine's conntrack timeouts alone (tcpCloseWaitTimeout 0)
 resolve connection reset issue #74839	its regression-issue-74839 image is not built here
 [Ll]oad ?[Bb]alancer|change the type and ports of a service|ESIPP|\[Feature:NEG\]|\[Feature:kubemci\]|\[Feature:Ingress\]|Loadbalancing: L7|Firewall rule|\[Provider:	needs a cloud provider
 \[Feature:Networking-IPv[46]\]	needs the internet from pods (this machine has none)
-\[Feature:NetworkPolicy\]	NetworkPolicy is issue 35's
 \[Feature:Networking-Performance\]	an iperf throughput measurement, not pass/fail (make bench measures the suite)
 \[Feature:Example\]	the guestbook example's images are not built here
 LIST
-if [ "$MODE" = netpol ]; then
-	sed -i '/NetworkPolicy is issue/d' "$EXCLUDED"
-fi
 SKIP=$(cut -f1 "$EXCLUDED" | paste -sd'|')
 
 rm -rf "$REPORT"

@@ -16,7 +16,8 @@
 //!    configuration directory), [`record`] (what the agent changed, kept on
 //!    the node), [`health`] (readiness and its probes, and `/metrics`),
 //!    [`metrics`] (what the controllers count, and the lease service's
-//!    counts, as Prometheus scrapes them), [`pod_netns`] (a
+//!    counts, as Prometheus scrapes them), [`run_socket`] (the sockets the
+//!    plugins reach the agent on), [`pod_netns`] (a
 //!    running pod's network namespace), [`iptables_mode`] (which iptables),
 //!    [`leftovers`] (what the suite left in the node's nat tables that no
 //!    one uses, recorded and removed) and [`logging`].
@@ -55,6 +56,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pod_netns;
 pub mod record;
+pub mod run_socket;
 
 pub mod controllers;
 

@@ -124,8 +124,18 @@ async fn run(settings: Settings) -> Result<(), Error> {
     });
     let untainting = readiness_taint::Options::from_settings(&settings)
         .map(|options| tokio::spawn(readiness_taint::run(client.clone(), options, health.clone())));
-    let enforcing = network_policy::Options::from_settings(&settings)
-        .map(|options| tokio::spawn(network_policy::run(client.clone(), options, metrics.clone())));
+    // Bound before the conflist names it, as the log socket is.
+    let enforcing = network_policy::Options::from_settings(&settings).map(|options| {
+        let gate = settings
+            .policy_socket()
+            .and_then(|path| network_policy::Gate::bind(&path));
+        tokio::spawn(network_policy::run(
+            client.clone(),
+            options,
+            gate,
+            metrics.clone(),
+        ))
+    });
     let outcome = if settings.own_network {
         log::info!(
             "node {}: writing {} from its Node object",

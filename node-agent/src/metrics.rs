@@ -106,6 +106,7 @@ struct Families {
     route_syncs: Family<[Label; 1], Counter>,
     egress_syncs: Family<[Label; 1], Counter>,
     policy_syncs: Family<[Label; 1], Counter>,
+    policy_admissions: Family<[Label; 1], Counter>,
     repairs: Family<[Label; 2], Counter>,
     /// Where the lease service whose counts are shown listens: the lease
     /// directory's socket, whoever started the service there.
@@ -161,6 +162,12 @@ impl Metrics {
             "Reconciliations of the NetworkPolicy table with the Pods, Namespaces and policies, by result",
             policy_syncs.clone(),
         );
+        let policy_admissions = Family::<[Label; 1], Counter>::default();
+        registry.register(
+            "cni_suite_policy_admissions",
+            "New pods' ADDs answered by the NetworkPolicy gate, by answer (enforced: the kernel held the pod's policy before the ADD returned)",
+            policy_admissions.clone(),
+        );
         let repairs = Family::<[Label; 2], Counter>::default();
         registry.register(
             "istio_cni_repair_pods_repaired",
@@ -177,6 +184,9 @@ impl Metrics {
             egress_syncs.get_or_create_owned(&[("result", outcome.sync_label())]);
             policy_syncs.get_or_create_owned(&[("result", outcome.sync_label())]);
         }
+        for answer in ["enforced", "not_enforced"] {
+            policy_admissions.get_or_create_owned(&[("answer", answer)]);
+        }
         Metrics {
             families: Arc::new(Families {
                 registry,
@@ -187,6 +197,7 @@ impl Metrics {
                 route_syncs,
                 egress_syncs,
                 policy_syncs,
+                policy_admissions,
                 repairs,
                 lease_socket,
             }),
@@ -226,6 +237,15 @@ impl Metrics {
         self.families
             .policy_syncs
             .get_or_create(&[("result", outcome.sync_label())])
+            .inc();
+    }
+
+    /// A new pod's ADD answered by the NetworkPolicy gate.
+    pub fn policy_admitted(&self, enforced: bool) {
+        let answer = if enforced { "enforced" } else { "not_enforced" };
+        self.families
+            .policy_admissions
+            .get_or_create(&[("answer", answer)])
             .inc();
     }
 
@@ -350,6 +370,7 @@ mod tests {
         counting.egress_synced(Outcome::Failure);
         counting.policy_synced(Outcome::Success);
         counting.policy_synced(Outcome::Success);
+        counting.policy_admitted(true);
         counting.repaired(RepairMode::Delete, Outcome::Success);
         counting.repaired(RepairMode::Repair, Outcome::Failure);
         let exposition = metrics.scrape(true);
@@ -372,6 +393,8 @@ mod tests {
             r#"cni_suite_egress_syncs_total{result="failure"} 1"#,
             r#"cni_suite_policy_syncs_total{result="success"} 2"#,
             r#"cni_suite_policy_syncs_total{result="failure"} 0"#,
+            r#"cni_suite_policy_admissions_total{answer="enforced"} 1"#,
+            r#"cni_suite_policy_admissions_total{answer="not_enforced"} 0"#,
             r#"istio_cni_repair_pods_repaired_total{type="delete",result="success"} 1"#,
             r#"istio_cni_repair_pods_repaired_total{type="repair",result="fail"} 1"#,
         ];

@@ -4,7 +4,7 @@
 //! takes from it only what it needs, as its `Options`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
@@ -186,6 +186,14 @@ pub struct Settings {
     /// plugins see); empty: none.
     #[arg(long, env = "PLUGIN_LOG_SOCKET", default_value = "/run/cni-suite/log.sock")]
     pub plugin_log_socket: String,
+
+    /// With NETWORK_POLICY, the Unix stream socket a pod's ADD waits on
+    /// until the agent holds the pod's policy in the kernel, named as
+    /// `policySocket` in the bridge's entry (under the DaemonSet's
+    /// /run/cni-suite mount); empty: no ADD waits, and a new pod is open
+    /// until its address reaches the agent through the API server.
+    #[arg(long, env = "POLICY_SOCKET", default_value = "/run/cni-suite/policy.sock")]
+    pub policy_socket: String,
 }
 
 /// Which iptables the rules go through (`IPTABLES_MODE`; see
@@ -261,13 +269,23 @@ impl Settings {
                 "ISTIO_OWNED_CNI_CONF_FILENAME {owned:?} must be a file name ending in .conflist"
             ));
         }
-        if self.plugin_log_socket().is_some_and(|path| !path.is_absolute()) {
-            return Err(format!(
-                "PLUGIN_LOG_SOCKET {:?} must be an absolute path: plugins run from elsewhere",
-                self.plugin_log_socket
-            ));
+        for (name, value) in [
+            ("PLUGIN_LOG_SOCKET", &self.plugin_log_socket),
+            ("POLICY_SOCKET", &self.policy_socket),
+        ] {
+            if !value.is_empty() && !Path::new(value).is_absolute() {
+                return Err(format!(
+                    "{name} {value:?} must be an absolute path: plugins run from elsewhere"
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// `POLICY_SOCKET` when the agent enforces NetworkPolicy, unless empty.
+    pub fn policy_socket(&self) -> Option<PathBuf> {
+        (self.own_network && self.network_policy && !self.policy_socket.is_empty())
+            .then(|| PathBuf::from(&self.policy_socket))
     }
 
     /// `PLUGIN_LOG_SOCKET`, unless empty.
@@ -312,5 +330,17 @@ mod tests {
         assert!(settings(&["--plugin-log-socket", ""]).check().is_ok());
         let relative = settings(&["--plugin-log-socket", "log.sock"]);
         assert!(relative.check().is_err());
+    }
+
+    #[test]
+    fn the_policy_socket_is_named_only_where_policy_is_enforced() {
+        assert_eq!(
+            settings(&[]).policy_socket(),
+            Some(PathBuf::from("/run/cni-suite/policy.sock"))
+        );
+        assert_eq!(settings(&["--network-policy", "false"]).policy_socket(), None);
+        assert_eq!(settings(&["--own-network", "false"]).policy_socket(), None);
+        assert_eq!(settings(&["--policy-socket", ""]).policy_socket(), None);
+        assert!(settings(&["--policy-socket", "policy.sock"]).check().is_err());
     }
 }

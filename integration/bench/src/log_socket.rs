@@ -127,6 +127,7 @@ fn agent_conflist(suite: &Suite, socket: Option<PathBuf>) -> Value {
         lease_dir: suite.data_dir(),
         cni_bin_dir: suite.bins.clone(),
         log_socket: socket,
+        policy_socket: None,
     };
     let network = NodeNetwork {
         pod_cidrs: vec![suite.subnet.parse().expect("a subnet")],

@@ -408,6 +408,7 @@ impl BenchAgent {
             ("CNI_LEASE_DIR", path("leases")),
             // The default is the host's /run/cni-suite: never the bench's.
             ("PLUGIN_LOG_SOCKET", path("log.sock")),
+            ("POLICY_SOCKET", path("policy.sock")),
             ("CNI_INSTALL_PLUGINS", String::new()),
             ("LEASE_SERVICE", "false".to_owned()),
         ];

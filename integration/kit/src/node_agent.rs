@@ -101,6 +101,7 @@ impl Agent {
         // The default is the host's /run/cni-suite: never a test's.
         let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
         let log_socket = host_log_socket(node);
+        let policy_socket = node.path("run/policy.sock");
         let mut env = vec![
             ("NODE_NAME", name),
             ("KUBERNETES_SERVICE_HOST", server_host),
@@ -112,6 +113,7 @@ impl Agent {
             ("HEALTH_LISTEN", listen.as_str()),
             ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
             ("PLUGIN_LOG_SOCKET", log_socket.to_str().expect("UTF-8")),
+            ("POLICY_SOCKET", policy_socket.to_str().expect("UTF-8")),
             // Off but where a test turns it on: its watches are the
             // policy tests' to count.
             ("NETWORK_POLICY", "false"),

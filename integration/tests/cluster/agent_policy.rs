@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, lab_node, node_object};
+use test_kit::node_agent::{Agent, host_bin, host_conflist, lab_node, node_object};
 use test_kit::probe::Probe;
 use test_kit::{Netns, Node, require_root, wait_for};
 
@@ -20,6 +20,7 @@ const TOKEN: &str = "policy-token";
 const PORT: u16 = 5432;
 const POLICY_ON: (&str, &str) = ("NETWORK_POLICY", "true");
 const APPLIED: &str = "cni_suite_policy_syncs_total{result=\"success\"}";
+const ENFORCED_ADDS: &str = "cni_suite_policy_admissions_total{answer=\"enforced\"}";
 
 struct Pods<'a> {
     node: &'a Node,
@@ -29,26 +30,41 @@ struct Pods<'a> {
 
 impl<'a> Pods<'a> {
     /// Pods of namespace `shop` added through the agent's conflist, each
-    /// labelled `app: <name>`, their Pod objects on `server`.
+    /// labelled `app: <name>`, as a kubelet adds them: the Pod object on
+    /// `server` first, then the ADD naming it, then the address in its
+    /// status.
     fn add(node: &'a Node, server: &ApiServer, names: &[&str]) -> Pods<'a> {
-        let bin = host_bin(node);
-        let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
-        let pods = names
-            .iter()
-            .map(|name| {
-                let ns = node.pod(name);
-                let cidr =
-                    pod_address(node.cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &cni_path));
-                let ip = cidr.split('/').next().unwrap_or_default().to_owned();
-                server.add_pod("shop", name, pod_object(name, &ip));
-                ((*name).to_owned(), ns, ip)
-            })
-            .collect();
-        Pods {
+        let mut pods = Pods {
             node,
             probe: Probe::new(),
-            pods,
+            pods: Vec::new(),
+        };
+        for name in names {
+            let ip = pods.start(server, name, name);
+            server.add_pod("shop", name, pod_object(name, name, Some(&ip)));
         }
+        pods
+    }
+
+    /// A pod labelled `app: <app>`: its Pod object and its ADD, the
+    /// status not yet posted, so the agent learns the address from the
+    /// ADD alone. Its address.
+    fn start(&mut self, server: &ApiServer, name: &str, app: &str) -> String {
+        server.add_pod("shop", name, pod_object(name, app, None));
+        let bin = host_bin(self.node);
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}");
+        let env = [
+            ("CNI_PATH", bin.to_str().expect("UTF-8")),
+            ("CNI_ARGS", args.as_str()),
+        ];
+        let ns = self.node.pod(name);
+        let cidr = pod_address(
+            self.node
+                .cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &env),
+        );
+        let ip = cidr.split('/').next().unwrap_or_default().to_owned();
+        self.pods.push(((*name).to_owned(), ns, ip.clone()));
+        ip
     }
 
     fn get(&self, name: &str) -> &(String, Netns, String) {
@@ -77,12 +93,16 @@ impl Drop for Pods<'_> {
     }
 }
 
-fn pod_object(name: &str, ip: &str) -> Value {
+fn pod_object(name: &str, app: &str, ip: Option<&str>) -> Value {
+    let status = match ip {
+        Some(ip) => json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+        None => json!({"phase": "Pending"}),
+    };
     json!({
-        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"), "labels": {"app": name}},
+        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"), "labels": {"app": app}},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x",
                  "ports": [{"name": "db", "containerPort": PORT, "protocol": "TCP"}]}]},
-        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+        "status": status,
     })
 }
 
@@ -99,6 +119,16 @@ fn db_from_web() -> Value {
     })
 }
 
+/// The API test server of `node`, with its Node `n1` and the namespace
+/// `shop`, labelled `team: x`.
+fn api_server(node: &Node) -> ApiServer {
+    uplink(node);
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
+    server.apply_namespace(json!({"metadata": {"name": "shop", "labels": {"team": "x"}}}));
+    server
+}
+
 fn applied(node: &Node, agent: &Agent) -> f64 {
     sample(&scrape(node, agent).1, APPLIED).unwrap_or_default()
 }
@@ -111,12 +141,7 @@ fn tables(node: &Node) -> String {
 fn the_agent_enforces_the_api_servers_policies_and_they_hold_while_no_agent_runs() {
     require_root();
     let node = lab_node();
-    uplink(&node);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    server.apply_namespace(
-        json!({"metadata": {"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}}),
-    );
+    let server = api_server(&node);
     let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
     let pods = Pods::add(&node, &server, &["web", "db", "other"]);
@@ -168,4 +193,216 @@ fn the_agent_enforces_the_api_servers_policies_and_they_hold_while_no_agent_runs
         !tables(&node).contains(netpol::TABLE),
         "uninstall removes the table: {log}"
     );
+}
+
+/// `client` pods may send nothing.
+fn clients_send_nothing() -> Value {
+    json!({
+        "metadata": {"name": "clients-send-nothing", "namespace": "shop"},
+        "spec": {"podSelector": {"matchLabels": {"app": "client"}}, "policyTypes": ["Egress"]},
+    })
+}
+
+#[test]
+fn a_new_pod_is_judged_from_its_first_packet_and_without_an_agent_its_add_goes_on() {
+    require_root();
+    let node = lab_node();
+    let server = api_server(&node);
+    server.apply_network_policy(clients_send_nothing());
+    let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let conflist = std::fs::read_to_string(host_conflist(&node)).expect("the conflist");
+    assert!(conflist.contains("\"policySocket\""), "{conflist}");
+    wait_for("a sync", Duration::from_secs(20), || {
+        applied(&node, &agent) >= 1.0
+    });
+    let mut pods = Pods::add(&node, &server, &["db"]);
+    let _listener = pods.probe.listen(&pods.get("db").1, &[PORT]);
+
+    // Their statuses never come: their ADDs alone told the agent.
+    pods.start(&server, "client-1", "client");
+    assert!(
+        !pods.connects("client-1", "db"),
+        "the first connection of a pod the policy selects is refused"
+    );
+    pods.start(&server, "free", "free");
+    assert!(
+        pods.connects("free", "db"),
+        "a pod no policy selects is open at once"
+    );
+    assert_eq!(sample(&scrape(&node, &agent).1, ENFORCED_ADDS), Some(3.0));
+
+    // With no agent the ADD goes on, and the pod is open until an agent
+    // learns its address.
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let late = pods.start(&server, "client-late", "client");
+    assert!(pods.connects("client-late", "db"), "open while no agent runs");
+    assert!(!pods.connects("client-1", "db"), "the others keep their policy");
+    server.add_pod(
+        "shop",
+        "client-late",
+        pod_object("client-late", "client", Some(&late)),
+    );
+    let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
+    wait_for("client-late refused", Duration::from_secs(20), || {
+        !pods.connects("client-late", "db")
+    });
+    drop(agent);
+}
+
+/// `db` takes connections from the pods of namespaces labelled
+/// `team: <team>`.
+fn db_from_team(team: &str) -> Value {
+    json!({
+        "metadata": {"name": "db-from-team", "namespace": "shop"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": team}}}]}],
+        },
+    })
+}
+
+/// The API test server and the agent of `node`, its first pass made.
+fn shop(node: &Node) -> (ApiServer, Agent) {
+    let server = api_server(node);
+    let agent = Agent::start(node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(node));
+    wait_for("a sync", Duration::from_secs(20), || applied(node, &agent) >= 1.0);
+    (server, agent)
+}
+
+#[test]
+fn with_the_api_server_unreachable_for_a_minute_policy_holds_and_new_pods_are_still_judged() {
+    require_root();
+    let node = lab_node();
+    let (server, agent) = shop(&node);
+    let mut pods = Pods::add(&node, &server, &["web", "db", "other"]);
+    let _listener = pods.probe.listen(&pods.get("db").1, &[PORT]);
+    server.apply_network_policy(db_from_web());
+    wait_for("other refused", Duration::from_secs(15), || {
+        !pods.connects("other", "db")
+    });
+    // Pods the scheduler placed before the outage: their objects are known.
+    server.add_pod("shop", "web-2", pod_object("web-2", "web", None));
+    server.add_pod("shop", "other-2", pod_object("other-2", "other-2", None));
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Every packet to the API server dropped, its watches cut.
+    let port = server.port.to_string();
+    node.run("nft", &["add", "table", "inet", "outage"]).success();
+    node.run(
+        "nft",
+        &["add chain inet outage out { type filter hook output priority 0 ; }"],
+    )
+    .success();
+    node.run("nft", &["add rule inet outage out tcp dport", &port, "drop"])
+        .success();
+    server.drop_watches();
+    let outage = std::time::Instant::now();
+    let web_2 = pods.start(&server, "web-2", "web");
+    let other_2 = pods.start(&server, "other-2", "other-2");
+    assert!(
+        pods.connects("web-2", "db"),
+        "a new pod a rule names is its peer at once"
+    );
+    assert!(
+        !pods.connects("other-2", "db"),
+        "and one it does not name is refused"
+    );
+    // Changed meanwhile, seen once the server is back.
+    server.delete_network_policy("shop", "db-from-web");
+    while outage.elapsed() < Duration::from_secs(60) {
+        assert!(!pods.connects("other", "db"), "the last state holds");
+        assert!(pods.connects("web", "db"));
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    node.run("nft", &["delete", "table", "inet", "outage"]).success();
+    server.add_pod("shop", "web-2", pod_object("web-2", "web", Some(&web_2)));
+    server.add_pod(
+        "shop",
+        "other-2",
+        pod_object("other-2", "other-2", Some(&other_2)),
+    );
+    // The watches come back within their backoff (at most 30 s apart).
+    wait_for("the deletion seen", Duration::from_secs(60), || {
+        pods.connects("other", "db")
+    });
+    assert!(pods.connects("other-2", "db"));
+    drop(agent);
+}
+
+#[test]
+fn a_burst_of_500_policy_changes_a_relabelled_namespace_and_a_new_address_are_followed() {
+    require_root();
+    let node = lab_node();
+    let (server, mut agent) = shop(&node);
+    let mut pods = Pods::add(&node, &server, &["web", "db", "other"]);
+    let _listener = pods.probe.listen(&pods.get("db").1, &[PORT]);
+    let before = applied(&node, &agent);
+
+    // 500 changes at once: 250 policies, each admitting a label nobody
+    // has, then each replaced by one admitting nobody; db is isolated.
+    for round in ["nobody-yet", "nobody"] {
+        for i in 0..250 {
+            server.apply_network_policy(json!({
+                "metadata": {"name": format!("p{i}"), "namespace": "shop"},
+                "spec": {
+                    "podSelector": {"matchLabels": {"app": "db"}},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": format!("{round}-{i}")}}}]}],
+                },
+            }));
+        }
+    }
+    wait_for("db isolated", Duration::from_secs(30), || {
+        !pods.connects("web", "db")
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let passes = applied(&node, &agent) - before;
+    assert!(passes < 50.0, "{passes} passes for 500 changes: gathered");
+    let rules = node
+        .run("nft", &["list", "table", "inet", netpol::TABLE])
+        .success()
+        .stdout;
+    assert!(!rules.contains("nobody-yet"), "the first round is gone: {rules}");
+
+    // The namespace's label decides.
+    server.apply_network_policy(db_from_team("x"));
+    wait_for("shop's pods allowed", Duration::from_secs(15), || {
+        pods.connects("web", "db") && pods.connects("other", "db")
+    });
+    server.apply_namespace(json!({"metadata": {"name": "shop", "labels": {"team": "y"}}}));
+    wait_for("refused once relabelled", Duration::from_secs(15), || {
+        !pods.connects("web", "db")
+    });
+    server.apply_namespace(json!({"metadata": {"name": "shop", "labels": {"team": "x"}}}));
+    wait_for("allowed again", Duration::from_secs(15), || {
+        pods.connects("web", "db")
+    });
+
+    // web's sandbox is made again with a new address: its ADD tells the
+    // agent before its status does, and the old address is nobody's.
+    let old = pods.get("web").2.clone();
+    let bin = host_bin(&node);
+    let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    let (_, web_ns, _) = pods.get("web");
+    node.cnictl_env(&["del", "cni-suite", web_ns.path_str()], &cni_path)
+        .success();
+    pods.pods.retain(|(name, _, _)| name != "web");
+    let new = pods.start(&server, "web", "web");
+    assert_ne!(new, old);
+    assert!(
+        pods.connects("web", "db"),
+        "a peer at its new address before its status has it"
+    );
+    let table = node
+        .run("nft", &["list", "table", "inet", netpol::TABLE])
+        .success()
+        .stdout;
+    assert!(
+        table.contains(&new) && !table.contains(&format!("{old} ")) && !table.contains(&format!("{old},")),
+        "{table}"
+    );
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
 }

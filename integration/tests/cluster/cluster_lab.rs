@@ -669,6 +669,7 @@ fn run_agent_container(containerd: &Containerd, lab: &Lab, lab_node: &LabNode, h
         // Under the mount standing for the manifest's /run/cni-suite: the
         // plugins, run on the host, send to the path the entries name.
         format!("PLUGIN_LOG_SOCKET={}", leases.join("log.sock").display()),
+        format!("POLICY_SOCKET={}", leases.join("policy.sock").display()),
         format!("HEALTH_LISTEN=127.0.0.1:{health}"),
         "UNINSTALL_ON_STOP=true".to_owned(),
     ];

@@ -230,14 +230,15 @@ fn settings_and_mounts(file: &str, help: &str) {
         .map(str::to_owned)
         .into()
     );
-    // ISTIO_KUBECONFIG's and PLUGIN_LOG_SOCKET's defaults too: neither
-    // needs a mount of its own, and the plugins reach the socket at the
-    // path the entries name.
+    // ISTIO_KUBECONFIG's, PLUGIN_LOG_SOCKET's and POLICY_SOCKET's defaults
+    // too: none needs a mount of its own, and the plugins reach the
+    // sockets at the paths the entries name.
     let mut paths = vec![
         "CNI_BIN_DIR",
         "CNI_CONF_DIR",
         "ISTIO_KUBECONFIG",
         "PLUGIN_LOG_SOCKET",
+        "POLICY_SOCKET",
     ];
     if file != ISTIO_ONLY {
         paths.push("CNI_LEASE_DIR");

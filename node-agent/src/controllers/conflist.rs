@@ -32,6 +32,9 @@ pub struct Options {
     /// The agent's socket for the plugins' log records
     /// (`PLUGIN_LOG_SOCKET`), named in every entry.
     pub log_socket: Option<PathBuf>,
+    /// The agent's NetworkPolicy gate (`POLICY_SOCKET` when it enforces
+    /// policy), named in the bridge's entry.
+    pub policy_socket: Option<PathBuf>,
 }
 
 impl Options {
@@ -44,6 +47,7 @@ impl Options {
             lease_dir: settings.lease_dir.clone(),
             cni_bin_dir: settings.cni_bin_dir.clone(),
             log_socket: settings.plugin_log_socket(),
+            policy_socket: settings.policy_socket(),
         }
     }
 }
@@ -159,7 +163,7 @@ pub fn render(options: &Options, network: &NodeNetwork, chained: &[Value]) -> Va
             IpNetwork::V6(_) => json!({"dst": "::/0"}),
         })
         .collect();
-    let mut plugins = vec![json!({
+    let mut bridge = json!({
         "type": "bridge",
         "bridge": options.bridge,
         "isGateway": true,
@@ -172,7 +176,11 @@ pub fn render(options: &Options, network: &NodeNetwork, chained: &[Value]) -> Va
             "routes": routes,
             "dataDir": options.lease_dir,
         },
-    })];
+    });
+    if let Some(socket) = &options.policy_socket {
+        bridge[cni::conf::POLICY_SOCKET_KEY] = json!(socket);
+    }
+    let mut plugins = vec![bridge];
     plugins.extend(chained.iter().cloned());
     if let Some(socket) = &options.log_socket {
         for plugin in &mut plugins {
@@ -352,6 +360,17 @@ mod tests {
         );
         assert_eq!(bridge["ipam"]["dataDir"], "/run/cni-suite/ipam");
         assert_eq!(conf["plugins"][1]["type"], "portmap");
+        assert_eq!(bridge["policySocket"], "/run/cni-suite/policy.sock");
+        assert!(
+            conf["plugins"][1].get("policySocket").is_none(),
+            "the bridge's alone"
+        );
+        let open = render(
+            &Options::from_settings(&settings(&["--network-policy", "false"])),
+            &network,
+            &[],
+        );
+        assert!(open["plugins"][0].get("policySocket").is_none());
     }
 
     #[test]

@@ -26,9 +26,8 @@
 //! record's buffer; what is not a record is counted and skipped.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -37,6 +36,7 @@ use std::time::Duration;
 use cni::log::socket::{MAX_DATAGRAM, Record};
 
 use crate::logging;
+use crate::run_socket;
 use crate::settings::Settings;
 
 /// Where the records come in.
@@ -70,7 +70,7 @@ pub type Sink = Box<dyn FnMut(&Record) + Send>;
 pub struct PluginLogs {
     reading: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
-    bound: Option<Bound>,
+    bound: Option<run_socket::Bound>,
 }
 
 /// Listens on the socket, replacing a socket a former agent left there;
@@ -85,7 +85,12 @@ pub fn start(options: &Options) -> Option<PluginLogs> {
 /// agent's reader without writing its lines).
 pub fn start_with(options: &Options, sink: Sink) -> Option<PluginLogs> {
     let path = options.socket.as_ref()?;
-    let (socket, bound) = match bind(path) {
+    let bound = run_socket::bind(path, |path| {
+        let socket = UnixDatagram::bind(path)?;
+        socket.set_nonblocking(true)?;
+        Ok(socket)
+    });
+    let (socket, bound) = match bound {
         Ok(bound) => bound,
         Err(e) => {
             log::error!(
@@ -137,63 +142,6 @@ impl Drop for PluginLogs {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
-}
-
-/// The socket file this agent bound, removed when dropped unless it is
-/// someone else's by then (a newer agent of a rollout binds its own at the
-/// same path before this one stops).
-#[derive(Debug)]
-struct Bound {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl Drop for Bound {
-    fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|meta| {
-            meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino
-        });
-        if ours && let Err(e) = std::fs::remove_file(&self.path) {
-            log::warn!("cannot remove {}: {e}", self.path.display());
-        }
-    }
-}
-
-/// Binds the socket at `path`, 0600 (plugins run as root; only a sender
-/// with write permission on the file can send). A socket already there is
-/// a former agent's and is replaced; anything else (a file, a link, a
-/// directory) is left as it is and refused.
-fn bind(path: &Path) -> io::Result<(UnixDatagram, Bound)> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "something that is no socket is there, and is left as it is",
-            ));
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let socket = UnixDatagram::bind(path)?;
-    socket.set_nonblocking(true)?;
-    let meta = std::fs::symlink_metadata(path)?;
-    let bound = Bound {
-        path: path.to_path_buf(),
-        dev: meta.dev(),
-        ino: meta.ino(),
-    };
-    // The directory is root's; the lstat above saw the socket just bound,
-    // so the mode goes on it and not through a link put there since.
-    if !meta.file_type().is_socket() {
-        return Err(io::Error::other("the socket bound is not where it was bound"));
-    }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok((socket, bound))
 }
 
 /// Reads what is queued at each tick until told to stop, then what is
@@ -271,6 +219,8 @@ impl Skipped {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use std::path::Path;
     use std::sync::Mutex;
     use std::time::Instant;
 

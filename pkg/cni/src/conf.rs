@@ -28,6 +28,11 @@ pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
 /// reference plugins ignore a key they do not know, so an entry carrying
 /// it works with them unchanged.
 pub const LOG_SOCKET_KEY: &str = "logSocket";
+/// The suite's own key naming the node agent's NetworkPolicy gate, a Unix
+/// stream socket an ADD waits on until the agent holds the pod's policy in
+/// the kernel (see [`crate::policy_gate`]). Ignored by the reference
+/// plugins, as [`LOG_SOCKET_KEY`] is.
+pub const POLICY_SOCKET_KEY: &str = "policySocket";
 
 /// The keys every plugin configuration shares.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +50,8 @@ pub struct NetConf {
     pub log_level: Option<String>,
     /// [`LOG_SOCKET_KEY`]: see [`log_socket`].
     pub log_socket: Option<PathBuf>,
+    /// [`POLICY_SOCKET_KEY`], matched as `logSocket` is.
+    pub policy_socket: Option<PathBuf>,
     raw: Value,
 }
 
@@ -115,15 +122,20 @@ pub fn config_version(doc: &Value) -> Result<Version> {
 /// string names none. Not a string is invalid configuration (7), as a
 /// wrong `logFile` is.
 pub fn log_socket(doc: &Value) -> Result<Option<PathBuf>> {
+    socket_named(doc, LOG_SOCKET_KEY)
+}
+
+/// The socket the key `key` names, matched as [`log_socket`]'s is.
+fn socket_named(doc: &Value, key: &str) -> Result<Option<PathBuf>> {
     let Some(map) = doc.as_object() else {
         return Ok(None);
     };
-    match crate::keys::get(map, LOG_SOCKET_KEY) {
+    match crate::keys::get(map, key) {
         None => Ok(None),
         Some(Value::String(path)) if path.is_empty() => Ok(None),
         Some(Value::String(path)) => Ok(Some(PathBuf::from(path))),
         Some(other) => Err(Error::invalid_config(format!(
-            "invalid network configuration: {LOG_SOCKET_KEY} must be a string, got {other}"
+            "invalid network configuration: {key} must be a string, got {other}"
         ))),
     }
 }
@@ -146,6 +158,7 @@ impl NetConf {
             .map_err(|e| Error::invalid_config(format!("invalid network configuration: {e}")))?;
         let ipam = shared.ipam.map(IpamConf::from_value).transpose()?;
         let log_socket = log_socket(&doc)?;
+        let policy_socket = socket_named(&doc, POLICY_SOCKET_KEY)?;
         Ok(NetConf {
             cni_version,
             name,
@@ -159,6 +172,7 @@ impl NetConf {
             log_file: shared.log_file,
             log_level: shared.log_level,
             log_socket,
+            policy_socket,
             raw: doc,
         })
     }
@@ -574,6 +588,21 @@ mod tests {
         assert_eq!(socket(json!({"name": "n", "logSocket": null})), None);
         assert_eq!(socket(json!({"name": "n", "logSocket": ""})), None);
         let err = NetConf::from_document(json!({"name": "n", "logSocket": 1}), Version::V1_0_0)
+            .expect_err("not a string");
+        assert!(err.has_code(Code::InvalidConfig), "{err}");
+    }
+
+    #[test]
+    fn the_policy_socket_is_matched_as_the_log_socket_is() {
+        let socket = |doc: Value| conf(doc).policy_socket;
+        assert_eq!(
+            socket(json!({"name": "n", "policySocket": "/a", "POLICYSOCKET": "/b"})),
+            Some(PathBuf::from("/b"))
+        );
+        assert_eq!(socket(json!({"name": "n", "policySocket": null})), None);
+        assert_eq!(socket(json!({"name": "n", "policySocket": ""})), None);
+        assert_eq!(socket(json!({"name": "n", "logSocket": "/a"})), None);
+        let err = NetConf::from_document(json!({"name": "n", "policySocket": []}), Version::V1_0_0)
             .expect_err("not a string");
         assert!(err.has_code(Code::InvalidConfig), "{err}");
     }

@@ -281,6 +281,9 @@ fn invoke<P: Plugin>(
     match (command, attachment) {
         (Command::Add, Some(att)) => {
             let result = plugin.add(&req, &att)?;
+            if let Some(socket) = req.conf.policy_socket.as_deref().filter(|_| !P::IPAM) {
+                crate::policy_gate::admit(socket, &Invocation::of(&req.env), &result);
+            }
             result.to_value(version).map(Some)
         }
         (Command::Check, Some(att)) => plugin.check(&req, &att).map(|()| None),

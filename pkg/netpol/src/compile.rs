@@ -158,6 +158,10 @@ pub fn compile(snapshot: &Snapshot, node: &str) -> Compiled {
         ..Compiled::default()
     };
     for ((direction, target), allows) in per_pod {
+        if snapshot.pods[target].ips.is_empty() {
+            // Nothing to judge yet: no chain nobody jumps to.
+            continue;
+        }
         let list = AllowList { direction, allows };
         let name = list.chain_name();
         for ip in &snapshot.pods[target].ips {
@@ -434,6 +438,38 @@ mod tests {
         let compiled = compile(&snapshot(vec![]), "n1");
         assert!(compiled.isolated.is_empty());
         assert!(compiled.lists.is_empty());
+    }
+
+    #[test]
+    fn a_pod_without_addresses_yet_gets_no_chain_and_is_no_peer() {
+        let mut snap = snapshot(vec![policy(
+            "a",
+            Selector::default(),
+            Some(vec![Rule {
+                peers: Some(vec![Peer::Pods {
+                    pods: Some(Selector::labels(&[("app", "new")])),
+                    namespaces: None,
+                }]),
+                ports: vec![],
+            }]),
+            None,
+        )]);
+        let mut new = pod("a", "new", "n1", "10.0.1.9", &[("app", "new")]);
+        new.ips.clear();
+        snap.pods.push(new);
+        let compiled = compile(&snap, "n1");
+        // web and db share the one list; the new pod adds none of its own.
+        assert_eq!(compiled.lists.len(), 1);
+        assert_eq!(
+            compiled.isolated[&Direction::Ingress].len(),
+            3,
+            "web's two, db's one"
+        );
+        assert_eq!(
+            allowed(&compiled, Direction::Ingress, "10.0.1.3"),
+            Some(vec![(Some(vec![]), None)]),
+            "its peer set is empty until it has an address"
+        );
     }
 
     #[test]

@@ -52,9 +52,10 @@ pub struct NamedPort {
     pub port: u16,
 }
 
-/// A pod as policy sees it: only pods with addresses of their own (not
-/// `hostNetwork`, not finished: a finished pod's address is free for
-/// another) are selected or matched as peers.
+/// A pod as policy sees it: pods of their own network (not
+/// `hostNetwork`) that have not finished (a finished pod's address is free
+/// for another). One whose status has no address yet is kept, with none:
+/// the node agent learns its addresses from its ADD first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodView {
     pub namespace: String,
@@ -71,21 +72,25 @@ impl PodView {
         if spec.host_network == Some(true) {
             return None;
         }
-        let status = pod.status.as_ref()?;
-        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        let status = pod.status.as_ref();
+        if matches!(
+            status.and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        ) {
             return None;
         }
         let mut ips: Vec<IpAddr> = status
-            .pod_ips
-            .iter()
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
             .flatten()
             .filter_map(|ip| ip.ip.parse().ok())
             .collect();
         if ips.is_empty() {
-            ips.extend(status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()));
-        }
-        if ips.is_empty() {
-            return None;
+            ips.extend(
+                status
+                    .and_then(|s| s.pod_ip.as_deref())
+                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
+            );
         }
         let ports = spec
             .containers

@@ -1,0 +1,584 @@
+//! NetworkPolicy for this node's pods, every verdict in the kernel
+//! (`netpol`): one watch each on Pods, Namespaces and NetworkPolicies of
+//! the whole cluster (a selector may name any namespace's pods), each kept
+//! as a map that a restarted watch's relist replaces whole. After a change
+//! that policy reads (most Pod updates are status conditions: nothing it
+//! reads), and every [`RESYNC`], the policy is computed for this node's
+//! pods and the table brought in line by one `nft` transaction.
+//!
+//! A new pod's address reaches the API server only when kubelet posts its
+//! status, up to seconds after its containers may have started sending:
+//! the bridge's ADD tells the agent first, through the gate (`gate`), and
+//! waits until the kernel holds the pod's policy. Until its status has
+//! them, the addresses its ADD reported are the pod's (an address reported
+//! so is no other pod's any more: a sandbox's address freed and given
+//! again before the old pod's object is gone).
+//!
+//! Nothing is applied before all three watches have listed once: the table
+//! an agent left at its stop (it stays in the kernel) keeps every pod's
+//! policy until the new agent knows the whole state, and is then
+//! reconciled, not rebuilt. A pod started while no agent runs (or before
+//! it has listed) is in no map: open, as under kube-network-policies until
+//! its address is known.
+
+mod gate;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use netpol::Compiled;
+use netpol::model::{NamespaceView, PodView, Policy};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::changes::{self, RESYNC};
+use crate::error::Error;
+use crate::metrics::{Metrics, Outcome};
+use crate::settings::Settings;
+
+use cni::policy_gate::Answer;
+use gate::Asked;
+pub use gate::Gate;
+
+/// How long changes arriving together are gathered into one transaction
+/// (a Deployment's pods, a namespace's policies applied at once).
+const GATHER: Duration = Duration::from_millis(50);
+
+/// How long a pod's ADD waits for the agent to see its Pod object (the
+/// agent's watch and the kubelet's get it from the same API server: this
+/// is for an agent whose watch is behind).
+const POD_WAIT: Duration = Duration::from_secs(1);
+
+/// How long addresses an ADD reported stand for the pod when its status
+/// never shows them (its sandbox failed after the bridge): long enough for
+/// kubelet's next sandbox to report its own.
+const ADMITTED_FOR: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name: policy is enforced for its pods.
+    pub node_name: String,
+}
+
+impl Options {
+    /// `None` when the setting is off or the agent is not the node's
+    /// network (Istio's CNI alone enforces no policy).
+    pub fn from_settings(settings: &Settings) -> Option<Options> {
+        (settings.own_network && settings.network_policy).then(|| Options {
+            node_name: settings.node_name.clone(),
+        })
+    }
+}
+
+/// One watched kind, as policy reads it: objects by namespace and name.
+struct Watched<V> {
+    known: BTreeMap<(String, String), V>,
+    relisted: Option<BTreeMap<(String, String), V>>,
+    listed_once: bool,
+}
+
+impl<V: PartialEq> Watched<V> {
+    fn new() -> Self {
+        Watched {
+            known: BTreeMap::new(),
+            relisted: None,
+            listed_once: false,
+        }
+    }
+
+    /// Takes one event in; whether what policy reads changed.
+    fn take<K: kube::Resource>(
+        &mut self,
+        event: Result<Event<K>, watcher::Error>,
+        view: impl Fn(&K) -> Option<V>,
+        what: &str,
+    ) -> bool {
+        let key = |object: &K| {
+            let meta = object.meta();
+            (
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            )
+        };
+        match event {
+            Ok(Event::Init) => {
+                self.relisted = Some(BTreeMap::new());
+                false
+            }
+            Ok(Event::InitApply(object)) => {
+                if let (Some(list), Some(v)) = (self.relisted.as_mut(), view(&object)) {
+                    list.insert(key(&object), v);
+                }
+                false
+            }
+            Ok(Event::InitDone) => {
+                self.known = self.relisted.take().unwrap_or_default();
+                self.listed_once = true;
+                true
+            }
+            Ok(Event::Apply(object)) => {
+                let k = key(&object);
+                match view(&object) {
+                    Some(v) if self.known.get(&k) == Some(&v) => false,
+                    Some(v) => {
+                        self.known.insert(k, v);
+                        true
+                    }
+                    // A pod that finished: no longer selected, no longer
+                    // a peer.
+                    None => self.known.remove(&k).is_some(),
+                }
+            }
+            Ok(Event::Delete(object)) => self.known.remove(&key(&object)).is_some(),
+            Err(e) => {
+                log::warn!("watching {what}: {e}; retrying");
+                false
+            }
+        }
+    }
+}
+
+/// An event of one of the three watches (a Pod is large: boxed).
+enum Watch {
+    Pod(Box<Result<Event<Pod>, watcher::Error>>),
+    Namespace(Result<Event<Namespace>, watcher::Error>),
+    Policy(Result<Event<NetworkPolicy>, watcher::Error>),
+}
+
+/// What the three watches know, and what the gate was told.
+struct Cluster {
+    pods: Watched<PodView>,
+    namespaces: Watched<NamespaceView>,
+    policies: Watched<Policy>,
+    /// Addresses pods' ADDs reported, by pod, until their status has them.
+    admitted: BTreeMap<(String, String), (Vec<IpAddr>, Instant)>,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        Cluster {
+            pods: Watched::new(),
+            namespaces: Watched::new(),
+            policies: Watched::new(),
+            admitted: BTreeMap::new(),
+        }
+    }
+
+    /// Takes one event in; whether what policy reads changed.
+    fn take(&mut self, event: Watch) -> bool {
+        match event {
+            Watch::Pod(event) => {
+                let changed = self.pods.take(*event, PodView::from_pod, "Pods");
+                if changed {
+                    self.settle_admitted();
+                }
+                changed
+            }
+            Watch::Namespace(event) => {
+                self.namespaces
+                    .take(event, |n| Some(NamespaceView::from_namespace(n)), "Namespaces")
+            }
+            Watch::Policy(event) => {
+                self.policies
+                    .take(event, |p| Some(Policy::from_network_policy(p)), "NetworkPolicies")
+            }
+        }
+    }
+
+    /// The addresses a pod's ADD reported, its own from now on.
+    fn admit(&mut self, key: (String, String), mut ips: Vec<IpAddr>) {
+        ips.sort();
+        self.admitted.insert(key, (ips, Instant::now()));
+    }
+
+    /// Forgets what the status has caught up with, and what it never will.
+    fn settle_admitted(&mut self) {
+        let pods = &self.pods.known;
+        self.admitted.retain(|key, (ips, since)| {
+            let caught_up = pods.get(key).is_some_and(|pod| {
+                let mut status = pod.ips.clone();
+                status.sort();
+                status == *ips
+            });
+            !caught_up && since.elapsed() < ADMITTED_FOR
+        });
+    }
+
+    fn listed(&self) -> bool {
+        self.pods.listed_once && self.namespaces.listed_once && self.policies.listed_once
+    }
+
+    fn snapshot(&self) -> netpol::Snapshot {
+        let claimed: BTreeSet<IpAddr> = self.admitted.values().flat_map(|(ips, _)| ips).copied().collect();
+        let pods = self
+            .pods
+            .known
+            .iter()
+            .map(|(key, pod)| {
+                let mut pod = pod.clone();
+                match self.admitted.get(key) {
+                    Some((ips, _)) => pod.ips.clone_from(ips),
+                    None => pod.ips.retain(|ip| !claimed.contains(ip)),
+                }
+                pod
+            })
+            .collect();
+        netpol::Snapshot {
+            pods,
+            namespaces: self.namespaces.known.values().cloned().collect(),
+            policies: self.policies.known.values().cloned().collect(),
+        }
+    }
+}
+
+/// A pod's ADD waiting for its answer.
+struct Waiting {
+    pod: (String, String),
+    /// When it is told the Pod was not seen.
+    until: Instant,
+    /// Whether a pass over the table ran since it was admitted.
+    synced: bool,
+    answer: oneshot::Sender<Answer>,
+}
+
+fn watch<K>(client: &kube::Client) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + use<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff()
+}
+
+/// Enforces policy until the task is aborted (watch errors are retried
+/// with backoff), answering the pods' ADDs at `gate`.
+pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, metrics: Metrics) {
+    let mut events = stream::select(
+        stream::select(
+            watch::<Pod>(&client).map(|event| Watch::Pod(Box::new(event))),
+            watch::<Namespace>(&client).map(Watch::Namespace),
+        ),
+        watch::<NetworkPolicy>(&client).map(Watch::Policy),
+    )
+    .boxed();
+    let mut cluster = Cluster::new();
+    let (asking, mut asked) = mpsc::channel::<Asked>(64);
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let mut applied: Option<Compiled> = None;
+    let mut resync = tokio::time::interval(RESYNC);
+    log::info!(
+        "enforcing NetworkPolicy for the pods of node {}",
+        options.node_name
+    );
+    if let Err(e) = changes::blocking(|| {
+        bridged_frames_are_judged();
+        Ok(())
+    })
+    .await
+    {
+        log::error!("{e}");
+    }
+    // When the next pass over the table is due, and whether it looks at
+    // the kernel even if nothing changed here (someone else may have).
+    let mut due: Option<Instant> = None;
+    let mut verify = false;
+    loop {
+        let wake = due.into_iter().chain(waiting.iter().map(|w| w.until)).min();
+        tokio::select! {
+            Some(event) = events.next() => {
+                if cluster.take(event) {
+                    // What arrives with it goes into the same transaction.
+                    due = due.or_else(|| Some(Instant::now() + GATHER));
+                }
+            }
+            () = accept(gate.as_ref(), &asking) => {}
+            Some(first) = asked.recv() => {
+                // Every ADD already waiting goes into the same pass (a
+                // Deployment's pods starting at once).
+                let mut next = Some(first);
+                while let Some(Asked { admission, answer }) = next {
+                    let pod = (admission.pod_namespace, admission.pod_name);
+                    cluster.admit(pod.clone(), admission.ips);
+                    waiting.push(Waiting {
+                        pod,
+                        until: Instant::now() + POD_WAIT,
+                        synced: false,
+                        answer,
+                    });
+                    next = asked.try_recv().ok();
+                }
+                due = Some(Instant::now());
+            }
+            _ = resync.tick() => {
+                verify = true;
+                due = Some(Instant::now());
+            }
+            () = sleep_until(wake) => {}
+        }
+        // A pod's ADD waits on no gathering.
+        if !waiting.is_empty() && due.is_some() {
+            due = Some(Instant::now());
+        }
+        let mut failed = None;
+        // Before all three watches have listed, nothing is applied: the
+        // listing that completes them is a change, and sets a pass due.
+        if due.is_some_and(|due| due <= Instant::now()) {
+            due = None;
+            if cluster.listed() {
+                match sync(&cluster, &options.node_name, &mut applied, verify).await {
+                    Ok(script) => {
+                        if !script.is_empty() {
+                            log::info!(
+                                "NetworkPolicy: the table changed ({} commands)",
+                                script.lines().count()
+                            );
+                        }
+                        metrics.policy_synced(Outcome::Success);
+                        for w in &mut waiting {
+                            w.synced = true;
+                        }
+                    }
+                    Err(e) => {
+                        log::error!("{e}");
+                        metrics.policy_synced(Outcome::Failure);
+                        failed = Some(e.to_string());
+                    }
+                }
+                verify = false;
+            }
+        }
+        answer_waiting(&mut waiting, &cluster, failed.as_deref(), &metrics);
+    }
+}
+
+/// The gate's next connection; never, without a gate.
+async fn accept(gate: Option<&Gate>, asking: &mpsc::Sender<Asked>) {
+    match gate {
+        Some(gate) => gate.accept(asking).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps until `wake`; forever without one.
+async fn sleep_until(wake: Option<Instant>) {
+    match wake {
+        Some(wake) => tokio::time::sleep_until(wake.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One pass: the policy computed for this node's pods and, unless it is
+/// what was last applied and the kernel need not be looked at, the table
+/// brought in line. What was applied is kept for the next pass.
+async fn sync(
+    cluster: &Cluster,
+    node: &str,
+    applied: &mut Option<Compiled>,
+    verify: bool,
+) -> Result<String, Error> {
+    let snapshot = cluster.snapshot();
+    let node = node.to_owned();
+    let previous = applied.take();
+    let (compiled, script) = changes::blocking(move || {
+        let compiled = netpol::compile(&snapshot, &node);
+        if !verify && previous.as_ref() == Some(&compiled) {
+            return Ok((compiled, String::new()));
+        }
+        let script = changes::change(|| {
+            netpol::apply(&compiled).map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
+        })?;
+        Ok((compiled, script))
+    })
+    .await?;
+    *applied = Some(compiled);
+    Ok(script)
+}
+
+/// Answers the ADDs that can be answered: enforced once a pass ran with
+/// their Pod known; not enforced when the cluster is not listed yet, the
+/// pass failed, or the Pod was not seen in time.
+fn answer_waiting(waiting: &mut Vec<Waiting>, cluster: &Cluster, failed: Option<&str>, metrics: &Metrics) {
+    let now = Instant::now();
+    let mut still = Vec::with_capacity(waiting.len());
+    for w in waiting.drain(..) {
+        let answer = if !cluster.listed() {
+            Answer::NotEnforced {
+                reason: "the agent has not yet listed the cluster's pods, namespaces and policies".into(),
+            }
+        } else if let Some(e) = failed {
+            Answer::NotEnforced {
+                reason: format!("the table could not be changed: {e}"),
+            }
+        } else if w.synced && cluster.pods.known.contains_key(&w.pod) {
+            Answer::Enforced
+        } else if now >= w.until {
+            Answer::NotEnforced {
+                reason: format!("the agent has not seen the Pod {}/{}", w.pod.0, w.pod.1),
+            }
+        } else {
+            still.push(w);
+            continue;
+        };
+        metrics.policy_admitted(answer == Answer::Enforced);
+        // An ADD gone by now has logged that it was not confirmed.
+        let _ = w.answer.send(answer);
+    }
+    *waiting = still;
+}
+
+/// Pods on one bridge talk without routing: their frames reach the
+/// `forward` hook only through `br_netfilter` with these on (kube-proxy
+/// needs them too, and kubeadm checks them); they are turned on, and their
+/// absence said.
+fn bridged_frames_are_judged() {
+    for name in ["bridge-nf-call-iptables", "bridge-nf-call-ip6tables"] {
+        let path = format!("/proc/sys/net/bridge/{name}");
+        match std::fs::read_to_string(&path) {
+            Ok(value) if value.trim() == "1" => {}
+            Ok(_) => match std::fs::write(&path, "1") {
+                Ok(()) => log::info!("NetworkPolicy: {name} turned on, so bridged pod traffic is judged"),
+                Err(e) => log::error!(
+                    "NetworkPolicy: {path}: {e}: pod traffic within the node's bridge is not judged"
+                ),
+            },
+            Err(e) => log::error!(
+                "NetworkPolicy: {path}: {e}: br_netfilter is not loaded, pod traffic within the node's bridge is not judged"
+            ),
+        }
+    }
+}
+
+/// Removes every verdict (uninstall).
+pub fn remove() {
+    if let Err(e) = netpol::remove() {
+        log::error!("removing the NetworkPolicy table: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> (String, String) {
+        ("default".into(), name.into())
+    }
+
+    fn pod(name: &str, ips: &[&str]) -> PodView {
+        PodView {
+            namespace: "default".into(),
+            name: name.into(),
+            node: Some("n1".into()),
+            labels: BTreeMap::new(),
+            ips: ips.iter().map(|ip| ip.parse().expect("ip")).collect(),
+            ports: Vec::new(),
+        }
+    }
+
+    fn ips_of(snapshot: &netpol::Snapshot, name: &str) -> Vec<String> {
+        let pod = snapshot
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .expect("in the snapshot");
+        pod.ips.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn addresses_an_add_reported_are_the_pods_until_its_status_has_them() {
+        let mut cluster = Cluster::new();
+        cluster.pods.known.insert(key("new"), pod("new", &[]));
+        // A former pod whose object outlived its sandbox, and its address.
+        cluster.pods.known.insert(key("old"), pod("old", &["10.244.1.5"]));
+        cluster.admit(
+            key("new"),
+            vec!["fd00::5".parse().expect("ip"), "10.244.1.5".parse().expect("ip")],
+        );
+        let snapshot = cluster.snapshot();
+        assert_eq!(ips_of(&snapshot, "new"), ["10.244.1.5", "fd00::5"]);
+        assert!(
+            ips_of(&snapshot, "old").is_empty(),
+            "the address is the new pod's"
+        );
+
+        // A status with one family only has not caught up.
+        cluster.pods.known.insert(key("new"), pod("new", &["10.244.1.5"]));
+        cluster.settle_admitted();
+        assert_eq!(cluster.admitted.len(), 1);
+        cluster
+            .pods
+            .known
+            .insert(key("new"), pod("new", &["fd00::5", "10.244.1.5"]));
+        cluster.settle_admitted();
+        assert!(cluster.admitted.is_empty(), "the status has them");
+
+        // A report whose status never comes is forgotten in time.
+        cluster.admit(key("gone"), vec!["10.244.1.9".parse().expect("ip")]);
+        cluster.settle_admitted();
+        assert_eq!(cluster.admitted.len(), 1);
+        if let Some((_, since)) = cluster.admitted.get_mut(&key("gone")) {
+            *since = Instant::now().checked_sub(ADMITTED_FOR).expect("uptime");
+        }
+        cluster.settle_admitted();
+        assert!(cluster.admitted.is_empty());
+    }
+
+    fn waiting(name: &str, synced: bool, until: Instant) -> (Waiting, oneshot::Receiver<Answer>) {
+        let (answer, rx) = oneshot::channel();
+        let w = Waiting {
+            pod: key(name),
+            until,
+            synced,
+            answer,
+        };
+        (w, rx)
+    }
+
+    #[test]
+    fn an_add_is_told_enforced_only_after_a_pass_with_its_pod_known() {
+        let metrics = Metrics::new(None);
+        let later = Instant::now() + POD_WAIT;
+        let mut cluster = Cluster::new();
+        let (w, mut rx) = waiting("web", true, later);
+        let mut list = vec![w];
+        answer_waiting(&mut list, &cluster, None, &metrics);
+        assert!(
+            matches!(rx.try_recv(), Ok(Answer::NotEnforced { .. })),
+            "not listed"
+        );
+
+        cluster.pods.listed_once = true;
+        cluster.namespaces.listed_once = true;
+        cluster.policies.listed_once = true;
+        cluster.pods.known.insert(key("web"), pod("web", &["10.244.1.5"]));
+        let (unsynced, mut unsynced_rx) = waiting("web", false, later);
+        let (unseen, mut unseen_rx) = waiting("unseen", true, later);
+        let (synced, mut synced_rx) = waiting("web", true, later);
+        let mut list = vec![unsynced, unseen, synced];
+        answer_waiting(&mut list, &cluster, None, &metrics);
+        assert_eq!(synced_rx.try_recv().ok(), Some(Answer::Enforced));
+        assert!(unsynced_rx.try_recv().is_err() && unseen_rx.try_recv().is_err());
+        assert_eq!(list.len(), 2, "both wait");
+
+        answer_waiting(&mut list, &cluster, Some("nft: no"), &metrics);
+        assert!(
+            matches!(unsynced_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("nft: no"))
+        );
+        assert!(list.is_empty());
+
+        let (expired, mut expired_rx) = waiting("unseen", true, Instant::now());
+        let mut list = vec![expired];
+        answer_waiting(&mut list, &cluster, None, &metrics);
+        assert!(
+            matches!(expired_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("not seen"))
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! The node agent's NetworkPolicy gate (`policySocket`,
+//! [`crate::conf::POLICY_SOCKET_KEY`]). A pod's first packet may leave
+//! before its address reaches the agent through the API server (kubelet
+//! posts `status.podIPs` up to a second or more after the sandbox is up,
+//! and the container may connect at once: Kubernetes' own NetworkPolicy
+//! tests do). So the plugin whose entry names the socket tells the agent,
+//! at the end of a successful ADD, which pod got which addresses, and
+//! waits until the agent answers that the kernel holds that pod's policy.
+//!
+//! The wait is bounded ([`WAIT`]) and never fails the ADD: with no agent
+//! listening (stopped, being upgraded) the connect is refused at once and
+//! the pod starts as it would without the gate, open until the agent
+//! learns its address, which is what a pod created while the agent is down
+//! gets. What did not go as asked is logged at `warn`, so the agent's log
+//! (through `logSocket`) and the runtime's show it.
+//!
+//! The wire: one JSON line each way over a Unix stream socket ([`Admission`]
+//! then [`Answer`]); the agent closes after answering.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::IpAddr;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::log::socket::Invocation;
+use crate::result::CniResult;
+
+/// The most an ADD waits for the agent's answer.
+pub const WAIT: Duration = Duration::from_secs(3);
+
+/// The most a line of either side may have: a pod's names are at most 253
+/// and 63 bytes, its addresses a few.
+pub const MAX_LINE: usize = 4096;
+
+/// What the plugin tells the agent: the pod and the addresses its ADD gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission {
+    pub pod_namespace: String,
+    pub pod_name: String,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ips: Vec<IpAddr>,
+}
+
+/// What the agent answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "answer")]
+pub enum Answer {
+    /// The kernel holds what the policies ask of this pod's addresses
+    /// (isolated, or open when no policy selects it).
+    Enforced,
+    /// Not confirmed: why (the agent has not listed the cluster yet, has
+    /// not seen the Pod, or could not change the table).
+    NotEnforced { reason: String },
+}
+
+/// Tells the agent at `socket` about the pod `invocation` names and waits
+/// for its answer. Nothing is asked for a call that names no pod (not a
+/// kubelet's runtime) or an ADD that gave no address. Never fails: what
+/// went wrong is logged.
+pub fn admit(socket: &Path, invocation: &Invocation, result: &CniResult) {
+    if invocation.pod_namespace.is_empty() || invocation.pod_name.is_empty() || result.ips.is_empty() {
+        return;
+    }
+    let admission = Admission {
+        pod_namespace: invocation.pod_namespace.clone(),
+        pod_name: invocation.pod_name.clone(),
+        container_id: invocation.container_id.clone(),
+        ips: result.ips.iter().map(|ip| ip.address.ip()).collect(),
+    };
+    match ask(socket, &admission, WAIT) {
+        Ok(Answer::Enforced) => {}
+        Ok(Answer::NotEnforced { reason }) => log::warn!(
+            "NetworkPolicy of this pod not confirmed by the node agent: {reason}; it applies once the agent knows the pod's address"
+        ),
+        Err(e) => log::warn!(
+            "NetworkPolicy of this pod not confirmed: {}: {e}; it applies once the agent knows the pod's address",
+            socket.display()
+        ),
+    }
+}
+
+/// One exchange with the agent, all of it within `wait`.
+pub fn ask(socket: &Path, admission: &Admission, wait: Duration) -> io::Result<Answer> {
+    let deadline = Instant::now() + wait;
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_write_timeout(Some(wait))?;
+    let mut line = serde_json::to_vec(admission).map_err(io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut reader = BufReader::new(stream);
+    let mut answer = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"));
+        }
+        reader.get_ref().set_read_timeout(Some(left))?;
+        let before = answer.len();
+        let read = (&mut reader)
+            .take((MAX_LINE - before) as u64)
+            .read_until(b'\n', &mut answer)?;
+        if answer.ends_with(b"\n") || read == 0 || answer.len() >= MAX_LINE {
+            break;
+        }
+    }
+    serde_json::from_slice(answer.trim_ascii_end()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("no answer the plugin reads: {e}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    fn admission() -> Admission {
+        Admission {
+            pod_namespace: "default".into(),
+            pod_name: "client-1".into(),
+            container_id: "c1".into(),
+            ips: vec!["10.244.1.5".parse().expect("ip"), "fd00::5".parse().expect("ip")],
+        }
+    }
+
+    #[test]
+    fn one_line_each_way() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policy.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let agent = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().expect("accept");
+            let mut line = String::new();
+            BufReader::new(&stream).read_line(&mut line).expect("read");
+            let asked: Admission = serde_json::from_str(&line).expect("an admission");
+            (&stream)
+                .write_all(b"{\"answer\":\"enforced\"}\n")
+                .expect("answer");
+            asked
+        });
+        let answer = ask(&path, &admission(), WAIT).expect("answered");
+        assert_eq!(answer, Answer::Enforced);
+        assert_eq!(agent.join().expect("agent"), admission());
+        let not: Answer =
+            serde_json::from_str(r#"{"answer":"notEnforced","reason":"not listed"}"#).expect("parse");
+        assert_eq!(
+            not,
+            Answer::NotEnforced {
+                reason: "not listed".into()
+            }
+        );
+    }
+
+    #[test]
+    fn no_agent_is_refused_at_once_and_a_silent_one_is_left_in_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policy.sock");
+        let started = Instant::now();
+        assert!(ask(&path, &admission(), WAIT).is_err(), "nothing listens");
+        drop(UnixListener::bind(&path).expect("bind"));
+        assert!(
+            ask(&path, &admission(), WAIT).is_err(),
+            "a socket nobody listens on"
+        );
+        assert!(started.elapsed() < Duration::from_millis(500));
+
+        std::fs::remove_file(&path).expect("rm");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let silent = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut sink = Vec::new();
+            // Reads what is sent and answers nothing until the plugin leaves.
+            let _ = stream.read_to_end(&mut sink);
+        });
+        let started = Instant::now();
+        let err = ask(&path, &admission(), Duration::from_millis(300)).expect_err("no answer");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            "{waited:?}: {err}"
+        );
+        silent.join().expect("silent agent");
+    }
+}
