@@ -164,9 +164,10 @@ bench: build
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cni-bench --out bench-results $(BENCH_ARGS)
 	$(MAKE) bench-cluster
 
-# The cluster half of `make bench`: the node agent at 5000 Nodes and the
-# masquerade chain at 3 and 5000, on a real cluster brought up for it (pod
-# ranges holding 5000 node CIDRs) and taken down afterwards.
+# The cluster half of `make bench`: the node agent at 5000 Nodes, the
+# masquerade chain at 3 and 5000, and NetworkPolicy at 10 and 1000
+# policies over 5000 pods, on a real cluster brought up for it (pod ranges
+# holding 5000 node CIDRs) and taken down afterwards.
 CLUSTER_BENCH_ARGS ?=
 bench-cluster: image kubernetes
 	cargo build --release --locked -p cni-bench --bin cluster-bench
@@ -186,7 +187,8 @@ bench-readme:
 	cp bench-results/run.json bench-results/report.md bench-results/latency.svg docs/bench/
 	cp bench-results/cluster.json bench-results/cluster.md docs/bench/
 	target/release/cni-bench --update-readme README.md --from docs/bench/run.json
-	target/release/cluster-bench --update-readme README.md --from docs/bench/cluster.json
+	target/release/cluster-bench --update-readme README.md --from docs/bench/cluster.json \
+		$(if $(wildcard docs/bench/cluster-policy.json),--from docs/bench/cluster-policy.json)
 
 # The same program, tiny, so the bench keeps working (no timing is judged).
 bench-smoke: build

@@ -10,7 +10,9 @@
 
 pub mod log_socket;
 pub mod measure;
+pub mod nfqueue;
 pub mod outcome;
+pub mod policy_scale;
 pub mod report;
 pub mod sandbox;
 pub mod scale;

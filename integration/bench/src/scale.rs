@@ -29,17 +29,18 @@ use serde_json::{Value, json};
 
 use super::measure::{ms, quantile};
 use super::outcome::{Row, ScaleOutcome};
+use super::policy_scale::PolicyOptions;
 use super::sandbox::BurstOptions;
 use test_kit::Netns;
 use test_kit::cluster::{Cluster, Namespace};
 use test_kit::node_agent::egress_returns;
 
 /// The label every Node the bench makes carries (and nothing else does).
-const FAKE_LABEL: &str = "cni-bench";
+pub(crate) const FAKE_LABEL: &str = "cni-bench";
 /// The bench Nodes' names: `<prefix>-<index>`; index 0 is the bench's agent.
-const PREFIX: &str = "bench";
+pub(crate) const PREFIX: &str = "bench";
 /// How long any one wait may last.
-const LIMIT: Duration = Duration::from_secs(300);
+pub(crate) const LIMIT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone)]
 pub struct ScaleOptions {
@@ -52,7 +53,7 @@ pub struct ScaleOptions {
 /// The `index`th bench Node's pod CIDRs and InternalIPs, inside the
 /// cluster's pod ranges (`10.224.0.0/11`, `fd00:10:224::/48`, after the
 /// real nodes' CIDRs) and the node network (`172.18.0.0/16`).
-fn fake_node(index: usize, node_net4: &str, node_net6: &str) -> Value {
+pub(crate) fn fake_node(index: usize, node_net4: &str, node_net6: &str) -> Value {
     let (high, low) = (225 + index / 256, index % 256);
     let cidrs = [
         format!("10.{high}.{low}.0/24"),
@@ -76,17 +77,17 @@ fn fake_node(index: usize, node_net4: &str, node_net6: &str) -> Value {
 
 /// A namespace on the node network with the addresses of bench Node 0:
 /// a node with no kubelet, where the bench's agent and API client run.
-struct BenchNode {
-    netns: Netns,
+pub(crate) struct BenchNode {
+    pub(crate) netns: Netns,
     handle: NetNs,
     /// The node network's IPv4 /16 and IPv6 /64 prefixes, as `172.18` and
     /// `fc00:f853:ccd:e793:`.
-    net4: String,
-    net6: String,
+    pub(crate) net4: String,
+    pub(crate) net6: String,
 }
 
 impl BenchNode {
-    fn new(cluster: &Cluster) -> Self {
+    pub(crate) fn new(cluster: &Cluster) -> Self {
         let networks = cluster.fact("NODE_NETWORKS");
         let (v4, v6) = networks
             .split_once(',')
@@ -144,14 +145,14 @@ impl BenchNode {
 /// address, no relay): a current-thread runtime whose every call runs
 /// with this thread inside the bench node's namespace, so every socket it
 /// opens is there.
-struct Api {
+pub(crate) struct Api {
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
     netns: NetNs,
 }
 
 impl Api {
-    fn new(cluster: &Cluster, node: &BenchNode) -> Self {
+    pub(crate) fn new(cluster: &Cluster, node: &BenchNode) -> Self {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -183,10 +184,14 @@ impl Api {
     }
 
     /// Runs `work` to its end inside the bench node.
-    fn call<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+    pub(crate) fn call<T>(&self, work: impl std::future::Future<Output = T>) -> T {
         self.netns
             .run(|| self.runtime.block_on(work))
             .expect("enter the bench node")
+    }
+
+    pub(crate) fn client(&self) -> kube::Client {
+        self.client.clone()
     }
 
     fn nodes(&self) -> kube::Api<Node> {
@@ -195,13 +200,19 @@ impl Api {
 
     /// Runs `request` for every item, `parallel` in flight; the first
     /// error, said as `what`.
-    fn each<T, F, Fut>(&self, items: Vec<T>, parallel: usize, what: &str, request: F) -> Result<(), String>
+    pub(crate) fn each<T, K, F, Fut>(
+        &self,
+        items: Vec<T>,
+        parallel: usize,
+        what: &str,
+        request: F,
+    ) -> Result<(), String>
     where
         F: Fn(T) -> Fut,
-        Fut: std::future::Future<Output = Result<Node, kube::Error>>,
+        Fut: std::future::Future<Output = Result<K, kube::Error>>,
     {
         self.call(async {
-            let results: Vec<Result<Node, kube::Error>> = futures::stream::iter(items)
+            let results: Vec<Result<K, kube::Error>> = futures::stream::iter(items)
                 .map(request)
                 .buffer_unordered(parallel)
                 .collect()
@@ -214,7 +225,7 @@ impl Api {
     }
 
     /// Creates `nodes` with `parallel` requests in flight.
-    fn create(&self, nodes: Vec<Value>, parallel: usize) -> Result<(), String> {
+    pub(crate) fn create(&self, nodes: Vec<Value>, parallel: usize) -> Result<(), String> {
         let api = self.nodes();
         self.each(nodes, parallel, "creating a Node", |node| {
             let api = api.clone();
@@ -226,7 +237,7 @@ impl Api {
     }
 
     /// Deletes every bench Node; waits until none is listed.
-    fn delete_fakes(&self) {
+    pub(crate) fn delete_fakes(&self) {
         let api = self.nodes();
         let selector = ListParams::default().labels(&format!("{FAKE_LABEL}=fake"));
         let deadline = Instant::now() + LIMIT;
@@ -278,16 +289,7 @@ impl RouteMonitor {
             .stderr(Stdio::null())
             .spawn()
             .expect("start ip monitor");
-        let stdout = child.stdout.take().expect("its stdout");
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if sender.send((Instant::now(), line)).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = lines_as_read(child.stdout.take().expect("its stdout"));
         // It listens once it has bound its socket; a route of its own
         // shows when.
         netns
@@ -330,6 +332,23 @@ impl Drop for RouteMonitor {
     }
 }
 
+/// A program's output lines, each with when it was read (on a thread of
+/// its own, so the program never waits on a full pipe).
+pub(crate) fn lines_as_read(
+    output: impl std::io::Read + Send + 'static,
+) -> mpsc::Receiver<(Instant, String)> {
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines() {
+            let Ok(line) = line else { break };
+            if sender.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 /// Routes of each family in the namespace of `pid`, counted from procfs
 /// (no netlink dump competing with the agent).
 fn route_counts(pid: u32) -> (usize, usize) {
@@ -341,7 +360,7 @@ fn route_counts(pid: u32) -> (usize, usize) {
 
 /// CPU time (user + system, every thread ever, and the programs it ran
 /// and waited for) of `pid`, in ms.
-fn cpu_ms(pid: u32) -> f64 {
+pub(crate) fn cpu_ms(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
@@ -356,7 +375,7 @@ fn cpu_ms(pid: u32) -> f64 {
 }
 
 /// A `/proc/<pid>/status` field in MiB (`VmHWM`, `VmRSS`).
-fn memory_mib(pid: u32, field: &str) -> f64 {
+pub(crate) fn memory_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -579,7 +598,7 @@ fn chain_rules(cluster: &Cluster, node: &str) -> (usize, Vec<String>) {
 
 /// A pod's network namespace, found by its address among the pause
 /// processes (every node's pid namespace is a child of this one's).
-fn pod_netns(address: &str) -> Option<Netns> {
+pub(crate) fn pod_netns(address: &str) -> Option<Netns> {
     let pids: Vec<u32> = std::fs::read_dir("/proc")
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -599,7 +618,7 @@ fn pod_netns(address: &str) -> Option<Netns> {
 
 /// New TCP connections from a pod: the connect time of each, in ms,
 /// measured by this binary re-executed inside the pod's namespace.
-fn connect_times(pod: &Netns, target: &str, count: usize) -> Result<Vec<f64>, String> {
+pub(crate) fn connect_times(pod: &Netns, target: &str, count: usize) -> Result<Vec<f64>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let run = test_kit::run_in(
         pod.path(),
@@ -1080,7 +1099,7 @@ fn scale(cluster: &'static Cluster, options: &ScaleOptions, out: &mut ScaleOutco
 }
 
 /// Deletes every bench Node when the bench ends, however it ends.
-struct FakeNodes<'a>(&'a Api);
+pub(crate) struct FakeNodes<'a>(pub(crate) &'a Api);
 
 impl Drop for FakeNodes<'_> {
     fn drop(&mut self) {
@@ -1089,7 +1108,7 @@ impl Drop for FakeNodes<'_> {
 }
 
 /// The DaemonSet's agents on the real nodes and their resident memory.
-fn daemonset_agents(own: u32) -> BTreeMap<u32, f64> {
+pub(crate) fn daemonset_agents(own: u32) -> BTreeMap<u32, f64> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -1167,15 +1186,26 @@ pub fn markdown_table(rows: &[Row]) -> String {
 }
 
 /// The run as one JSON document: what was asked, where, every row.
-pub fn json(options: &ScaleOptions, bursts: &BurstOptions, outcome: &ScaleOutcome, machine: &str) -> Value {
+pub fn json(
+    options: &ScaleOptions,
+    bursts: &BurstOptions,
+    policies: &PolicyOptions,
+    phases: &[&str],
+    outcome: &ScaleOutcome,
+    machine: &str,
+) -> Value {
     json!({
         "machine": machine,
+        "phases": phases,
         "burst_pods": bursts.pods,
         "burst_rounds": bursts.rounds,
         "nodes": options.nodes,
         "additions": options.additions,
         "no_op_updates": options.no_op_updates,
         "connects": options.connects,
+        "policy_pods": policies.pods,
+        "policy_sizes": policies.sizes,
+        "policy_trials": policies.trials,
         "rows": outcome.rows.iter().map(|row| json!({
             "metric": row.metric,
             "ours": row.ours,

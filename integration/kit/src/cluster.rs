@@ -136,6 +136,19 @@ impl Cluster {
         crate::run(cluster_script_path(), &full)
     }
 
+    /// `program args` started inside node `node` (all its namespaces),
+    /// its stdin and stdout piped to the caller.
+    pub fn spawn_on_node(&self, node: &str, args: &[&str]) -> std::process::Child {
+        std::process::Command::new(cluster_script_path())
+            .args(["exec", node])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {args:?} on {node}: {e}"))
+    }
+
     /// One line of `cluster.sh facts` (`CONTROL_PLANE_IP`, `NODE_NETWORKS`, ...).
     pub fn fact(&self, key: &str) -> &str {
         self.facts

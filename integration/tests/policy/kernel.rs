@@ -10,26 +10,35 @@ use serde_json::{Value, json};
 use test_kit::probe::{Listener, Probe};
 use test_kit::{Netns, Node};
 
-const NETWORK: &str = "policy-net";
-const DB_PORT: u16 = 5432;
-const OTHER_PORT: u16 = 5433;
+pub(crate) const NETWORK: &str = "policy-net";
+pub(crate) const DB_PORT: u16 = 5432;
+pub(crate) const OTHER_PORT: u16 = 5433;
 
-struct Cluster {
-    node: Node,
-    probe: Probe,
-    pods: Vec<(Netns, PodView)>,
+pub(crate) struct Cluster {
+    pub(crate) node: Node,
+    pub(crate) probe: Probe,
+    pub(crate) pods: Vec<(Netns, PodView)>,
 }
 
 impl Cluster {
     /// A node whose bridge network has both families, and `pods` (name,
     /// app label) on it.
-    fn new(pods: &[(&str, &str)]) -> Cluster {
+    pub(crate) fn new(pods: &[(&str, &str)]) -> Cluster {
+        Cluster::with_bridge(pods, &json!({}))
+    }
+
+    /// Like [`Cluster::new`], with `options` added to the bridge plugin's
+    /// configuration (`hairpinMode`, `isDefaultGateway`).
+    pub(crate) fn with_bridge(pods: &[(&str, &str)], options: &Value) -> Cluster {
         let node = Node::new();
-        let list = json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [{
+        let mut list = json!({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [{
             "type": "bridge", "bridge": "polbr0", "isGateway": true,
             "ipam": {"type": "host-local", "socket": "",
                      "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]],
                      "dataDir": node.path("ipam").to_str().expect("UTF-8")}}]});
+        for (key, value) in options.as_object().into_iter().flatten() {
+            list["plugins"][0][key] = value.clone();
+        }
         node.write_conf("10-policy.conflist", &list);
         // Pods on one bridge are judged only if their frames reach the
         // IP hooks (the agent turns these on).
@@ -66,14 +75,14 @@ impl Cluster {
         }
     }
 
-    fn pod(&self, name: &str) -> &(Netns, PodView) {
+    pub(crate) fn pod(&self, name: &str) -> &(Netns, PodView) {
         self.pods
             .iter()
             .find(|(_, view)| view.name == name)
             .expect("a pod of that name")
     }
 
-    fn address(&self, name: &str, v6: bool) -> String {
+    pub(crate) fn address(&self, name: &str, v6: bool) -> String {
         let (_, view) = self.pod(name);
         view.ips
             .iter()
@@ -82,13 +91,13 @@ impl Cluster {
             .to_string()
     }
 
-    fn listen(&self, name: &str) -> Listener {
+    pub(crate) fn listen(&self, name: &str) -> Listener {
         self.probe.listen(&self.pod(name).0, &[DB_PORT, OTHER_PORT])
     }
 
     /// Whether a TCP connection from pod `from` to pod `to` on `port` is
     /// accepted (a dropped SYN times out in 2 s).
-    fn connects(&self, from: &str, to: &str, port: u16, v6: bool) -> bool {
+    pub(crate) fn connects(&self, from: &str, to: &str, port: u16, v6: bool) -> bool {
         let host = self.address(to, v6);
         self.probe
             .connect(&self.pod(from).0, None, &host, port, None)
@@ -125,7 +134,7 @@ impl Cluster {
             .ok()
     }
 
-    fn compile(&self, policies: Vec<Policy>) -> Compiled {
+    pub(crate) fn compile(&self, policies: Vec<Policy>) -> Compiled {
         let snapshot = Snapshot {
             pods: self.pods.iter().map(|(_, view)| view.clone()).collect(),
             namespaces: vec![],
@@ -135,19 +144,19 @@ impl Cluster {
     }
 
     /// Runs `f` in the node's namespace, through the one RAII helper.
-    fn on_node<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn on_node<T>(&self, f: impl FnOnce() -> T) -> T {
         netns::NetNs::open(self.node.netns.path())
             .expect("the node's namespace")
             .run(f)
             .expect("enter the node's namespace")
     }
 
-    fn enforce(&self, policies: Vec<Policy>) -> String {
+    pub(crate) fn enforce(&self, policies: Vec<Policy>) -> String {
         let compiled = self.compile(policies);
         self.on_node(|| netpol::apply(&compiled)).expect("apply")
     }
 
-    fn nft(&self, args: &[&str]) -> String {
+    pub(crate) fn nft(&self, args: &[&str]) -> String {
         let mut full = vec!["netns", "exec", self.node.netns.name(), "nft"];
         full.extend_from_slice(args);
         test_kit::run("ip", &full).success().stdout
@@ -174,12 +183,12 @@ fn addresses(result: &Value) -> Vec<IpAddr> {
         .collect()
 }
 
-fn app(name: &str) -> Selector {
+pub(crate) fn app(name: &str) -> Selector {
     Selector::labels(&[("app", name)])
 }
 
 /// `db` takes connections from `web` on the database port only.
-fn db_from_web() -> Policy {
+pub(crate) fn db_from_web() -> Policy {
     Policy {
         namespace: "shop".into(),
         name: "db-from-web".into(),
@@ -195,7 +204,7 @@ fn db_from_web() -> Policy {
     }
 }
 
-fn deny_all(ingress: bool, egress: bool) -> Policy {
+pub(crate) fn deny_all(ingress: bool, egress: bool) -> Policy {
     Policy {
         namespace: "shop".into(),
         name: "deny".into(),
@@ -328,5 +337,41 @@ fn an_agent_that_comes_back_reconciles_the_table_it_left_instead_of_rebuilding_i
         script.contains(&format!("ingress-v4 {{ {db} : jump in-")),
         "{script}"
     );
+    cluster.on_node(netpol::remove).expect("remove");
+}
+
+#[test]
+fn a_pass_planned_against_what_the_last_one_left_holds_the_same_and_a_refused_one_falls_back_to_a_listing() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
+    let _db = cluster.listen("db");
+    let open = cluster.compile(vec![]);
+    let isolated = cluster.compile(vec![db_from_web()]);
+    let held = || cluster.on_node(netpol::current).expect("list the table");
+
+    // What the agent assumes a pass left is what the kernel lists.
+    cluster.on_node(|| netpol::apply(&open)).expect("the first pass");
+    assert_eq!(held(), netpol::Current::held_after(&open));
+    let script = cluster
+        .on_node(|| netpol::apply_after(&open, &isolated))
+        .expect("a pass with no listing");
+    assert!(!script.is_empty());
+    assert_eq!(held(), netpol::Current::held_after(&isolated));
+    assert!(cluster.connects("web", "db", DB_PORT, false));
+    assert!(!cluster.connects("other", "db", DB_PORT, false));
+
+    // Someone deletes the table: the transaction planned against the last
+    // pass is refused, and the pass is planned again from a listing.
+    cluster.nft(&["delete", "table", "inet", netpol::TABLE]);
+    assert!(
+        cluster.connects("other", "db", DB_PORT, false),
+        "no table, no policy"
+    );
+    cluster
+        .on_node(|| netpol::apply_after(&open, &isolated))
+        .expect("the pass again, from a listing");
+    assert_eq!(held(), netpol::Current::held_after(&isolated));
+    assert!(!cluster.connects("other", "db", DB_PORT, false));
+    assert!(cluster.connects("web", "db", DB_PORT, false));
     cluster.on_node(netpol::remove).expect("remove");
 }

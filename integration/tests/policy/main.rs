@@ -2,4 +2,7 @@
 //! held in a node namespace's nftables, judged by real connections
 //! between pods the built bridge plugin wired.
 
+mod hairpin;
 mod kernel;
+mod scale;
+mod sctp;

@@ -17,7 +17,7 @@
 //! The wire: one JSON line each way over a Unix stream socket ([`Admission`]
 //! then [`Answer`]); the agent closes after answering.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::log::socket::Invocation;
-use crate::result::CniResult;
 
 /// The most an ADD waits for the agent's answer.
 pub const WAIT: Duration = Duration::from_secs(3);
@@ -62,15 +61,15 @@ pub enum Answer {
 /// for its answer. Nothing is asked for a call that names no pod (not a
 /// kubelet's runtime) or an ADD that gave no address. Never fails: what
 /// went wrong is logged.
-pub fn admit(socket: &Path, invocation: &Invocation, result: &CniResult) {
-    if invocation.pod_namespace.is_empty() || invocation.pod_name.is_empty() || result.ips.is_empty() {
+pub fn admit(socket: &Path, invocation: &Invocation, ips: Vec<IpAddr>) {
+    if invocation.pod_namespace.is_empty() || invocation.pod_name.is_empty() || ips.is_empty() {
         return;
     }
     let admission = Admission {
         pod_namespace: invocation.pod_namespace.clone(),
         pod_name: invocation.pod_name.clone(),
         container_id: invocation.container_id.clone(),
-        ips: result.ips.iter().map(|ip| ip.address.ip()).collect(),
+        ips,
     };
     match ask(socket, &admission, WAIT) {
         Ok(Answer::Enforced) => {}
@@ -84,31 +83,37 @@ pub fn admit(socket: &Path, invocation: &Invocation, result: &CniResult) {
     }
 }
 
-/// One exchange with the agent, all of it within `wait`.
+/// One exchange with the agent, all of it within `wait`: the connect, the
+/// line sent and every read of the answer (an agent that answers a byte
+/// at a time, or accepts nothing, costs `wait` and no more).
 pub fn ask(socket: &Path, admission: &Admission, wait: Duration) -> io::Result<Answer> {
     let deadline = Instant::now() + wait;
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_write_timeout(Some(wait))?;
+    let left = || {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"))
+        } else {
+            Ok(left)
+        }
+    };
+    let mut stream = connect_within(socket, wait)?;
+    stream.set_write_timeout(Some(left()?))?;
     let mut line = serde_json::to_vec(admission).map_err(io::Error::other)?;
     line.push(b'\n');
     stream.write_all(&line)?;
-    let mut reader = BufReader::new(stream);
     let mut answer = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"));
-        }
-        reader.get_ref().set_read_timeout(Some(left))?;
-        let before = answer.len();
-        let read = (&mut reader)
-            .take((MAX_LINE - before) as u64)
-            .read_until(b'\n', &mut answer)?;
-        if answer.ends_with(b"\n") || read == 0 || answer.len() >= MAX_LINE {
+    let mut chunk = [0u8; 512];
+    while !answer.contains(&b'\n') && answer.len() < MAX_LINE {
+        stream.set_read_timeout(Some(left()?))?;
+        let read = stream.read(&mut chunk)?;
+        if read == 0 {
             break;
         }
+        answer.extend_from_slice(&chunk[..read]);
     }
-    serde_json::from_slice(answer.trim_ascii_end()).map_err(|e| {
+    let first_line = answer.split(|b| *b == b'\n').next().unwrap_or_default();
+    let first_line = &first_line[..first_line.len().min(MAX_LINE)];
+    serde_json::from_slice(first_line.trim_ascii_end()).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("no answer the plugin reads: {e}"),
@@ -116,8 +121,29 @@ pub fn ask(socket: &Path, admission: &Admission, wait: Duration) -> io::Result<A
     })
 }
 
+/// A connection to `socket` made within `wait`: a Unix stream connect
+/// blocks while the listener's queue is full (an agent frozen or stuck
+/// before it accepts), and only a send timeout bounds it.
+fn connect_within(socket: &Path, wait: Duration) -> io::Result<UnixStream> {
+    use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
+    let fd = sock::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let timeout = nix::sys::time::TimeVal::new(
+        wait.as_secs().try_into().unwrap_or(i64::MAX),
+        wait.subsec_micros().into(),
+    );
+    sock::setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
+    sock::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &UnixAddr::new(socket)?)?;
+    Ok(UnixStream::from(fd))
+}
+
 #[cfg(test)]
 mod tests {
+    use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
 
     use super::*;
@@ -188,5 +214,64 @@ mod tests {
             "{waited:?}: {err}"
         );
         silent.join().expect("silent agent");
+    }
+
+    #[test]
+    fn an_answer_a_byte_at_a_time_is_left_in_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policy.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let trickling = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            // A space every 100 ms, never a line's end, until the plugin
+            // leaves.
+            while stream.write_all(b" ").is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let started = Instant::now();
+        let err = ask(&path, &admission(), Duration::from_millis(500)).expect_err("no line");
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(3), "{waited:?}: {err}");
+        trickling.join().expect("trickling agent");
+    }
+
+    #[test]
+    fn an_agent_that_accepts_nothing_is_left_in_time() {
+        use nix::sys::socket::{self as sock, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("policy.sock");
+        let listener = sock::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .expect("socket");
+        sock::bind(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            &UnixAddr::new(&path).expect("address"),
+        )
+        .expect("bind");
+        // The queue full after a connection or two, and nobody accepts.
+        sock::listen(&listener, Backlog::new(0).expect("backlog")).expect("listen");
+        let started = Instant::now();
+        let mut refused = None;
+        let mut queued = Vec::new();
+        for _ in 0..8 {
+            match connect_within(&path, Duration::from_millis(300)) {
+                Ok(stream) => queued.push(stream),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let waited = started.elapsed();
+        let refused = refused.expect("a full queue refuses a connect");
+        assert!(waited < Duration::from_secs(3), "{waited:?}: {refused}");
+        let err = ask(&path, &admission(), Duration::from_millis(300)).expect_err("the queue is full");
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        drop(queued);
     }
 }

@@ -269,6 +269,19 @@ impl CniResult {
         doc.map_err(|e| Error::internal(format!("failed to encode result: {e}")))
     }
 
+    /// The addresses `to_value(version)` prints: 0.1.0 and 0.2.0 carry
+    /// the first of each family only.
+    pub fn printed_addresses(&self, version: Version) -> Vec<std::net::IpAddr> {
+        let all = self.ips.iter().map(|ip| ip.address.ip());
+        match version.result_shape() {
+            ResultShape::Legacy => [true, false]
+                .into_iter()
+                .filter_map(|v4| all.clone().find(|ip| ip.is_ipv4() == v4))
+                .collect(),
+            ResultShape::Versioned | ResultShape::Current => all.collect(),
+        }
+    }
+
     fn legacy_doc(&self, version: Version) -> Result<LegacyDoc<'_>> {
         let first_of = |v4: bool| {
             self.ips

@@ -281,10 +281,14 @@ fn invoke<P: Plugin>(
     match (command, attachment) {
         (Command::Add, Some(att)) => {
             let result = plugin.add(&req, &att)?;
+            // Encoded first: an ADD that fails here has told the agent
+            // nothing; and the agent is told the addresses printed.
+            let printed = result.to_value(version)?;
             if let Some(socket) = req.conf.policy_socket.as_deref().filter(|_| !P::IPAM) {
-                crate::policy_gate::admit(socket, &Invocation::of(&req.env), &result);
+                let addresses = result.printed_addresses(version);
+                crate::policy_gate::admit(socket, &Invocation::of(&req.env), addresses);
             }
-            result.to_value(version).map(Some)
+            Ok(Some(printed))
         }
         (Command::Check, Some(att)) => plugin.check(&req, &att).map(|()| None),
         (Command::Del, Some(att)) => plugin.del(&req, &att).map(|()| None),

@@ -108,17 +108,22 @@ pub fn compile(snapshot: &Snapshot, node: &str) -> Compiled {
         snapshot.namespaces.iter().map(|n| (n.name.as_str(), n)).collect();
     let mut per_pod: BTreeMap<(Direction, usize), BTreeSet<Allow>> = BTreeMap::new();
     let mut peer_sets: BTreeMap<String, Vec<Interval>> = BTreeMap::new();
+    // Found once: a node holds a few dozen of the cluster's pods.
+    let local: Vec<usize> = snapshot
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, pod)| pod.node.as_deref() == Some(node))
+        .map(|(i, _)| i)
+        .collect();
     for policy in &snapshot.policies {
-        let targets: Vec<usize> = snapshot
-            .pods
+        let targets: Vec<usize> = local
             .iter()
-            .enumerate()
-            .filter(|(_, pod)| {
-                pod.node.as_deref() == Some(node)
-                    && pod.namespace == policy.namespace
-                    && policy.pod_selector.matches(&pod.labels)
+            .copied()
+            .filter(|&i| {
+                let pod = &snapshot.pods[i];
+                pod.namespace == policy.namespace && policy.pod_selector.matches(&pod.labels)
             })
-            .map(|(i, _)| i)
             .collect();
         if targets.is_empty() {
             continue;

@@ -45,6 +45,23 @@ pub fn apply(compiled: &Compiled) -> Result<String> {
     Ok(script)
 }
 
+/// Makes the table hold `compiled` where an [`apply`] of `previous` left
+/// it, planned against that without listing the table: at thousands of
+/// elements the listing costs more than the change. A transaction the
+/// kernel refuses (the table is not what `previous` left) is planned
+/// again against a listing; a change someone made that the transaction
+/// does not meet stays until the next [`apply`].
+pub fn apply_after(previous: &Compiled, compiled: &Compiled) -> Result<String> {
+    let script = nft::plan(&Current::held_after(previous), compiled);
+    if script.is_empty() {
+        return Ok(script);
+    }
+    match firewall::exec::run("nft", &["-f", "-"], &script) {
+        Ok(_) => Ok(script),
+        Err(_) => apply(compiled),
+    }
+}
+
 /// Removes the table and with it every verdict.
 pub fn remove() -> Result<()> {
     match firewall::exec::run("nft", &["delete", "table", "inet", TABLE], "") {

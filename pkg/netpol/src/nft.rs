@@ -168,6 +168,42 @@ impl Current {
     }
 }
 
+impl Current {
+    /// What the table holds once [`plan`]'s script for `compiled` has
+    /// run: a listing of it, without listing it.
+    pub fn held_after(compiled: &Compiled) -> Current {
+        let mut maps = BTreeMap::new();
+        for direction in DIRECTIONS {
+            for family in FAMILIES {
+                let entries = compiled
+                    .isolated
+                    .get(&direction)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(ip, _)| Family::of(**ip) == family)
+                    .map(|(ip, chain)| (*ip, chain.clone()))
+                    .collect();
+                maps.insert(map_name(direction, family), entries);
+            }
+        }
+        Current {
+            exists: true,
+            base_current: BASE_CHAINS.iter().map(|c| (*c).to_owned()).collect(),
+            chains: compiled
+                .lists
+                .iter()
+                .map(|(name, list)| (name.clone(), chain_rules(list).len()))
+                .collect(),
+            sets: peer_sets_of(compiled),
+            selves: FAMILIES
+                .iter()
+                .map(|f| (self_set(*f).to_owned(), isolated_addresses(compiled, *f)))
+                .collect(),
+            maps,
+        }
+    }
+}
+
 fn text(item: &Value, key: &str) -> Result<String> {
     item[key]
         .as_str()
@@ -284,6 +320,20 @@ fn chain_rules(list: &AllowList) -> Vec<String> {
     rules
 }
 
+/// Each family's peer set of `compiled`, by name.
+fn peer_sets_of(compiled: &Compiled) -> BTreeMap<String, BTreeSet<Interval>> {
+    let mut sets = BTreeMap::new();
+    for (base, members) in &compiled.peer_sets {
+        for family in FAMILIES {
+            sets.insert(
+                set_name(base, family),
+                members.iter().filter(|i| i.family == family).copied().collect(),
+            );
+        }
+    }
+    sets
+}
+
 /// Every local pod address of `family` isolated in either direction.
 fn isolated_addresses(compiled: &Compiled, family: Family) -> BTreeSet<IpAddr> {
     compiled
@@ -351,15 +401,7 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
         }
     }
     // Sets: new ones made, the others' elements changed.
-    let mut wanted_sets: BTreeMap<String, BTreeSet<Interval>> = BTreeMap::new();
-    for (base, members) in &compiled.peer_sets {
-        for family in FAMILIES {
-            wanted_sets.insert(
-                set_name(base, family),
-                members.iter().filter(|i| i.family == family).copied().collect(),
-            );
-        }
-    }
+    let wanted_sets = peer_sets_of(compiled);
     for (name, wanted) in &wanted_sets {
         let family = if name.ends_with("-v6") {
             Family::V6
@@ -493,45 +535,6 @@ mod tests {
         compile(&snapshot, "n1")
     }
 
-    /// What the kernel holds once `compiled` is applied.
-    fn held(compiled: &Compiled) -> Current {
-        let mut current = Current {
-            exists: true,
-            base_current: BASE_CHAINS.iter().map(|c| (*c).to_owned()).collect(),
-            chains: compiled
-                .lists
-                .iter()
-                .map(|(name, list)| (name.clone(), chain_rules(list).len()))
-                .collect(),
-            ..Current::default()
-        };
-        for (base, members) in &compiled.peer_sets {
-            for family in FAMILIES {
-                let of_family = members.iter().filter(|i| i.family == family).copied().collect();
-                current.sets.insert(set_name(base, family), of_family);
-            }
-        }
-        for family in FAMILIES {
-            current
-                .selves
-                .insert(self_set(family).to_owned(), isolated_addresses(compiled, family));
-        }
-        for direction in DIRECTIONS {
-            for family in FAMILIES {
-                let entries = compiled
-                    .isolated
-                    .get(&direction)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(ip, _)| Family::of(**ip) == family)
-                    .map(|(ip, chain)| (*ip, chain.clone()))
-                    .collect();
-                current.maps.insert(map_name(direction, family), entries);
-            }
-        }
-        current
-    }
-
     fn db_pods() -> Vec<PodView> {
         vec![
             pod("db", "n1", "10.0.1.3", "db"),
@@ -564,7 +567,7 @@ mod tests {
     #[test]
     fn what_the_kernel_already_holds_is_left_alone() {
         let compiled = web_to_db(db_pods());
-        assert_eq!(plan(&held(&compiled), &compiled), "");
+        assert_eq!(plan(&Current::held_after(&compiled), &compiled), "");
     }
 
     #[test]
@@ -573,7 +576,7 @@ mod tests {
         let mut pods = db_pods();
         pods.push(pod("web2", "n3", "10.0.3.3", "web"));
         let after = web_to_db(pods);
-        let script = plan(&held(&before), &after);
+        let script = plan(&Current::held_after(&before), &after);
         let lines: Vec<&str> = script.lines().collect();
         assert_eq!(lines.len(), 1, "{script}");
         assert!(
@@ -581,7 +584,7 @@ mod tests {
                 && lines[0].ends_with("-v4 { 10.0.3.3 }")
         );
 
-        let script = plan(&held(&before), &Compiled::default());
+        let script = plan(&Current::held_after(&before), &Compiled::default());
         assert!(
             script.contains("delete element inet cni-suite-netpol ingress-v4 { 10.0.1.3 }"),
             "{script}"
@@ -599,7 +602,7 @@ mod tests {
     #[test]
     fn a_chain_someone_flushed_is_written_again_and_a_pod_is_allowed_itself() {
         let compiled = web_to_db(db_pods());
-        let mut current = held(&compiled);
+        let mut current = Current::held_after(&compiled);
         let chain = compiled.lists.keys().next().expect("a chain").clone();
         current.chains.insert(chain.clone(), 0);
         let script = plan(&current, &compiled);
@@ -620,7 +623,7 @@ mod tests {
     #[test]
     fn base_chains_of_another_version_are_rewritten_in_the_same_transaction() {
         let compiled = web_to_db(db_pods());
-        let mut current = held(&compiled);
+        let mut current = Current::held_after(&compiled);
         current.base_current.remove("input");
         let script = plan(&current, &compiled);
         assert!(script.contains("flush chain inet cni-suite-netpol input"));

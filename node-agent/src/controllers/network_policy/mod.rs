@@ -60,6 +60,9 @@ const POD_WAIT: Duration = Duration::from_secs(1);
 /// kubelet's next sandbox to report its own.
 const ADMITTED_FOR: Duration = Duration::from_secs(120);
 
+/// When a pass that failed runs again.
+const RETRY: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// This node's name: policy is enforced for its pods.
@@ -156,7 +159,8 @@ struct Cluster {
     pods: Watched<PodView>,
     namespaces: Watched<NamespaceView>,
     policies: Watched<Policy>,
-    /// Addresses pods' ADDs reported, by pod, until their status has them.
+    /// Addresses pods' ADDs reported, by pod, until their status has them
+    /// and no other pod's does; with when they are forgotten anyway.
     admitted: BTreeMap<(String, String), (Vec<IpAddr>, Instant)>,
 }
 
@@ -194,19 +198,29 @@ impl Cluster {
     /// The addresses a pod's ADD reported, its own from now on.
     fn admit(&mut self, key: (String, String), mut ips: Vec<IpAddr>) {
         ips.sort();
-        self.admitted.insert(key, (ips, Instant::now()));
+        self.admitted.insert(key, (ips, Instant::now() + ADMITTED_FOR));
     }
 
-    /// Forgets what the status has caught up with, and what it never will.
+    /// Forgets what the status has caught up with (the pod's status shows
+    /// the addresses and no other pod's still does: a former pod's object
+    /// may outlive its sandbox), and what it never will.
     fn settle_admitted(&mut self) {
+        if self.admitted.is_empty() {
+            return;
+        }
         let pods = &self.pods.known;
-        self.admitted.retain(|key, (ips, since)| {
+        let mut holders: BTreeMap<IpAddr, usize> = BTreeMap::new();
+        for ip in pods.values().flat_map(|pod| &pod.ips) {
+            *holders.entry(*ip).or_default() += 1;
+        }
+        let now = Instant::now();
+        self.admitted.retain(|key, (ips, expires)| {
             let caught_up = pods.get(key).is_some_and(|pod| {
                 let mut status = pod.ips.clone();
                 status.sort();
-                status == *ips
+                status == *ips && ips.iter().all(|ip| holders.get(ip) == Some(&1))
             });
-            !caught_up && since.elapsed() < ADMITTED_FOR
+            !caught_up && now < *expires
         });
     }
 
@@ -334,6 +348,7 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
         if due.is_some_and(|due| due <= Instant::now()) {
             due = None;
             if cluster.listed() {
+                cluster.settle_admitted();
                 match sync(&cluster, &options.node_name, &mut applied, verify).await {
                     Ok(script) => {
                         if !script.is_empty() {
@@ -351,12 +366,21 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
                         log::error!("{e}");
                         metrics.policy_synced(Outcome::Failure);
                         failed = Some(e.to_string());
+                        // Again soon, against a listing: a change that
+                        // failed must not wait for the next event.
+                        due = Some(Instant::now() + RETRY);
                     }
                 }
                 verify = false;
             }
         }
-        answer_waiting(&mut waiting, &cluster, failed.as_deref(), &metrics);
+        answer_waiting(
+            &mut waiting,
+            &cluster,
+            &options.node_name,
+            failed.as_deref(),
+            &metrics,
+        );
     }
 }
 
@@ -393,8 +417,14 @@ async fn sync(
         if !verify && previous.as_ref() == Some(&compiled) {
             return Ok((compiled, String::new()));
         }
+        // The resync lists the kernel's table; other passes trust what
+        // the last one left.
         let script = changes::change(|| {
-            netpol::apply(&compiled).map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
+            match previous.as_ref().filter(|_| !verify) {
+                Some(previous) => netpol::apply_after(previous, &compiled),
+                None => netpol::apply(&compiled),
+            }
+            .map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
         })?;
         Ok((compiled, script))
     })
@@ -406,7 +436,13 @@ async fn sync(
 /// Answers the ADDs that can be answered: enforced once a pass ran with
 /// their Pod known; not enforced when the cluster is not listed yet, the
 /// pass failed, or the Pod was not seen in time.
-fn answer_waiting(waiting: &mut Vec<Waiting>, cluster: &Cluster, failed: Option<&str>, metrics: &Metrics) {
+fn answer_waiting(
+    waiting: &mut Vec<Waiting>,
+    cluster: &Cluster,
+    node: &str,
+    failed: Option<&str>,
+    metrics: &Metrics,
+) {
     let now = Instant::now();
     let mut still = Vec::with_capacity(waiting.len());
     for w in waiting.drain(..) {
@@ -418,11 +454,22 @@ fn answer_waiting(waiting: &mut Vec<Waiting>, cluster: &Cluster, failed: Option<
             Answer::NotEnforced {
                 reason: format!("the table could not be changed: {e}"),
             }
-        } else if w.synced && cluster.pods.known.contains_key(&w.pod) {
+        } else if w.synced
+            && cluster
+                .pods
+                .known
+                .get(&w.pod)
+                .is_some_and(|pod| pod.node.as_deref() == Some(node))
+        {
+            // Bound here: a watch that has the Pod but not yet its binding
+            // (or a former pod of the name elsewhere) is not enough.
             Answer::Enforced
         } else if now >= w.until {
             Answer::NotEnforced {
-                reason: format!("the agent has not seen the Pod {}/{}", w.pod.0, w.pod.1),
+                reason: format!(
+                    "the agent has not seen the Pod {}/{} on this node",
+                    w.pod.0, w.pod.1
+                ),
             }
         } else {
             still.push(w);
@@ -518,14 +565,23 @@ mod tests {
             .known
             .insert(key("new"), pod("new", &["fd00::5", "10.244.1.5"]));
         cluster.settle_admitted();
-        assert!(cluster.admitted.is_empty(), "the status has them");
+        assert!(
+            !cluster.admitted.is_empty(),
+            "the former pod's status still shows the address"
+        );
+        cluster.pods.known.insert(key("old"), pod("old", &[]));
+        cluster.settle_admitted();
+        assert!(
+            cluster.admitted.is_empty(),
+            "the status has them, and no one else's"
+        );
 
         // A report whose status never comes is forgotten in time.
         cluster.admit(key("gone"), vec!["10.244.1.9".parse().expect("ip")]);
         cluster.settle_admitted();
         assert_eq!(cluster.admitted.len(), 1);
         if let Some((_, since)) = cluster.admitted.get_mut(&key("gone")) {
-            *since = Instant::now().checked_sub(ADMITTED_FOR).expect("uptime");
+            *since = Instant::now();
         }
         cluster.settle_admitted();
         assert!(cluster.admitted.is_empty());
@@ -549,7 +605,7 @@ mod tests {
         let mut cluster = Cluster::new();
         let (w, mut rx) = waiting("web", true, later);
         let mut list = vec![w];
-        answer_waiting(&mut list, &cluster, None, &metrics);
+        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
         assert!(
             matches!(rx.try_recv(), Ok(Answer::NotEnforced { .. })),
             "not listed"
@@ -563,20 +619,38 @@ mod tests {
         let (unseen, mut unseen_rx) = waiting("unseen", true, later);
         let (synced, mut synced_rx) = waiting("web", true, later);
         let mut list = vec![unsynced, unseen, synced];
-        answer_waiting(&mut list, &cluster, None, &metrics);
+        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
         assert_eq!(synced_rx.try_recv().ok(), Some(Answer::Enforced));
         assert!(unsynced_rx.try_recv().is_err() && unseen_rx.try_recv().is_err());
         assert_eq!(list.len(), 2, "both wait");
 
-        answer_waiting(&mut list, &cluster, Some("nft: no"), &metrics);
+        answer_waiting(&mut list, &cluster, "n1", Some("nft: no"), &metrics);
         assert!(
             matches!(unsynced_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("nft: no"))
         );
         assert!(list.is_empty());
 
+        // Known, but bound elsewhere (or not yet bound): not this node's
+        // to answer for.
+        let mut elsewhere = pod("moved", &["10.244.1.7"]);
+        elsewhere.node = Some("n2".into());
+        cluster.pods.known.insert(key("moved"), elsewhere);
+        let (moved, mut moved_rx) = waiting("moved", true, later);
+        let mut list = vec![moved];
+        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        assert!(
+            moved_rx.try_recv().is_err() && list.len() == 1,
+            "waits for its binding"
+        );
+        if let Some(pod) = cluster.pods.known.get_mut(&key("moved")) {
+            pod.node = Some("n1".into());
+        }
+        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        assert_eq!(moved_rx.try_recv().ok(), Some(Answer::Enforced));
+
         let (expired, mut expired_rx) = waiting("unseen", true, Instant::now());
         let mut list = vec![expired];
-        answer_waiting(&mut list, &cluster, None, &metrics);
+        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
         assert!(
             matches!(expired_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("not seen"))
         );
