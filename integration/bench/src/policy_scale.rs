@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::measure::{ms, quantile, wait_until_quiet};
@@ -391,16 +391,8 @@ impl Objects<'_> {
     }
 
     fn create_policies(&self, policies: Vec<Value>, parallel: usize) -> Result<(), String> {
-        let api = self.policies();
         self.api
-            .each(policies, parallel, "creating a NetworkPolicy", |policy| {
-                let api = api.clone();
-                async move {
-                    let policy: NetworkPolicy =
-                        serde_json::from_value(policy).map_err(kube::Error::SerdeError)?;
-                    api.create(&PostParams::default(), &policy).await
-                }
-            })
+            .create_all(self.policies(), policies, parallel, "creating a NetworkPolicy")
     }
 
     fn delete_policy(&self, name: &str) -> Result<(), String> {
@@ -415,14 +407,8 @@ impl Objects<'_> {
     /// kubelet writes them.
     fn create_bench_pods(&self, count: usize) -> Result<(), String> {
         let (pods, statuses): (Vec<Value>, Vec<Value>) = (0..count).map(bench_pod).unzip();
+        self.api.create_all(self.pods(), pods, 32, "creating a Pod")?;
         let api = self.pods();
-        self.api.each(pods, 32, "creating a Pod", |pod| {
-            let api = api.clone();
-            async move {
-                let pod: Pod = serde_json::from_value(pod).map_err(kube::Error::SerdeError)?;
-                api.create(&PostParams::default(), &pod).await
-            }
-        })?;
         let updates: Vec<(String, Value)> = statuses
             .into_iter()
             .enumerate()
@@ -597,17 +583,16 @@ fn connections(client: &Netns, server: &str, count: usize) -> Result<Vec<f64>, S
 /// Waits until `node`'s policy table names `address` (or no longer
 /// does).
 fn wait_for_table(cluster: &Cluster, node: &str, address: &str, present: bool) -> Result<(), String> {
-    let needle = address.split(':').next().unwrap_or(address);
     let deadline = Instant::now() + LIMIT;
     while Instant::now() < deadline {
         let listed = cluster.on_node(node, &["nft", "list", "table", "inet", "cni-suite-netpol"]);
-        if listed.stdout.contains(needle) == present {
+        if listed.stdout.contains(address) == present {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     Err(format!(
-        "{node}'s policy table still {} {needle}",
+        "{node}'s policy table still {} {address}",
         if present { "without" } else { "with" }
     ))
 }

@@ -226,12 +226,30 @@ impl Api {
 
     /// Creates `nodes` with `parallel` requests in flight.
     pub(crate) fn create(&self, nodes: Vec<Value>, parallel: usize) -> Result<(), String> {
-        let api = self.nodes();
-        self.each(nodes, parallel, "creating a Node", |node| {
+        self.create_all(self.nodes(), nodes, parallel, "creating a Node")
+    }
+
+    /// Creates `objects` (of `api`'s kind) with `parallel` requests in
+    /// flight; the first error, said as `what`.
+    pub(crate) fn create_all<K>(
+        &self,
+        api: kube::Api<K>,
+        objects: Vec<Value>,
+        parallel: usize,
+        what: &str,
+    ) -> Result<(), String>
+    where
+        K: kube::Resource
+            + Clone
+            + std::fmt::Debug
+            + k8s_openapi::serde::de::DeserializeOwned
+            + k8s_openapi::serde::Serialize,
+    {
+        self.each(objects, parallel, what, |object| {
             let api = api.clone();
             async move {
-                let node: Node = serde_json::from_value(node).map_err(kube::Error::SerdeError)?;
-                api.create(&PostParams::default(), &node).await
+                let object: K = serde_json::from_value(object).map_err(kube::Error::SerdeError)?;
+                api.create(&PostParams::default(), &object).await
             }
         })
     }
