@@ -375,3 +375,69 @@ fn a_pass_planned_against_what_the_last_one_left_holds_the_same_and_a_refused_on
     assert!(cluster.connects("web", "db", DB_PORT, false));
     cluster.on_node(netpol::remove).expect("remove");
 }
+
+#[test]
+fn a_table_an_older_agent_left_with_its_interval_peer_sets_is_taken_over_in_one_pass() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
+    let _db = cluster.listen("db");
+    // The previous rendering's table: web's addresses in an interval peer
+    // set, db's map entries jumping to that rendering's chain.
+    cluster.enforce(vec![]);
+    let t = format!("inet {}", netpol::TABLE);
+    let (old_set, old_chain) = ("peers-00000000000000aa", "in-00000000000000aa");
+    let mut script = String::new();
+    for (family, ip, key) in [("v4", "ip", "ipv4_addr"), ("v6", "ip6", "ipv6_addr")] {
+        let (web, db) = (
+            cluster.address("web", family == "v6"),
+            cluster.address("db", family == "v6"),
+        );
+        script += &format!(
+            "add set {t} {old_set}-{family} {{ type {key}; flags interval; }}\n\
+             add element {t} {old_set}-{family} {{ {web} }}\n\
+             add element {t} self-{family} {{ {db} . {db} }}\n"
+        );
+        if family == "v4" {
+            script += &format!("add chain {t} {old_chain}\n");
+        }
+        script += &format!(
+            "add rule {t} {old_chain} {ip} saddr @{old_set}-{family} \
+             meta l4proto . th dport {{ tcp . {DB_PORT} }} return\n"
+        );
+    }
+    script += &format!("add rule {t} {old_chain} drop\n");
+    for family in ["v4", "v6"] {
+        let db = cluster.address("db", family == "v6");
+        script += &format!("add element {t} ingress-{family} {{ {db} : jump {old_chain} }}\n");
+    }
+    let file = tempfile::NamedTempFile::new().expect("a script file");
+    std::fs::write(file.path(), &script).expect("write the script");
+    cluster.nft(&["-f", &file.path().to_string_lossy()]);
+    assert!(cluster.connects("web", "db", DB_PORT, false));
+    assert!(
+        !cluster.connects("other", "db", DB_PORT, true),
+        "the old table holds"
+    );
+
+    let compiled = cluster.compile(vec![db_from_web()]);
+    let pass = cluster.enforce(vec![db_from_web()]);
+    for gone in [
+        format!("delete chain {t} {old_chain}"),
+        format!("delete set {t} {old_set}-v4"),
+        format!("delete set {t} {old_set}-v6"),
+    ] {
+        assert!(pass.contains(&gone), "{gone:?} not in:\n{pass}");
+    }
+    assert_eq!(
+        cluster.on_node(netpol::current).expect("list the table"),
+        netpol::Current::held_after(&compiled)
+    );
+    let listing = cluster.nft(&["list", "table", "inet", netpol::TABLE]);
+    assert!(listing.contains("set pods-"), "{listing}");
+    assert_eq!(listing.matches("flags interval").count(), 0, "{listing}");
+    for v6 in [false, true] {
+        assert!(cluster.connects("web", "db", DB_PORT, v6), "web (v6: {v6})");
+        assert!(!cluster.connects("other", "db", DB_PORT, v6), "other (v6: {v6})");
+    }
+    cluster.on_node(netpol::remove).expect("remove");
+}

@@ -174,7 +174,7 @@ fn a_policy_over_a_thousand_pods_is_one_transaction_and_a_pod_more_or_less_is_on
     apply_timed(&cluster, &compile(&pods, vec![]), "the policy gone");
     let table = cluster.nft(&["list", "table", "inet", netpol::TABLE]);
     assert!(!table.contains("chain in-"), "{table}");
-    assert!(!table.contains("set peers-"), "{table}");
+    assert!(!table.contains("set pods-"), "{table}");
     for family in ["v4", "v6"] {
         assert_eq!(elements(&cluster, "map", &format!("ingress-{family}")), 0);
         assert_eq!(elements(&cluster, "set", &format!("self-{family}")), 0);

@@ -4,8 +4,10 @@
 //!   address to a jump into its allow list's chain;
 //! - an allow list's chain: one rule per allow, matching the peer set and
 //!   the ports, that returns; then `drop`;
-//! - peer sets of addresses and intervals, named after the rule they come
-//!   from, so a pod coming or going changes elements only;
+//! - peer sets named after the rule they come from, so a pod coming or
+//!   going changes elements only: pods' addresses in plain sets, address
+//!   blocks in interval sets (an `add element` to a plain set does not
+//!   make `nft` read every interval set's elements first);
 //! - base chains on `forward` (pod to pod, routed or bridged through
 //!   `br_netfilter`, after kube-proxy's DNAT) and `input` (pod to node):
 //!   packets of established connections pass, then the destination's
@@ -23,7 +25,7 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
-use crate::compile::{Allow, AllowList, Compiled, Direction};
+use crate::compile::{Allow, AllowList, BLOCK_SET_PREFIX, Compiled, Direction};
 use crate::ranges::{Family, Interval};
 use crate::{Error, Result};
 
@@ -305,13 +307,15 @@ fn chain_rules(list: &AllowList) -> Vec<String> {
         let ports = ports.unwrap_or_default();
         match peers {
             None => rules.push(format!("{ports}return")),
-            Some(set) => {
-                for family in FAMILIES {
-                    rules.push(format!(
-                        "{} {end} @{} {ports}return",
-                        ip_keyword(family),
-                        set_name(set, family)
-                    ));
+            Some(sets) => {
+                for set in sets {
+                    for family in FAMILIES {
+                        rules.push(format!(
+                            "{} {end} @{} {ports}return",
+                            ip_keyword(family),
+                            set_name(set, family)
+                        ));
+                    }
                 }
             }
         }
@@ -411,8 +415,13 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
         let have = match current.sets.get(name) {
             Some(have) => have.clone(),
             None => {
+                let flags = if name.starts_with(BLOCK_SET_PREFIX) {
+                    " flags interval;"
+                } else {
+                    ""
+                };
                 line(format!(
-                    "add set {t} {name} {{ type {}; flags interval; }}",
+                    "add set {t} {name} {{ type {};{flags} }}",
                     address_type(family)
                 ));
                 BTreeSet::new()
@@ -554,14 +563,64 @@ mod tests {
         let chain = compiled.lists.keys().next().expect("present");
         assert!(position("add table inet cni-suite-netpol") < position("add map"));
         assert!(
-            position("add element inet cni-suite-netpol peers-")
+            position("add element inet cni-suite-netpol pods-")
                 < position(&format!("add chain inet cni-suite-netpol {chain}"))
         );
         assert!(position(&format!("add chain inet cni-suite-netpol {chain}")) < position(": jump"));
-        assert!(script.contains("ip saddr @peers-"));
+        assert!(script.contains("ip saddr @pods-"));
         assert!(script.contains("meta l4proto . th dport { tcp . 5432 } return"));
         assert!(script.contains("add element inet cni-suite-netpol ingress-v4 { 10.0.1.3 : jump "));
         assert!(script.contains("hook forward priority filter"));
+    }
+
+    #[test]
+    fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_of_their_own() {
+        let rule = Rule {
+            peers: Some(vec![
+                Peer::Pods {
+                    pods: Some(Selector::labels(&[("app", "web")])),
+                    namespaces: None,
+                },
+                Peer::Block {
+                    cidr: "192.168.0.0/16".parse().expect("test data parses"),
+                    except: vec![],
+                },
+            ]),
+            ports: vec![],
+        };
+        let policy = Policy {
+            namespace: "a".into(),
+            name: "db".into(),
+            pod_selector: Selector::labels(&[("app", "db")]),
+            ingress: Some(vec![rule]),
+            egress: None,
+        };
+        let snapshot = Snapshot {
+            pods: db_pods(),
+            namespaces: vec![],
+            policies: vec![policy],
+        };
+        let script = plan(&Current::default(), &compile(&snapshot, "n1"));
+        let declared = |prefix: &str, family: &str| -> Vec<&str> {
+            script
+                .lines()
+                .filter(|l| l.starts_with(&format!("add set inet {TABLE} {prefix}")))
+                .filter(|l| l.contains(family))
+                .collect()
+        };
+        let pod_set = declared("pods-", "-v4 ");
+        assert_eq!(pod_set.len(), 1, "{script}");
+        assert!(pod_set[0].ends_with("{ type ipv4_addr; }"), "{script}");
+        let block_set = declared("blocks-", "-v6 ");
+        assert_eq!(block_set.len(), 1, "{script}");
+        assert!(
+            block_set[0].ends_with("{ type ipv6_addr; flags interval; }"),
+            "{script}"
+        );
+        // Either set lets a peer in: a rule for each, in each family.
+        assert_eq!(script.matches(" return\n").count(), 4, "{script}");
+        assert!(script.contains("{ 10.0.2.2 }"), "{script}");
+        assert!(script.contains("{ 192.168.0.0-192.168.255.255 }"), "{script}");
     }
 
     #[test]
@@ -580,7 +639,7 @@ mod tests {
         let lines: Vec<&str> = script.lines().collect();
         assert_eq!(lines.len(), 1, "{script}");
         assert!(
-            lines[0].starts_with("add element inet cni-suite-netpol peers-")
+            lines[0].starts_with("add element inet cni-suite-netpol pods-")
                 && lines[0].ends_with("-v4 { 10.0.3.3 }")
         );
 
@@ -635,7 +694,7 @@ mod tests {
         let listing = r#"{"nftables": [{"metainfo": {}}, {"table": {"family": "inet", "name": "cni-suite-netpol"}},
           {"chain": {"family": "inet", "table": "cni-suite-netpol", "name": "forward", "hook": "forward"}},
           {"chain": {"family": "inet", "table": "cni-suite-netpol", "name": "in-0011223344556677"}},
-          {"set": {"name": "peers-1-v4", "type": "ipv4_addr", "flags": ["interval"],
+          {"set": {"name": "blocks-1-v4", "type": "ipv4_addr", "flags": ["interval"],
                    "elem": ["10.0.0.1", {"prefix": {"addr": "10.1.0.0", "len": 16}}, {"range": ["10.2.0.1", "10.2.0.9"]}]}},
           {"set": {"name": "self-v4", "type": ["ipv4_addr", "ipv4_addr"],
                    "elem": [{"concat": ["10.0.1.3", "10.0.1.3"]}]}},
@@ -653,7 +712,7 @@ mod tests {
         assert_eq!(current.selves["self-v4"], BTreeSet::from([ip]));
         // One base rule of five: not this version's.
         assert!(current.base_current.is_empty());
-        let set: Vec<String> = current.sets["peers-1-v4"]
+        let set: Vec<String> = current.sets["blocks-1-v4"]
             .iter()
             .map(ToString::to_string)
             .collect();
