@@ -34,13 +34,15 @@
 //! and `kubeconfig.rs`, `lease_service/service.rs`, `egress/rules.rs`), so the layers show
 //! in the tree.
 //!
-//! `unsafe`: one block, where `iptables_mode` puts the chosen iptables
-//! first on PATH (`std::env::set_var`, sound only before any thread
-//! starts; the agent sets it in `main` before its runtime); allowed there
-//! alone.
+//! `unsafe`: two blocks, each run from `main` before its runtime's
+//! threads start, and allowed there alone: where `iptables_mode` puts the
+//! chosen iptables first on PATH (`std::env::set_var`, sound only before
+//! any thread starts), and where `allocator` limits glibc's arenas to one
+//! (`mallopt`).
 
 #![deny(unsafe_code)]
 
+pub mod allocator;
 pub mod error;
 pub mod settings;
 

@@ -66,6 +66,26 @@ pub struct PodView {
     pub ports: Vec<NamedPort>,
 }
 
+/// The addresses a Pod's status gives it (`podIPs`, or `podIP` alone as
+/// older kubelets write it).
+pub fn status_ips(pod: &Pod) -> Vec<IpAddr> {
+    let status = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(
+            status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+        );
+    }
+    ips
+}
+
 impl PodView {
     pub fn from_pod(pod: &Pod) -> Option<PodView> {
         let spec = pod.spec.as_ref()?;
@@ -79,19 +99,7 @@ impl PodView {
         ) {
             return None;
         }
-        let mut ips: Vec<IpAddr> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip.ip.parse().ok())
-            .collect();
-        if ips.is_empty() {
-            ips.extend(
-                status
-                    .and_then(|s| s.pod_ip.as_deref())
-                    .and_then(|ip| ip.parse::<IpAddr>().ok()),
-            );
-        }
+        let ips = status_ips(pod);
         let ports = spec
             .containers
             .iter()

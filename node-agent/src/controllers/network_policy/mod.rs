@@ -178,6 +178,9 @@ impl Cluster {
     fn take(&mut self, event: Watch) -> bool {
         match event {
             Watch::Pod(event) => {
+                if let Ok(Event::Delete(pod)) = event.as_ref() {
+                    self.retract(pod);
+                }
                 let changed = self.pods.take(*event, PodView::from_pod, "Pods");
                 if changed {
                     self.settle_admitted();
@@ -199,6 +202,28 @@ impl Cluster {
     fn admit(&mut self, key: (String, String), mut ips: Vec<IpAddr>) {
         ips.sort();
         self.admitted.insert(key, (ips, Instant::now() + ADMITTED_FOR));
+    }
+
+    /// Forgets a deleted Pod's claim when its status had the claimed
+    /// addresses or none yet (deleted before its status was written): its
+    /// sandbox is gone, and its addresses may be another pod's next. A
+    /// claim with other addresses is a later pod's of the same name (a
+    /// watch behind the gate), kept until it settles.
+    fn retract(&mut self, pod: &Pod) {
+        let meta = &pod.metadata;
+        let key = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
+        let mut ips = netpol::model::status_ips(pod);
+        ips.sort();
+        if self
+            .admitted
+            .get(&key)
+            .is_some_and(|(claimed, _)| ips.is_empty() || *claimed == ips)
+        {
+            self.admitted.remove(&key);
+        }
     }
 
     /// Forgets what the status has caught up with (the pod's status shows
@@ -585,6 +610,36 @@ mod tests {
         }
         cluster.settle_admitted();
         assert!(cluster.admitted.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pods_claim_goes_with_it_unless_a_later_pod_of_its_name_made_it() {
+        use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
+        let deleted = |ips: &[&str]| -> Box<Result<Event<Pod>, watcher::Error>> {
+            let mut pod = Pod::default();
+            pod.metadata.namespace = Some("a".into());
+            pod.metadata.name = Some("web".into());
+            pod.status = Some(PodStatus {
+                pod_ips: Some(ips.iter().map(|ip| PodIP { ip: (*ip).into() }).collect()),
+                ..PodStatus::default()
+            });
+            Box::new(Ok(Event::Delete(pod)))
+        };
+        let mut cluster = Cluster::new();
+        let claim = |cluster: &mut Cluster| {
+            cluster.admit(
+                ("a".into(), "web".into()),
+                vec!["10.244.1.5".parse().expect("ip"), "fd00::5".parse().expect("ip")],
+            );
+        };
+        claim(&mut cluster);
+        cluster.take(Watch::Pod(deleted(&["10.244.1.4"])));
+        assert_eq!(cluster.admitted.len(), 1, "a former pod's deletion");
+        cluster.take(Watch::Pod(deleted(&["fd00::5", "10.244.1.5"])));
+        assert!(cluster.admitted.is_empty(), "its own deletion");
+        claim(&mut cluster);
+        cluster.take(Watch::Pod(deleted(&[])));
+        assert!(cluster.admitted.is_empty(), "deleted before its status");
     }
 
     fn waiting(name: &str, synced: bool, until: Instant) -> (Waiting, oneshot::Receiver<Answer>) {
