@@ -6,7 +6,7 @@
 //! newer agent has bound its own there since.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The socket file this agent bound, removed when dropped unless it is
@@ -35,7 +35,8 @@ impl Drop for Bound {
 /// directory) is left as it is and refused.
 pub fn bind<S>(path: &Path, bind: impl FnOnce(&Path) -> io::Result<S>) -> io::Result<(S, Bound)> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        only_ours(dir)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
@@ -55,11 +56,65 @@ pub fn bind<S>(path: &Path, bind: impl FnOnce(&Path) -> io::Result<S>) -> io::Re
         dev: meta.dev(),
         ino: meta.ino(),
     };
-    // The directory is root's; the lstat above saw the socket just bound,
+    // The directory is only ours to write; the lstat above saw the socket just bound,
     // so the mode goes on it and not through a link put there since.
     if !meta.file_type().is_socket() {
         return Err(io::Error::other("the socket bound is not where it was bound"));
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok((socket, bound))
+}
+
+/// Refuses a directory another user owns or may write in: whoever can
+/// replace the socket there could answer the plugins in the agent's name
+/// (tell a pod's ADD its policy is enforced) or read their logs.
+fn only_ours(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::metadata(dir)?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.is_dir() && meta.uid() == euid && meta.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} is not a directory only uid {euid} may write in (owner {}, mode {:o}); left as it is",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+        std::os::unix::net::UnixListener::bind(path)
+    }
+
+    #[test]
+    fn a_directory_others_may_write_in_or_own_is_refused_and_left_as_it_is() {
+        let scratch = tempfile::tempdir().expect("a scratch directory");
+        let dir = scratch.path().join("run");
+        let (_socket, bound) = bind(&dir.join("a.sock"), listener).expect("a directory made here");
+        drop(bound);
+        assert!(!dir.join("a.sock").exists(), "removed when done");
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let refused = bind(&dir.join("a.sock"), listener).expect_err("world-writable");
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied, "{refused}");
+        assert!(!dir.join("a.sock").exists());
+        assert_eq!(
+            std::fs::metadata(&dir).expect("still there").mode() & 0o777,
+            0o777,
+            "left as it is"
+        );
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let other = nix::unistd::geteuid().as_raw() + 1;
+        std::os::unix::fs::chown(&dir, Some(other), None).expect("chown (tests run as root)");
+        let refused = bind(&dir.join("a.sock"), listener).expect_err("another user's");
+        assert_eq!(refused.kind(), io::ErrorKind::PermissionDenied, "{refused}");
+    }
 }
