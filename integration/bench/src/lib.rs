@@ -12,6 +12,7 @@ pub mod log_socket;
 pub mod measure;
 pub mod nfqueue;
 pub mod outcome;
+pub mod policy_path;
 pub mod policy_scale;
 pub mod report;
 pub mod sandbox;
@@ -44,8 +45,19 @@ pub struct Options {
 }
 
 /// The phases of a round, as `--only` names them.
-pub const PHASES: [&str; 11] = [
-    "seq", "burst", "full", "loopback", "portmap", "firewall", "istio", "rechain", "logsock", "floors", "cri",
+pub const PHASES: [&str; 12] = [
+    "seq",
+    "burst",
+    "full",
+    "loopback",
+    "portmap",
+    "firewall",
+    "istio",
+    "rechain",
+    "logsock",
+    "floors",
+    "cri",
+    policy_path::PHASE,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1467,6 +1479,9 @@ pub fn run(options: &Options) -> Outcome {
         }
         if wanted("cri") {
             cri(&mut out, options.pods, round);
+        }
+        if wanted(policy_path::PHASE) {
+            policy_path::phase(&mut out, options.pods);
         }
     }
     if options.only.is_none() {

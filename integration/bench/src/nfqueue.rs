@@ -6,9 +6,11 @@
 //! once: what is left is the cost of the round trip itself, with no
 //! policy evaluated at all.
 //!
-//! `cluster-bench --nfqueue-reader QUEUE`: binds QUEUE over
-//! `nfnetlink_queue` (metadata only), prints `bound`, accepts every
-//! packet until its stdin closes, then prints `seen N`.
+//! `cluster-bench --nfqueue-reader QUEUE` (on a cluster's node) and
+//! `cni-bench --nfqueue-reader QUEUE` (in the policy-path phase's node
+//! namespace): binds QUEUE over `nfnetlink_queue` (metadata only), prints
+//! `bound`, accepts every packet until its stdin closes (the bench
+//! stopping it, or gone), then prints `seen N`.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;

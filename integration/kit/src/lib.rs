@@ -200,7 +200,19 @@ pub fn run_traced(
 /// Starts `program` inside the namespace at `netns` without waiting for it;
 /// its stdout and stderr are piped.
 pub fn spawn_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Child {
-    let mut child = Command::new("nsenter")
+    let mut child = spawn_in_open(netns, program, args, env);
+    if let Some(mut pipe) = child.stdin.take() {
+        use std::io::Write;
+        pipe.write_all(stdin.as_bytes()).ok();
+    }
+    child
+}
+
+/// [`spawn_in`] with its stdin left open: the child reads it until the
+/// caller closes it (a helper told to stop by its end of file, or by the
+/// caller's death).
+pub fn spawn_in_open(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+    Command::new("nsenter")
         .arg(format!("--net={}", netns.display()))
         .arg("--")
         .arg(program)
@@ -210,12 +222,7 @@ pub fn spawn_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-    if let Some(mut pipe) = child.stdin.take() {
-        use std::io::Write;
-        pipe.write_all(stdin.as_bytes()).ok();
-    }
-    child
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()))
 }
 
 /// Runs `program args` inside `netns` as `uid`/`gid` (nsenter's

@@ -7,12 +7,18 @@
 //!
 //! `cni-bench --update-readme README.md --from docs/bench/run.json`
 //! regenerates the README's table from a run's JSON line.
+//!
+//! The policy-path phase runs this same program inside its namespaces:
+//! `--connect ADDRESS:PORT COUNT` (timed connections from a pod),
+//! `--accept ADDRESS:PORT` (the listener) and `--nfqueue-reader QUEUE`
+//! (a userspace verdict for every queued packet); the last two run until
+//! their stdin closes.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cni_bench::{Options, report};
+use cni_bench::{Options, nfqueue, policy_path, report, scale};
 
 /// Set in the re-executed bench, inside its private mount namespace.
 const INSIDE: &str = "CNI_BENCH_PRIVATE_RUN";
@@ -22,7 +28,8 @@ const README_END: &str = "<!-- bench-table:end -->";
 fn usage() -> ! {
     eprintln!(
         "usage: cni-bench [--pods N] [--repeats N] [--full-leases N] [--only PHASE] [--out DIR]\n       \
-         cni-bench --update-readme README.md --from RUN.json"
+         cni-bench --update-readme README.md --from RUN.json\n       \
+         cni-bench --connect ADDRESS:PORT COUNT | --accept ADDRESS:PORT | --nfqueue-reader QUEUE"
     );
     std::process::exit(2)
 }
@@ -61,6 +68,29 @@ fn parse() -> Mode {
         (None, None) => Mode::Run(options),
         _ => usage(),
     }
+}
+
+/// The programs the policy-path phase runs in its namespaces, when the
+/// arguments name one: its exit status.
+fn helper(args: &[String]) -> Option<ExitCode> {
+    let argument = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| usage());
+    let result = match args.first().map(String::as_str)? {
+        "--connect" => {
+            let count = argument(2).parse().unwrap_or_else(|_| usage());
+            scale::connect_loop(argument(1), count)
+                .and_then(|times| writeln!(std::io::stdout().lock(), "{times}").map_err(|e| e.to_string()))
+        }
+        "--accept" => policy_path::accept_loop(argument(1)),
+        "--nfqueue-reader" => nfqueue::reader(argument(1).parse().unwrap_or_else(|_| usage())),
+        _ => return None,
+    };
+    Some(result.map_or_else(
+        |e| {
+            eprintln!("cni-bench: {e}");
+            ExitCode::FAILURE
+        },
+        |()| ExitCode::SUCCESS,
+    ))
 }
 
 fn machine() -> String {
@@ -104,6 +134,10 @@ fn update_readme(readme: &PathBuf, from: &PathBuf) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(status) = helper(&args) {
+        return status;
+    }
     let options = match parse() {
         Mode::Run(options) => options,
         Mode::UpdateReadme { readme, from } => return update_readme(&readme, &from),
