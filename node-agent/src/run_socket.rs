@@ -35,7 +35,10 @@ impl Drop for Bound {
 /// directory) is left as it is and refused.
 pub fn bind<S>(path: &Path, bind: impl FnOnce(&Path) -> io::Result<S>) -> io::Result<(S, Bound)> {
     if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)?;
         only_ours(dir)?;
     }
     match std::fs::symlink_metadata(path) {

@@ -20,6 +20,27 @@ use nix::sys::socket::{
     self as sock, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
 };
 
+/// The `iptables` FORWARD rule, after its verb, that sends a connection's
+/// first packet (conntrack `NEW`) matching `matches` to `queue`, as
+/// kube-network-policies does: the rest of the connection bypasses it.
+pub fn forward_rule(matches: &[&str], queue: &str) -> Vec<String> {
+    let tail = [
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-j",
+        "NFQUEUE",
+        "--queue-num",
+        queue,
+    ];
+    std::iter::once("FORWARD")
+        .chain(matches.iter().copied())
+        .chain(tail)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `NFNL_SUBSYS_QUEUE`, the message type's high byte.
 const SUBSYS_QUEUE: u16 = 3;
 const MSG_PACKET: u16 = 0;

@@ -139,25 +139,11 @@ fn conntrack_table() -> String {
     )
 }
 
-/// The NFQUEUE rule as kube-network-policies installs it: only a
-/// connection's first packet (conntrack `NEW`) goes to userspace.
+/// The NFQUEUE rule (see [`crate::nfqueue::forward_rule`]) after `verb`.
 fn queue_rule(verb: &str) -> Vec<String> {
-    let queue = QUEUE.to_string();
-    [
-        verb,
-        "FORWARD",
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "NEW",
-        "-j",
-        "NFQUEUE",
-        "--queue-num",
-        &queue,
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect()
+    let mut rule = vec![verb.to_owned()];
+    rule.extend(crate::nfqueue::forward_rule(&[], &QUEUE.to_string()));
+    rule
 }
 
 /// A process of this bench started in a namespace, reading its stdin

@@ -306,27 +306,11 @@ impl<'a> Queued<'a> {
             let _ = reader.wait();
             return Err("the NFQUEUE reader has no stdout".into());
         };
-        let rule = [
-            "FORWARD",
-            "-d",
-            address,
-            "-p",
-            "tcp",
-            "--dport",
-            port,
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-j",
-            "NFQUEUE",
-            "--queue-num",
-            QUEUE,
-        ];
+        let rule = super::nfqueue::forward_rule(&["-d", address, "-p", "tcp", "--dport", port], QUEUE);
         let mut queued = Queued {
             cluster,
             node: node.to_owned(),
-            rule: rule.iter().map(|a| (*a).to_owned()).collect(),
+            rule,
             reader,
             lines: lines_as_read(stdout),
             inserted: false,

@@ -521,14 +521,23 @@ mod tests {
         }
     }
 
+    fn web_peers() -> Peer {
+        Peer::Pods {
+            pods: Some(Selector::labels(&[("app", "web")])),
+            namespaces: None,
+        }
+    }
+
     fn web_to_db(pods: Vec<PodView>) -> Compiled {
         let rule = Rule {
-            peers: Some(vec![Peer::Pods {
-                pods: Some(Selector::labels(&[("app", "web")])),
-                namespaces: None,
-            }]),
+            peers: Some(vec![web_peers()]),
             ports: vec![PortSpec::Range(Protocol::Tcp, 5432, 5432)],
         };
+        db_taking(rule, pods)
+    }
+
+    /// The db pods take what `rule` allows.
+    fn db_taking(rule: Rule, pods: Vec<PodView>) -> Compiled {
         let policy = Policy {
             namespace: "a".into(),
             name: "db".into(),
@@ -577,10 +586,7 @@ mod tests {
     fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_of_their_own() {
         let rule = Rule {
             peers: Some(vec![
-                Peer::Pods {
-                    pods: Some(Selector::labels(&[("app", "web")])),
-                    namespaces: None,
-                },
+                web_peers(),
                 Peer::Block {
                     cidr: "192.168.0.0/16".parse().expect("test data parses"),
                     except: vec![],
@@ -588,19 +594,7 @@ mod tests {
             ]),
             ports: vec![],
         };
-        let policy = Policy {
-            namespace: "a".into(),
-            name: "db".into(),
-            pod_selector: Selector::labels(&[("app", "db")]),
-            ingress: Some(vec![rule]),
-            egress: None,
-        };
-        let snapshot = Snapshot {
-            pods: db_pods(),
-            namespaces: vec![],
-            policies: vec![policy],
-        };
-        let script = plan(&Current::default(), &compile(&snapshot, "n1"));
+        let script = plan(&Current::default(), &db_taking(rule, db_pods()));
         let declared = |prefix: &str, family: &str| -> Vec<&str> {
             script
                 .lines()
