@@ -379,15 +379,6 @@ impl Objects<'_> {
             .create_all(self.policies(), policies, parallel, "creating a NetworkPolicy")
     }
 
-    /// Every policy of the bench's namespace, in one call.
-    fn delete_policies(&self) -> Result<(), String> {
-        let api = self.policies();
-        self.api
-            .call(api.delete_collection(&DeleteParams::default(), &ListParams::default()))
-            .map(|_| ())
-            .map_err(|e| format!("deleting the NetworkPolicies: {e}"))
-    }
-
     fn delete_policy(&self, name: &str) -> Result<(), String> {
         let api = self.policies();
         self.api
@@ -700,20 +691,27 @@ fn policies_at_scale(
         let table = largest_table(cluster, &nodes);
         at_sizes.push((size, changes, table));
     }
-    let unselected = connections(&conn_client, &conn_server, options.connects)?;
     let agents = daemonset_agents(0);
-    // The largest count cannot be toggled round by round as one policy
-    // is: its connections are a block, compared with a block of no
-    // policy right after, once every node has lifted them all.
-    objects.delete_policies()?;
-    for pair in &pairs {
-        // A probe that starts open has nothing left to wait for.
-        if let Ok(probe) = Probe::start(pair, true) {
-            probe.reached(&pair.node)?;
-        }
+    // The largest count cannot be deleted and made again round by round;
+    // what it puts in the real nodes' kernels can go and come back: the
+    // probe targets, the only real pods it selects, are relabelled out of
+    // every policy (the tables then hold no chain, set or map entry of
+    // them) and back, alternating with the connections.
+    let (mut unselected, mut emptied) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        unselected.extend(connections(
+            &conn_client,
+            &conn_server,
+            options.connects / rounds,
+        )?);
+        relabel_targets(&namespace, &pairs, ("probe-target", "probe-parked"))?;
+        emptied.extend(connections(
+            &conn_client,
+            &conn_server,
+            options.connects / rounds,
+        )?);
+        relabel_targets(&namespace, &pairs, ("probe-parked", "probe-target"))?;
     }
-    wait_until_quiet(Duration::from_secs(120));
-    let open_after = connections(&conn_client, &conn_server, options.connects)?;
 
     // The rows.
     let pods = options.pods + 2 * nodes.len() + 2;
@@ -826,8 +824,8 @@ fn policies_at_scale(
         (
             &format!("{largest} policies, none selecting them") as &str,
             &unselected,
-            "no policy, the block right after",
-            &open_after,
+            "the same policies selecting no pod of the real nodes",
+            &emptied,
         ),
     ] {
         for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
@@ -843,6 +841,30 @@ fn policies_at_scale(
                 "≤ 1.05×",
                 Some(ours <= 1.05 * floor),
             );
+        }
+    }
+    Ok(())
+}
+
+/// The probe targets' `role` label changed `from` one value `to` another,
+/// and every node's probe seeing the change: the targets open once no
+/// policy selects them, shut out again once the policies do.
+fn relabel_targets(
+    namespace: &Namespace,
+    pairs: &[ProbePair],
+    (from, to): (&str, &str),
+) -> Result<(), String> {
+    let selector = format!("role={from}");
+    let label = format!("role={to}");
+    let run = namespace.kubectl(&["label", "pod", "-l", &selector, &label, "--overwrite"]);
+    if !run.ok() {
+        return Err(format!("relabelling the probe targets: {}", run.stderr));
+    }
+    let until_open = to != "probe-target";
+    for pair in pairs {
+        // A probe that starts in the state asked for has nothing to wait for.
+        if let Ok(probe) = Probe::start(pair, until_open) {
+            probe.reached(&pair.node)?;
         }
     }
     Ok(())
