@@ -139,11 +139,14 @@ fn conntrack_table() -> String {
     )
 }
 
-/// The NFQUEUE rule (see [`crate::nfqueue::forward_rule`]) after `verb`.
-fn queue_rule(verb: &str) -> Vec<String> {
-    let mut rule = vec![verb.to_owned()];
-    rule.extend(crate::nfqueue::forward_rule(&[], &QUEUE.to_string()));
-    rule
+/// `iptables verb` with the NFQUEUE rule (see
+/// [`crate::nfqueue::forward_rule`]), in the node.
+fn queue_rule(node: &Node, iptables: &str, verb: &str) -> test_kit::Run {
+    let rule = crate::nfqueue::forward_rule(&[], &QUEUE.to_string());
+    let args: Vec<&str> = std::iter::once(verb)
+        .chain(rule.iter().map(String::as_str))
+        .collect();
+    node.run(iptables, &args)
 }
 
 /// A process of this bench started in a namespace, reading its stdin
@@ -355,11 +358,9 @@ impl Bed {
                 }
             }
             Variant::Nfqueue => {
-                let rule = queue_rule("-A");
-                let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-                let added = self.node.run(iptables, &args);
+                let added = queue_rule(&self.node, iptables, "-A");
                 if !added.ok() {
-                    return Err(format!("{iptables} {}: {}", args.join(" "), added.stderr.trim()));
+                    return Err(format!("{iptables} -A (NFQUEUE): {}", added.stderr.trim()));
                 }
             }
         }
@@ -420,9 +421,7 @@ impl Bed {
                 .on_node(netpol::remove)
                 .map_err(|e| format!("removing the table: {e}")),
             Variant::Nfqueue => {
-                let rule = queue_rule("-D");
-                let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-                self.node.run(iptables, &args).success();
+                queue_rule(&self.node, iptables, "-D").success();
                 // iptables-nft leaves its table and an empty FORWARD base
                 // chain, which every other variant's packets would walk.
                 if iptables == "iptables" {
@@ -473,9 +472,7 @@ pub fn accept_loop(address: &str) -> Result<(), String> {
 fn queue_frontend(bed: &Bed) -> Result<&'static str, String> {
     let mut errors = Vec::new();
     for iptables in ["iptables", "iptables-legacy"] {
-        let rule = queue_rule("-A");
-        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-        let added = bed.node.run(iptables, &args);
+        let added = queue_rule(&bed.node, iptables, "-A");
         if added.ok() {
             let _ = bed.leave(Variant::Nfqueue, iptables);
             return Ok(iptables);

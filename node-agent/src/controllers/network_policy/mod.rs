@@ -102,13 +102,6 @@ impl<V: PartialEq> Watched<V> {
         view: impl Fn(&K) -> Option<V>,
         what: &str,
     ) -> bool {
-        let key = |object: &K| {
-            let meta = object.meta();
-            (
-                meta.namespace.clone().unwrap_or_default(),
-                meta.name.clone().unwrap_or_default(),
-            )
-        };
         match event {
             Ok(Event::Init) => {
                 self.relisted = Some(BTreeMap::new());
@@ -116,7 +109,7 @@ impl<V: PartialEq> Watched<V> {
             }
             Ok(Event::InitApply(object)) => {
                 if let (Some(list), Some(v)) = (self.relisted.as_mut(), view(&object)) {
-                    list.insert(key(&object), v);
+                    list.insert(key_of(&object), v);
                 }
                 false
             }
@@ -126,7 +119,7 @@ impl<V: PartialEq> Watched<V> {
                 true
             }
             Ok(Event::Apply(object)) => {
-                let k = key(&object);
+                let k = key_of(&object);
                 match view(&object) {
                     Some(v) if self.known.get(&k) == Some(&v) => false,
                     Some(v) => {
@@ -138,13 +131,22 @@ impl<V: PartialEq> Watched<V> {
                     None => self.known.remove(&k).is_some(),
                 }
             }
-            Ok(Event::Delete(object)) => self.known.remove(&key(&object)).is_some(),
+            Ok(Event::Delete(object)) => self.known.remove(&key_of(&object)).is_some(),
             Err(e) => {
                 log::warn!("watching {what}: {e}; retrying");
                 false
             }
         }
     }
+}
+
+/// An object's namespace and name, what the watched maps are keyed by.
+fn key_of<K: kube::Resource>(object: &K) -> (String, String) {
+    let meta = object.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
 
 /// An event of one of the three watches (a Pod is large: boxed).
@@ -210,11 +212,7 @@ impl Cluster {
     /// claim with other addresses is a later pod's of the same name (a
     /// watch behind the gate), kept until it settles.
     fn retract(&mut self, pod: &Pod) {
-        let meta = &pod.metadata;
-        let key = (
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-        );
+        let key = key_of(pod);
         let mut ips = netpol::model::status_ips(pod);
         ips.sort();
         if self
