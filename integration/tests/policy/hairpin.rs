@@ -183,9 +183,14 @@ fn a_service_is_judged_by_its_endpoint_and_a_pod_isolated_for_ingress_reaches_it
         );
         assert!(through_service(&cluster, "web", v6), "web unaffected (v6: {v6})");
         let script = cluster.enforce(vec![db_from_web(), deny_all(true, false), web_only_to_db()]);
+        let ip: std::net::IpAddr = db.parse().expect("an address");
+        let pair = firewall::ruleset::Element::key(firewall::ruleset::Value::concat(&[
+            firewall::ruleset::Value::address(ip),
+            firewall::ruleset::Value::address(ip),
+        ]));
         assert_eq!(
             script.trim(),
-            format!("add element inet {} {set} {{ {db} . {db} }}", netpol::TABLE),
+            format!("add element {set} {{ {pair} }}"),
             "the pair put back, and nothing else"
         );
         assert!(

@@ -30,7 +30,7 @@ pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
 pub const LOG_SOCKET_KEY: &str = "logSocket";
 /// The suite's own key naming the node agent's NetworkPolicy gate, a Unix
 /// stream socket an ADD waits on until the agent holds the pod's policy in
-/// the kernel (see [`crate::policy_gate`]). Ignored by the reference
+/// the kernel (the `policy-gate` crate). Ignored by the reference
 /// plugins, as [`LOG_SOCKET_KEY`] is.
 pub const POLICY_SOCKET_KEY: &str = "policySocket";
 

@@ -8,8 +8,6 @@
 //! - [`skel`]: the plugin skeleton; [`exec`]: running other plugins.
 //! - [`log`]: logging to stderr or a configured file, never stdout, and to
 //!   the node agent's socket when the configuration names one.
-//! - [`policy_gate`]: an ADD waiting until the node agent holds the pod's
-//!   NetworkPolicy, when the configuration names its socket.
 //! - [`small_file`]: reading a small file where others may put anything.
 
 #![forbid(unsafe_code)]
@@ -22,7 +20,6 @@ pub mod exec;
 pub mod fault;
 pub mod keys;
 pub mod log;
-pub mod policy_gate;
 pub mod result;
 pub mod skel;
 pub mod small_file;

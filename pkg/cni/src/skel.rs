@@ -279,17 +279,7 @@ fn invoke<P: Plugin>(
             .unwrap_or_else(|| "-".into()),
     );
     match (command, attachment) {
-        (Command::Add, Some(att)) => {
-            let result = plugin.add(&req, &att)?;
-            // Encoded first: an ADD that fails here has told the agent
-            // nothing; and the agent is told the addresses printed.
-            let printed = result.to_value(version)?;
-            if let Some(socket) = req.conf.policy_socket.as_deref().filter(|_| !P::IPAM) {
-                let addresses = result.printed_addresses(version);
-                crate::policy_gate::admit(socket, &Invocation::of(&req.env), addresses);
-            }
-            Ok(Some(printed))
-        }
+        (Command::Add, Some(att)) => plugin.add(&req, &att)?.to_value(version).map(Some),
         (Command::Check, Some(att)) => plugin.check(&req, &att).map(|()| None),
         (Command::Del, Some(att)) => plugin.del(&req, &att).map(|()| None),
         (Command::Gc, _) => plugin.gc(&req).map(|()| None),

@@ -3,6 +3,9 @@
 //! so a UDP flow to a mapped port keeps reaching the old destination until
 //! its entry goes. The calling thread's network namespace is affected.
 //!
+//! Also what the NetworkPolicy agent cuts when a verdict narrows: the
+//! flows a dump returns, with both tuples, and their removal.
+//!
 //! The dump request, the entries it returns (tuples, addresses, ports) and
 //! the delete requests are `netlink-packet-netfilter`'s conntrack messages;
 //! the socket and reply loop are [`nfnl`]'s. Nothing is encoded by hand.
@@ -47,61 +50,73 @@ fn family_of(proto_family: NetfilterProtoFamily) -> Option<Family> {
     }
 }
 
-/// What an entry is keyed by, as read from a dump.
-#[derive(Debug, PartialEq, Eq)]
-struct Entry {
-    protocol: u8,
-    port: u16,
-    reply_source: Option<IpAddr>,
+/// One end pair of a tuple: addresses and ports (none for port-less
+/// protocols such as ICMP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ends {
+    pub source: Option<IpAddr>,
+    pub destination: Option<IpAddr>,
+    pub source_port: u16,
+    pub destination_port: u16,
+}
+
+/// A tracked flow, as a dump reads it: its original direction (as the
+/// first packet came, before any translation) and its reply direction (as
+/// the answers come: a DNATed flow's replies come from the real
+/// destination).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flow {
+    pub family: Family,
+    pub protocol: u8,
+    pub original: Ends,
+    pub reply: Ends,
     /// The attributes that name the entry to the kernel again.
     key: Vec<ConntrackAttribute>,
 }
 
-/// The protocol and destination port of an original tuple.
-fn protocol_and_port(tuple: &[Tuple]) -> Option<(u8, u16)> {
-    let proto = tuple.iter().find_map(|t| match t {
-        Tuple::Proto(proto) => Some(proto),
-        _ => None,
-    })?;
-    let protocol = proto.iter().find_map(|p| match p {
-        ProtoTuple::Protocol(protocol) => Some(u8::from(*protocol)),
-        _ => None,
-    })?;
-    // Port-less protocols (ICMP) have none: 0, which no filter asks for.
-    let port = proto
-        .iter()
-        .find_map(|p| match p {
-            ProtoTuple::DestinationPort(port) => Some(*port),
-            _ => None,
-        })
-        .unwrap_or(0);
-    Some((protocol, port))
+fn ends_of(tuple: &[Tuple]) -> (Option<u8>, Ends) {
+    let mut ends = Ends::default();
+    let mut protocol = None;
+    for part in tuple {
+        match part {
+            Tuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(address) => ends.source = Some(*address),
+                        IPTuple::DestinationAddress(address) => ends.destination = Some(*address),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(proto) => {
+                for p in proto {
+                    match p {
+                        ProtoTuple::Protocol(number) => protocol = Some(u8::from(*number)),
+                        ProtoTuple::SourcePort(port) => ends.source_port = *port,
+                        ProtoTuple::DestinationPort(port) => ends.destination_port = *port,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (protocol, ends)
 }
 
-fn source_of(tuple: &[Tuple]) -> Option<IpAddr> {
-    tuple
-        .iter()
-        .filter_map(|t| match t {
-            Tuple::Ip(ip) => Some(ip),
-            _ => None,
-        })
-        .flatten()
-        .find_map(|ip| match ip {
-            IPTuple::SourceAddress(address) => Some(*address),
-            _ => None,
-        })
-}
-
-fn parse_entry(attributes: &[ConntrackAttribute]) -> Option<Entry> {
+fn parse_flow(family: Family, attributes: &[ConntrackAttribute]) -> Option<Flow> {
     let orig = attributes.iter().find_map(|a| match a {
         ConntrackAttribute::CtaTupleOrig(tuple) => Some(tuple),
         _ => None,
     })?;
-    let (protocol, port) = protocol_and_port(orig)?;
-    let reply_source = attributes.iter().find_map(|a| match a {
-        ConntrackAttribute::CtaTupleReply(tuple) => source_of(tuple),
-        _ => None,
-    });
+    let (protocol, original) = ends_of(orig);
+    let reply = attributes
+        .iter()
+        .find_map(|a| match a {
+            ConntrackAttribute::CtaTupleReply(tuple) => Some(ends_of(tuple).1),
+            _ => None,
+        })
+        .unwrap_or_default();
     // The original tuple names the entry; a zone keeps entries of equal
     // tuples apart, so it goes with it.
     let zone = attributes
@@ -110,19 +125,21 @@ fn parse_entry(attributes: &[ConntrackAttribute]) -> Option<Entry> {
     let key = std::iter::once(ConntrackAttribute::CtaTupleOrig(orig.clone()))
         .chain(zone.cloned())
         .collect();
-    Some(Entry {
-        protocol,
-        port,
-        reply_source,
+    Some(Flow {
+        family,
+        protocol: protocol?,
+        original,
+        reply,
         key,
     })
 }
 
 impl Filter {
-    fn matches(&self, entry: &Entry) -> bool {
-        entry.protocol == self.protocol
-            && entry.port == self.port
-            && self.reply_source.is_none_or(|ip| entry.reply_source == Some(ip))
+    fn matches(&self, flow: &Flow) -> bool {
+        flow.family == self.family
+            && flow.protocol == self.protocol
+            && flow.original.destination_port == self.port
+            && self.reply_source.is_none_or(|ip| flow.reply.source == Some(ip))
     }
 }
 
@@ -146,14 +163,12 @@ fn dumped_entry(message: NetfilterMessage) -> Option<(Family, Vec<ConntrackAttri
     }
 }
 
-/// Removes the entries `filters` match; returns how many went. One dump of
-/// both families (a dump walks the node's whole conntrack table, 10 ms
-/// with 262144 buckets, whatever the namespace holds), none when the
-/// namespace tracks nothing. An entry that expired meanwhile is not an
-/// error.
-pub fn delete(filters: &[Filter]) -> Result<usize> {
-    if filters.is_empty() || tracked_flows() == Some(0) {
-        return Ok(0);
+/// Every flow of the calling thread's network namespace, both families:
+/// one dump (it walks the node's whole conntrack table, 10 ms with 262144
+/// buckets, whatever the namespace holds), none when it tracks nothing.
+pub fn flows() -> Result<Vec<Flow>> {
+    if tracked_flows() == Some(0) {
+        return Ok(Vec::new());
     }
     // AF_UNSPEC: the entries of both families.
     let dump = nfnl::serialize(
@@ -163,21 +178,26 @@ pub fn delete(filters: &[Filter]) -> Result<usize> {
         NLM_F_DUMP,
         1,
     );
-    let mut doomed = Vec::new();
+    let mut flows = Vec::new();
     let outcome = nfnl::converse("conntrack dump", &dump, |message| {
         if let Some((family, attributes)) = dumped_entry(message)
-            && let Some(entry) = parse_entry(&attributes)
-            && filters.iter().any(|f| f.family == family && f.matches(&entry))
+            && let Some(flow) = parse_flow(family, &attributes)
         {
-            doomed.push((family, entry.key));
+            flows.push(flow);
         }
     })?;
     outcome.map_err(|errno| os_error("conntrack dump", errno))?;
+    Ok(flows)
+}
+
+/// Removes `flows`' entries; returns how many went. An entry that expired
+/// meanwhile is not an error.
+pub fn remove<'a>(flows: impl IntoIterator<Item = &'a Flow>) -> Result<usize> {
     let mut removed = 0;
-    for (family, key) in doomed {
+    for flow in flows {
         let request = nfnl::serialize(
-            ConntrackMessage::Delete(key),
-            proto_family(family),
+            ConntrackMessage::Delete(flow.key.clone()),
+            proto_family(flow.family),
             0,
             NLM_F_ACK,
             1,
@@ -189,6 +209,19 @@ pub fn delete(filters: &[Filter]) -> Result<usize> {
         }
     }
     Ok(removed)
+}
+
+/// Removes the entries `filters` match; returns how many went.
+pub fn delete(filters: &[Filter]) -> Result<usize> {
+    if filters.is_empty() {
+        return Ok(0);
+    }
+    let flows = flows()?;
+    remove(
+        flows
+            .iter()
+            .filter(|flow| filters.iter().any(|f| f.matches(flow))),
+    )
 }
 
 fn os_error(what: &str, errno: i32) -> Error {
@@ -247,9 +280,10 @@ mod tests {
     #[test]
     fn an_entry_is_read_and_named_by_its_original_tuple_and_zone() {
         let attributes = dumped(17, 8081, [10, 244, 0, 5]);
-        let entry = parse_entry(&attributes).expect("parsed");
-        assert_eq!((entry.protocol, entry.port), (17, 8081));
-        assert_eq!(entry.reply_source, Some("10.244.0.5".parse().expect("ip")));
+        let entry = parse_flow(Family::V4, &attributes).expect("parsed");
+        assert_eq!((entry.protocol, entry.original.destination_port), (17, 8081));
+        assert_eq!(entry.original.source, Some("10.0.0.9".parse().expect("ip")));
+        assert_eq!(entry.reply.source, Some("10.244.0.5".parse().expect("ip")));
         assert_eq!(entry.key, [attributes[0].clone(), attributes[3].clone()]);
         let pod = |ip: &str| Filter {
             family: Family::V4,
@@ -277,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_delete_names_the_entry_as_the_kernel_sent_it() {
-        let entry = parse_entry(&dumped(17, 8081, [10, 244, 0, 5])).expect("parsed");
+        let entry = parse_flow(Family::V4, &dumped(17, 8081, [10, 244, 0, 5])).expect("parsed");
         let request = nfnl::serialize(
             ConntrackMessage::Delete(entry.key),
             proto_family(Family::V4),

@@ -12,6 +12,7 @@ pub mod exec;
 pub mod iptables;
 pub mod nfnl;
 pub mod nft;
+pub mod ruleset;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

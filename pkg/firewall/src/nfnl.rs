@@ -67,7 +67,7 @@ impl TableFamily {
         }
     }
 
-    fn proto_family(self) -> NetfilterProtoFamily {
+    pub(crate) fn proto_family(self) -> NetfilterProtoFamily {
         NetfilterProtoFamily::from(self as u8)
     }
 }

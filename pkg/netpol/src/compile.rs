@@ -32,12 +32,13 @@ impl Direction {
 
 /// The version of how a list is rendered into a chain (`nft`): changing
 /// the rendering changes it, so chains are never reused across versions.
-pub const RENDERING: &str = "netpol-chain-2";
+pub const RENDERING: &str = "netpol-chain-3";
 
-/// Peer sets of pods' addresses are plain sets: `nft` adds an element to
-/// one without reading the elements of the table's interval sets, which
-/// at 20,000 elements costs 45 ms a transaction (nft 1.0.6). Address
-/// blocks, fixed by a policy's text, are interval sets of their own.
+/// Peer sets of pods' addresses are plain sets named after their rule: a
+/// pod coming or going is one element. Address blocks, fixed by a
+/// policy's text, are interval sets named after their content: a policy
+/// that changes them makes another set, so no interval set's elements
+/// ever change in place, and rules with the same blocks share one.
 pub const POD_SET_PREFIX: &str = "pods-";
 pub const BLOCK_SET_PREFIX: &str = "blocks-";
 
@@ -101,6 +102,9 @@ pub struct Compiled {
     /// Peer sets by name: merged intervals of both families (single
     /// addresses in a set named [`POD_SET_PREFIX`]…).
     pub peer_sets: BTreeMap<String, Vec<Interval>>,
+    /// The namespaces that have a policy: a pod started in one while no
+    /// agent answers its ADD could be isolated, so its ADD fails.
+    pub guarded: BTreeSet<String>,
 }
 
 /// Everything policy is computed from.
@@ -169,6 +173,7 @@ pub fn compile(snapshot: &Snapshot, node: &str) -> Compiled {
     }
     let mut compiled = Compiled {
         peer_sets,
+        guarded: snapshot.policies.iter().map(|p| p.namespace.clone()).collect(),
         ..Compiled::default()
     };
     for ((direction, target), allows) in per_pod {
@@ -386,7 +391,14 @@ impl PeerSets<'_> {
             names.push(self.named(POD_SET_PREFIX, "", addresses));
         }
         if *has_blocks {
-            names.push(self.named(BLOCK_SET_PREFIX, "", blocks.clone()));
+            let blocks = ranges::merge(blocks.clone());
+            let content: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+            let name = format!(
+                "{BLOCK_SET_PREFIX}{}",
+                firewall::nft::short_hash(&content.join(","))
+            );
+            self.sets.entry(name.clone()).or_insert(blocks);
+            names.push(name);
         }
         Some(names)
     }

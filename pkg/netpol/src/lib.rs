@@ -1,15 +1,21 @@
 //! Kubernetes NetworkPolicy enforced in the kernel: the policy semantics
 //! computed for one node's pods ([`compile`]), held in one nftables table
-//! of sets, verdict maps and chains ([`nft`]), changed by one transaction
-//! per change against what the kernel holds ([`apply`]). No packet
-//! leaves the kernel for a verdict, and the table outlives the agent.
+//! of sets, verdict maps and chains ([`nft`]), changed by one netlink
+//! transaction per change against what the kernel holds ([`apply`]), and
+//! the connections a narrowed verdict no longer allows cut
+//! ([`conntrack`]). No packet leaves the kernel for a verdict, and the
+//! table outlives the agent.
 
 #![forbid(unsafe_code)]
 
 pub mod compile;
+pub mod conntrack;
 pub mod model;
 pub mod nft;
 pub mod ranges;
+
+use firewall::nfnl::Deleted;
+use firewall::ruleset::{self, Op, TableFamily};
 
 pub use compile::{Compiled, Direction, Snapshot, compile};
 pub use nft::{Current, TABLE};
@@ -18,9 +24,6 @@ pub use nft::{Current, TABLE};
 pub enum Error {
     #[error(transparent)]
     Nft(#[from] firewall::Error),
-    /// `nft -j list` printed something this crate cannot read.
-    #[error("nft listing: {0}")]
-    Listing(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -28,49 +31,39 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What the table in the calling thread's network namespace holds now
 /// (an absent table holds nothing).
 pub fn current() -> Result<Current> {
-    match firewall::exec::run("nft", &["-j", "list", "table", "inet", TABLE], "") {
-        Ok(listing) => Current::parse(&listing),
-        Err(e) if is_absent(&e) => Ok(Current::default()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(ruleset::read(TableFamily::Inet, TABLE)?
+        .map(|table| Current::of(&table))
+        .unwrap_or_default())
 }
 
-/// Makes the table hold `compiled`, in one `nft` transaction against what
-/// it holds now. Returns the script it ran (empty: nothing differed).
-pub fn apply(compiled: &Compiled) -> Result<String> {
-    let script = nft::plan(&current()?, compiled);
-    if !script.is_empty() {
-        firewall::exec::run("nft", &["-f", "-"], &script)?;
-    }
-    Ok(script)
+/// Makes the table hold `compiled`, in one transaction against what it
+/// holds now. Returns what the table held before and the ops it ran (none:
+/// nothing differed).
+pub fn apply(compiled: &Compiled) -> Result<(Current, Vec<Op>)> {
+    let current = current()?;
+    let ops = nft::plan(&current, compiled);
+    ruleset::commit(TableFamily::Inet, TABLE, &ops)?;
+    Ok((current, ops))
 }
 
 /// Makes the table hold `compiled` where an [`apply`] of `previous` left
-/// it, planned against that without listing the table: at thousands of
-/// elements the listing costs more than the change. A transaction the
-/// kernel refuses (the table is not what `previous` left) is planned
-/// again against a listing; a change someone made that the transaction
-/// does not meet stays until the next [`apply`].
-pub fn apply_after(previous: &Compiled, compiled: &Compiled) -> Result<String> {
-    let script = nft::plan(&Current::held_after(previous), compiled);
-    if script.is_empty() {
-        return Ok(script);
-    }
-    match firewall::exec::run("nft", &["-f", "-"], &script) {
-        Ok(_) => Ok(script),
+/// it, planned against that without reading the table: at thousands of
+/// elements reading costs more than the change. A transaction the kernel
+/// refuses (the table is not what `previous` left) is planned again
+/// against a reading; a change someone made that the transaction does not
+/// meet stays until the next [`apply`].
+pub fn apply_after(previous: &Compiled, compiled: &Compiled) -> Result<(Current, Vec<Op>)> {
+    let assumed = Current::held_after(previous);
+    let ops = nft::plan(&assumed, compiled);
+    match ruleset::commit(TableFamily::Inet, TABLE, &ops) {
+        Ok(()) => Ok((assumed, ops)),
         Err(_) => apply(compiled),
     }
 }
 
 /// Removes the table and with it every verdict.
 pub fn remove() -> Result<()> {
-    match firewall::exec::run("nft", &["delete", "table", "inet", TABLE], "") {
-        Ok(_) => Ok(()),
-        Err(e) if is_absent(&e) => Ok(()),
-        Err(e) => Err(e.into()),
+    match firewall::nfnl::delete_table(TableFamily::Inet, TABLE)? {
+        Deleted::Removed | Deleted::Absent | Deleted::InUse => Ok(()),
     }
-}
-
-fn is_absent(error: &firewall::Error) -> bool {
-    matches!(error, firewall::Error::Failed { stderr, .. } if stderr.contains("No such file or directory"))
 }

@@ -34,6 +34,15 @@ impl Protocol {
         }
     }
 
+    /// Its IP protocol number (`meta l4proto`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
     /// nftables' keyword.
     pub fn keyword(self) -> &'static str {
         match self {

@@ -4,39 +4,46 @@
 //!   address to a jump into its allow list's chain;
 //! - an allow list's chain: one rule per allow, matching the peer set and
 //!   the ports, that returns; then `drop`;
-//! - peer sets named after the rule they come from, so a pod coming or
-//!   going changes elements only: pods' addresses in plain sets, address
-//!   blocks in interval sets (an `add element` to a plain set does not
-//!   make `nft` read every interval set's elements first);
+//! - peer sets: pods' addresses in plain sets named after the rule they
+//!   come from (a pod coming or going is one element), address blocks in
+//!   interval sets named after their content (a policy's text fixes them);
 //! - base chains on `forward` (pod to pod, routed or bridged through
 //!   `br_netfilter`, after kube-proxy's DNAT) and `input` (pod to node):
 //!   packets of established connections pass, then the destination's
 //!   ingress list, then the source's egress list. The node's own traffic
-//!   to its pods (`output`) is never judged: kubelet's probes pass.
+//!   to its pods (`output`) is never judged: kubelet's probes pass;
+//! - the namespaces that have a policy ([`GUARDED_NAMESPACES`]), which a
+//!   new pod's ADD reads when no agent answers it.
 //!
-//! A change is one `nft -f` transaction computed against what the kernel
-//! holds ([`Current`]): elements added and removed, chains added before
-//! map entries jump to them and removed after, so no packet ever sees a
-//! half-applied state, and an agent that restarts reconciles the table it
-//! left instead of rebuilding it.
+//! A change is one netlink transaction ([`firewall::ruleset`]) planned
+//! against what the kernel holds ([`Current`]): elements added and
+//! removed, chains added before map entries jump to them and removed
+//! after, so no packet ever sees a half-applied state, and an agent that
+//! restarts reconciles the table it left instead of rebuilding it. Chains
+//! are compared rule by rule with what they should hold, so a rule someone
+//! changed is written again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use serde_json::Value;
+use firewall::ruleset::{
+    self, AnonymousSet, BaseChain, Compare, Element, Expr, Field, Hook, Op, Rule, Set, SetKind, SetRef,
+    Value, Verdict,
+};
 
 use crate::compile::{Allow, AllowList, BLOCK_SET_PREFIX, Compiled, Direction};
 use crate::ranges::{Family, Interval};
-use crate::{Error, Result};
 
 /// The table's name, in the `inet` family.
-pub const TABLE: &str = "cni-suite-netpol";
+pub const TABLE: &str = policy_gate::guarded::TABLE;
 
-/// The comment every base rule carries: base chains whose rules do not all
-/// carry this one are rewritten (a newer agent's base rules).
-const BASE_TAG: &str = "cni-suite netpol v1";
+/// The set of the names of the namespaces that have a NetworkPolicy.
+pub const GUARDED_NAMESPACES: &str = policy_gate::guarded::SET;
 
-const BASE_CHAINS: [&str; 2] = ["forward", "input"];
+/// The comment every base rule carries, for whoever lists the table.
+const BASE_TAG: &str = "cni-suite netpol v2";
+
+const BASE_CHAINS: [(&str, Hook); 2] = [("forward", Hook::Forward), ("input", Hook::Input)];
 
 /// The sets of a local pod's own address twice (`addr . addr`), per
 /// family: a pod reaching itself (through its Service, hairpinned) is
@@ -58,6 +65,30 @@ fn map_name(direction: Direction, family: Family) -> String {
     format!("{}-{family}", direction.label())
 }
 
+/// The map an isolated address's entry is in.
+pub(crate) fn map_of(direction: Direction, ip: IpAddr) -> String {
+    map_name(direction, Family::of(ip))
+}
+
+/// The members `compiled` wants in the peer set of the kernel named
+/// `name` (a family's half of one of its peer sets); none for a set it
+/// does not want.
+pub(crate) fn peer_set_members(compiled: &Compiled, name: &str) -> BTreeSet<Interval> {
+    let (base, family) = match (name.strip_suffix("-v4"), name.strip_suffix("-v6")) {
+        (Some(base), _) => (base, Family::V4),
+        (_, Some(base)) => (base, Family::V6),
+        _ => return BTreeSet::new(),
+    };
+    compiled
+        .peer_sets
+        .get(base)
+        .into_iter()
+        .flatten()
+        .filter(|i| i.family == family)
+        .copied()
+        .collect()
+}
+
 fn set_name(base: &str, family: Family) -> String {
     match family {
         Family::V4 => format!("{base}-v4"),
@@ -68,111 +99,132 @@ fn set_name(base: &str, family: Family) -> String {
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
-fn address_type(family: Family) -> &'static str {
+fn address_field(family: Family) -> Field {
     match family {
-        Family::V4 => "ipv4_addr",
-        Family::V6 => "ipv6_addr",
+        Family::V4 => Field::Ipv4,
+        Family::V6 => Field::Ipv6,
     }
 }
 
-fn ip_keyword(family: Family) -> &'static str {
+fn value_of(family: Family, value: u128) -> Value {
     match family {
-        Family::V4 => "ip",
-        Family::V6 => "ip6",
+        // A V4 interval's values are below 2^32 by construction.
+        Family::V4 => Value(u32::try_from(value).unwrap_or(u32::MAX).to_be_bytes().to_vec()),
+        Family::V6 => Value(value.to_be_bytes().to_vec()),
     }
+}
+
+fn address_of(value: &Value) -> Option<IpAddr> {
+    match value.0.len() {
+        4 => <[u8; 4]>::try_from(&value.0[..]).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(&value.0[..]).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
+
+fn interval_of(element: &Element) -> Option<Interval> {
+    let first = address_of(&element.key)?;
+    let last = element.last.as_ref().map_or(Some(first), address_of)?;
+    Interval::parse(&format!("{first}-{last}"))
+}
+
+/// A peer set's element: an address, or an interval in a block set.
+fn peer_element(set: &str, interval: &Interval) -> Element {
+    let first = value_of(interval.family, interval.first);
+    if set.starts_with(BLOCK_SET_PREFIX) {
+        Element::interval(first, value_of(interval.family, interval.last))
+    } else {
+        Element::key(first)
+    }
+}
+
+fn pair(ip: IpAddr) -> Element {
+    Element::key(Value::concat(&[Value::address(ip), Value::address(ip)]))
 }
 
 /// What the table holds in the kernel, as far as changes need it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Current {
     pub exists: bool,
-    /// Base chains whose rules are all this version's.
-    pub base_current: BTreeSet<String>,
-    /// Chains other than the base ones, with how many rules each holds.
-    pub chains: BTreeMap<String, usize>,
+    /// Base chains hooked as this agent hooks them, with their rules.
+    pub base_chains: BTreeMap<String, Vec<Rule>>,
+    /// Chains other than the base ones, with their rules.
+    pub chains: BTreeMap<String, Vec<Rule>>,
     /// Peer sets by name, with their elements.
     pub sets: BTreeMap<String, BTreeSet<Interval>>,
     /// The addresses in each family's set of a pod's own traffic.
     pub selves: BTreeMap<String, BTreeSet<IpAddr>>,
     /// Maps by name: address to the chain it jumps to.
     pub maps: BTreeMap<String, BTreeMap<IpAddr, String>>,
+    /// The namespaces recorded as having a policy; None without the set.
+    pub guarded: Option<BTreeSet<String>>,
 }
 
 impl Current {
-    /// Reads the table from `nft -j list table`'s output.
-    pub fn parse(listing: &str) -> Result<Current> {
-        let doc: Value =
-            serde_json::from_str(listing).map_err(|e| Error::Listing(format!("not JSON: {e}")))?;
+    /// What `table` (read back) holds.
+    pub fn of(table: &ruleset::Table) -> Current {
         let mut current = Current {
             exists: true,
             ..Current::default()
         };
-        let mut base_rules: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-        for item in doc["nftables"].as_array().into_iter().flatten() {
-            if let Some(chain) = item.get("chain") {
-                let name = text(chain, "name")?;
-                if BASE_CHAINS.contains(&name.as_str()) {
-                    base_rules.entry(name).or_default();
-                } else {
-                    current.chains.entry(name).or_default();
+        for (name, chain) in &table.chains {
+            let wanted_hook = BASE_CHAINS
+                .iter()
+                .find(|(base, _)| base == name)
+                .map(|(_, hook)| *hook);
+            match wanted_hook {
+                Some(hook) if chain.base == Some(BaseChain { hook }) => {
+                    current.base_chains.insert(name.clone(), chain.rules.clone());
                 }
-            } else if let Some(rule) = item.get("rule") {
-                let chain = text(rule, "chain")?;
-                if let Some(counts) = base_rules.get_mut(&chain) {
-                    counts.0 += 1;
-                    if rule["comment"].as_str() == Some(BASE_TAG) {
-                        counts.1 += 1;
-                    }
-                } else {
-                    *current.chains.entry(chain).or_default() += 1;
+                // Hooked otherwise (or not at all): written again.
+                Some(_) => {}
+                None => {
+                    current.chains.insert(name.clone(), chain.rules.clone());
                 }
-            } else if let Some(set) = item.get("set")
-                && let Some(name) = SELF_SETS.iter().find(|n| set["name"] == **n)
-            {
-                // `addr . addr` pairs, the same address twice.
-                let mut addresses = BTreeSet::new();
-                for element in set["elem"].as_array().into_iter().flatten() {
-                    let first = &element["concat"][0];
-                    let address = first
-                        .as_str()
-                        .and_then(|a| a.parse().ok())
-                        .ok_or_else(|| Error::Listing(format!("{name} element {element}")))?;
-                    addresses.insert(address);
-                }
-                current.selves.insert((*name).to_owned(), addresses);
-            } else if let Some(set) = item.get("set") {
-                let mut elements = BTreeSet::new();
-                for element in set["elem"].as_array().into_iter().flatten() {
-                    elements.insert(interval(element)?);
-                }
-                current.sets.insert(text(set, "name")?, elements);
-            } else if let Some(map) = item.get("map") {
-                let mut entries = BTreeMap::new();
-                for pair in map["elem"].as_array().into_iter().flatten() {
-                    let key = pair[0]
-                        .as_str()
-                        .and_then(|k| k.parse().ok())
-                        .ok_or_else(|| Error::Listing(format!("map key {}", pair[0])))?;
-                    // Another verdict than a jump (someone else's): no
-                    // chain's, so it is replaced.
-                    let target = pair[1]["jump"]["target"].as_str().unwrap_or_default();
-                    entries.insert(key, target.to_owned());
-                }
-                current.maps.insert(text(map, "name")?, entries);
             }
         }
-        current.base_current = base_rules
-            .into_iter()
-            .filter(|(name, (all, tagged))| all == tagged && *all == base_rules_of(name).len())
-            .map(|(name, _)| name)
-            .collect();
-        Ok(current)
+        for (name, read) in &table.sets {
+            let elements = &read.elements;
+            if SELF_SETS.contains(&name.as_str()) {
+                let addresses = elements
+                    .iter()
+                    .filter_map(|e| address_of(&Value(e.key.0[..e.key.0.len() / 2].to_vec())))
+                    .collect();
+                current.selves.insert(name.clone(), addresses);
+            } else if name == GUARDED_NAMESPACES {
+                let names = elements
+                    .iter()
+                    .map(|e| {
+                        let text = e.key.0.split(|b| *b == 0).next().unwrap_or_default();
+                        String::from_utf8_lossy(text).into_owned()
+                    })
+                    .collect();
+                current.guarded = Some(names);
+            } else if read.set.kind == SetKind::VerdictMap {
+                let entries = elements
+                    .iter()
+                    .filter_map(|e| {
+                        // Another verdict than a jump (someone else's): no
+                        // chain's, so it is replaced.
+                        let chain = match &e.verdict {
+                            Some(Verdict::Jump(chain)) => chain.clone(),
+                            _ => String::new(),
+                        };
+                        Some((address_of(&e.key)?, chain))
+                    })
+                    .collect();
+                current.maps.insert(name.clone(), entries);
+            } else {
+                current
+                    .sets
+                    .insert(name.clone(), elements.iter().filter_map(interval_of).collect());
+            }
+        }
+        current
     }
-}
 
-impl Current {
-    /// What the table holds once [`plan`]'s script for `compiled` has
-    /// run: a listing of it, without listing it.
+    /// What the table holds once [`plan`]'s ops for `compiled` have run:
+    /// a listing of it, without listing it.
     pub fn held_after(compiled: &Compiled) -> Current {
         let mut maps = BTreeMap::new();
         for direction in DIRECTIONS {
@@ -190,11 +242,14 @@ impl Current {
         }
         Current {
             exists: true,
-            base_current: BASE_CHAINS.iter().map(|c| (*c).to_owned()).collect(),
+            base_chains: BASE_CHAINS
+                .iter()
+                .map(|(name, _)| ((*name).to_owned(), base_rules(name)))
+                .collect(),
             chains: compiled
                 .lists
                 .iter()
-                .map(|(name, list)| (name.clone(), chain_rules(list).len()))
+                .map(|(name, list)| (name.clone(), chain_rules(list)))
                 .collect(),
             sets: peer_sets_of(compiled),
             selves: FAMILIES
@@ -202,63 +257,188 @@ impl Current {
                 .map(|f| (self_set(*f).to_owned(), isolated_addresses(compiled, *f)))
                 .collect(),
             maps,
+            guarded: Some(compiled.guarded.clone()),
         }
     }
 }
 
-fn text(item: &Value, key: &str) -> Result<String> {
-    item[key]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| Error::Listing(format!("no {key} in {item}")))
-}
-
-/// A set element as nft lists it: an address, a prefix, or a range.
-fn interval(element: &Value) -> Result<Interval> {
-    let parsed = if let Some(address) = element.as_str() {
-        Interval::parse(address)
-    } else if let Some(prefix) = element.get("prefix") {
-        let addr = prefix["addr"].as_str().unwrap_or_default();
-        let len = prefix["len"].as_u64().unwrap_or_default();
-        Interval::parse(&format!("{addr}/{len}"))
-    } else if let Some(range) = element.get("range") {
-        let first = range[0].as_str().unwrap_or_default();
-        let last = range[1].as_str().unwrap_or_default();
-        Interval::parse(&format!("{first}-{last}"))
-    } else if let Some(inner) = element.get("elem") {
-        return interval(&inner["val"]);
-    } else {
-        None
+/// `meta nfproto` is `family`: the dependency nft puts before a match on
+/// an IPv4 or IPv6 header in an `inet` table.
+fn nfproto(family: Family) -> [Expr; 2] {
+    let number = match family {
+        Family::V4 => 2,
+        Family::V6 => 10,
     };
-    parsed.ok_or_else(|| Error::Listing(format!("set element {element}")))
+    [
+        Expr::Meta {
+            key: ruleset::META_NFPROTO,
+            dreg: ruleset::REG_1,
+        },
+        Expr::Cmp {
+            sreg: ruleset::REG_1,
+            op: Compare::Eq,
+            data: vec![number],
+        },
+    ]
 }
 
-fn base_rules_of(chain: &str) -> Vec<String> {
-    let tag = format!("comment \"{BASE_TAG}\"");
+/// Which address of the IP header.
+#[derive(Clone, Copy)]
+enum End {
+    Source,
+    Destination,
+}
+
+/// `ip saddr`, `ip6 daddr` and the like, into `dreg`.
+fn address(family: Family, end: End, dreg: u32) -> Expr {
+    let (offset, len) = match (family, end) {
+        (Family::V4, End::Source) => (12, 4),
+        (Family::V4, End::Destination) => (16, 4),
+        (Family::V6, End::Source) => (8, 16),
+        (Family::V6, End::Destination) => (24, 16),
+    };
+    Expr::Payload {
+        base: ruleset::NETWORK_HEADER,
+        offset,
+        len,
+        dreg,
+    }
+}
+
+fn lookup(set: SetRef) -> Expr {
+    Expr::Lookup {
+        sreg: ruleset::REG_1,
+        set,
+        verdict_map: false,
+    }
+}
+
+fn l4proto() -> Expr {
+    Expr::Meta {
+        key: ruleset::META_L4PROTO,
+        dreg: ruleset::REG_1,
+    }
+}
+
+fn tagged(exprs: Vec<Expr>) -> Rule {
+    Rule {
+        exprs,
+        comment: Some(BASE_TAG.to_owned()),
+    }
+}
+
+/// `meta l4proto { tcp, udp, sctp }`.
+fn transport_protocols() -> Expr {
+    lookup(SetRef::Anonymous(AnonymousSet {
+        key: vec![Field::InetProto],
+        elements: [6, 17, 132]
+            .into_iter()
+            .map(|p| Element::key(Value::byte(p)))
+            .collect(),
+    }))
+}
+
+fn base_rules(chain: &str) -> Vec<Rule> {
     let mut rules = vec![
-        format!("ct state established,related accept {tag}"),
+        // ct state established,related accept
+        tagged(vec![
+            Expr::Ct {
+                key: ruleset::CT_STATE,
+                dreg: ruleset::REG_1,
+            },
+            Expr::Bitwise {
+                sreg: ruleset::REG_1,
+                dreg: ruleset::REG_1,
+                // IP_CT_ESTABLISHED and IP_CT_RELATED's state bits, in the
+                // host's order as conntrack keeps them.
+                mask: 6u32.to_ne_bytes().to_vec(),
+                xor: vec![0; 4],
+            },
+            Expr::Cmp {
+                sreg: ruleset::REG_1,
+                op: Compare::Neq,
+                data: vec![0; 4],
+            },
+            Expr::Verdict(Verdict::Accept),
+        ]),
         // Neighbour discovery is untracked: without it an isolated pod
         // resolves no neighbour, not even for what it is allowed.
-        format!(
-            "icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, \
-             nd-neighbor-advert, nd-redirect }} accept {tag}"
+        tagged(
+            [
+                nfproto(Family::V6).to_vec(),
+                vec![
+                    l4proto(),
+                    Expr::Cmp {
+                        sreg: ruleset::REG_1,
+                        op: Compare::Eq,
+                        data: vec![58],
+                    },
+                    Expr::Payload {
+                        base: ruleset::TRANSPORT_HEADER,
+                        offset: 0,
+                        len: 1,
+                        dreg: ruleset::REG_1,
+                    },
+                    // nd-router-solicit to nd-redirect.
+                    lookup(SetRef::Anonymous(AnonymousSet {
+                        key: vec![Field::Icmpv6Type],
+                        elements: (133..=137).map(|t| Element::key(Value::byte(t))).collect(),
+                    })),
+                    Expr::Verdict(Verdict::Accept),
+                ],
+            ]
+            .concat(),
         ),
     ];
     if chain == "forward" {
         // Pods' link-local addresses are in no map: between pods they
         // would pass every policy (the node's own link-local traffic, on
         // `input`, is left alone: DHCPv6 and the like use it).
-        rules.push(format!(
-            "ip6 saddr fe80::/10 meta l4proto {{ tcp, udp, sctp }} drop {tag}"
-        ));
-        rules.push(format!(
-            "ip6 daddr fe80::/10 meta l4proto {{ tcp, udp, sctp }} drop {tag}"
-        ));
+        for end in [End::Source, End::Destination] {
+            let mut fe80 = vec![0u8; 16];
+            fe80[..2].copy_from_slice(&[0xfe, 0x80]);
+            let mut mask = vec![0u8; 16];
+            mask[..2].copy_from_slice(&[0xff, 0xc0]);
+            rules.push(tagged(
+                [
+                    nfproto(Family::V6).to_vec(),
+                    vec![
+                        address(Family::V6, end, ruleset::REG_1),
+                        Expr::Bitwise {
+                            sreg: ruleset::REG_1,
+                            dreg: ruleset::REG_1,
+                            mask,
+                            xor: vec![0; 16],
+                        },
+                        Expr::Cmp {
+                            sreg: ruleset::REG_1,
+                            op: Compare::Eq,
+                            data: fe80,
+                        },
+                        l4proto(),
+                        transport_protocols(),
+                        Expr::Verdict(Verdict::Drop),
+                    ],
+                ]
+                .concat(),
+            ));
+        }
         for family in FAMILIES {
-            let ip = ip_keyword(family);
-            rules.push(format!(
-                "{ip} saddr . {ip} daddr @{} accept {tag}",
-                self_set(family)
+            let second = match family {
+                Family::V4 => ruleset::REG32_01,
+                Family::V6 => ruleset::REG_2,
+            };
+            rules.push(tagged(
+                [
+                    nfproto(family).to_vec(),
+                    vec![
+                        address(family, End::Source, ruleset::REG_1),
+                        address(family, End::Destination, second),
+                        lookup(SetRef::Named(self_set(family).to_owned())),
+                        Expr::Verdict(Verdict::Accept),
+                    ],
+                ]
+                .concat(),
             ));
         }
     }
@@ -269,58 +449,87 @@ fn base_rules_of(chain: &str) -> Vec<String> {
     };
     for direction in directions {
         let end = match direction {
-            Direction::Ingress => "daddr",
-            Direction::Egress => "saddr",
+            Direction::Ingress => End::Destination,
+            Direction::Egress => End::Source,
         };
         for family in FAMILIES {
-            rules.push(format!(
-                "{} {end} vmap @{} {tag}",
-                ip_keyword(family),
-                map_name(*direction, family)
+            rules.push(tagged(
+                [
+                    nfproto(family).to_vec(),
+                    vec![
+                        address(family, end, ruleset::REG_1),
+                        Expr::Lookup {
+                            sreg: ruleset::REG_1,
+                            set: SetRef::Named(map_name(*direction, family)),
+                            verdict_map: true,
+                        },
+                    ],
+                ]
+                .concat(),
             ));
         }
     }
     rules
 }
 
+/// `meta l4proto . th dport { tcp . 5432, udp . 53-54 }`.
+fn ports_match(ports: &BTreeSet<crate::compile::PortRange>) -> Vec<Expr> {
+    let elements = ports
+        .iter()
+        .map(|p| {
+            let protocol = Value::byte(p.protocol.number());
+            Element::interval(
+                Value::concat(&[protocol.clone(), Value::port(p.first)]),
+                Value::concat(&[protocol, Value::port(p.last)]),
+            )
+        })
+        .collect();
+    vec![
+        l4proto(),
+        Expr::Payload {
+            base: ruleset::TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+            dreg: ruleset::REG32_01,
+        },
+        lookup(SetRef::Anonymous(AnonymousSet {
+            key: vec![Field::InetProto, Field::InetService],
+            elements,
+        })),
+    ]
+}
+
 /// The rules of an allow list's chain.
-fn chain_rules(list: &AllowList) -> Vec<String> {
+fn chain_rules(list: &AllowList) -> Vec<Rule> {
     let end = match list.direction {
-        Direction::Ingress => "saddr",
-        Direction::Egress => "daddr",
+        Direction::Ingress => End::Source,
+        Direction::Egress => End::Destination,
     };
     let mut rules = Vec::new();
+    let untagged = |exprs: Vec<Expr>| Rule { exprs, comment: None };
     for Allow { peers, ports } in &list.allows {
-        let ports = ports.as_ref().map(|ports| {
-            let elements: Vec<String> = ports
-                .iter()
-                .map(|p| {
-                    if p.first == p.last {
-                        format!("{} . {}", p.protocol.keyword(), p.first)
-                    } else {
-                        format!("{} . {}-{}", p.protocol.keyword(), p.first, p.last)
-                    }
-                })
-                .collect();
-            format!("meta l4proto . th dport {{ {} }} ", elements.join(", "))
-        });
-        let ports = ports.unwrap_or_default();
+        let ports = ports.as_ref().map(ports_match).unwrap_or_default();
+        let ret = Expr::Verdict(Verdict::Return);
         match peers {
-            None => rules.push(format!("{ports}return")),
+            None => rules.push(untagged([ports, vec![ret]].concat())),
             Some(sets) => {
                 for set in sets {
                     for family in FAMILIES {
-                        rules.push(format!(
-                            "{} {end} @{} {ports}return",
-                            ip_keyword(family),
-                            set_name(set, family)
-                        ));
+                        let peer = [
+                            nfproto(family).to_vec(),
+                            vec![
+                                address(family, end, ruleset::REG_1),
+                                lookup(SetRef::Named(set_name(set, family))),
+                            ],
+                        ]
+                        .concat();
+                        rules.push(untagged([peer, ports.clone(), vec![ret.clone()]].concat()));
                     }
                 }
             }
         }
     }
-    rules.push("drop".into());
+    rules.push(untagged(vec![Expr::Verdict(Verdict::Drop)]));
     rules
 }
 
@@ -349,117 +558,135 @@ fn isolated_addresses(compiled: &Compiled, family: Family) -> BTreeSet<IpAddr> {
         .collect()
 }
 
-fn elements(intervals: impl IntoIterator<Item = Interval>) -> String {
-    let shown: Vec<String> = intervals.into_iter().map(|i| i.to_string()).collect();
-    shown.join(", ")
+/// The ops that change `have` into `want` in `set`: deletions first.
+fn element_changes<T: Ord>(
+    set: &str,
+    have: &BTreeSet<T>,
+    want: &BTreeSet<T>,
+    element: impl Fn(&T) -> Element,
+) -> Vec<Op> {
+    let gone: Vec<Element> = have.difference(want).map(&element).collect();
+    let new: Vec<Element> = want.difference(have).map(&element).collect();
+    let mut ops = Vec::new();
+    if !gone.is_empty() {
+        ops.push(Op::DeleteElements {
+            set: set.to_owned(),
+            elements: gone,
+        });
+    }
+    if !new.is_empty() {
+        ops.push(Op::AddElements {
+            set: set.to_owned(),
+            elements: new,
+        });
+    }
+    ops
 }
 
-/// The `nft -f` script that makes `current` into `compiled`; empty when
-/// nothing differs.
-pub fn plan(current: &Current, compiled: &Compiled) -> String {
-    let mut script = String::new();
-    let mut line = |text: String| {
-        script.push_str(&text);
-        script.push('\n');
-    };
-    let t = format!("inet {TABLE}");
+fn add_set(name: &str, key: Vec<Field>, kind: SetKind) -> Op {
+    Op::AddSet(Set {
+        name: name.to_owned(),
+        key,
+        kind,
+    })
+}
+
+fn add_rules(ops: &mut Vec<Op>, chain: &str, rules: Vec<Rule>) {
+    ops.extend(rules.into_iter().map(|rule| Op::AddRule {
+        chain: chain.to_owned(),
+        rule,
+    }));
+}
+
+/// The ops that make `current` into `compiled`, in one transaction's
+/// order; none when nothing differs.
+pub fn plan(current: &Current, compiled: &Compiled) -> Vec<Op> {
+    let mut ops = Vec::new();
     if !current.exists {
-        line(format!("add table {t}"));
+        ops.push(Op::AddTable);
     }
     for direction in DIRECTIONS {
         for family in FAMILIES {
             let name = map_name(direction, family);
             if !current.maps.contains_key(&name) {
-                line(format!(
-                    "add map {t} {name} {{ type {} : verdict; }}",
-                    address_type(family)
-                ));
+                ops.push(add_set(&name, vec![address_field(family)], SetKind::VerdictMap));
             }
         }
     }
     // A pod's own traffic: every isolated local address, paired with itself.
+    let none = BTreeSet::new();
     for family in FAMILIES {
         let name = self_set(family);
-        let wanted = isolated_addresses(compiled, family);
-        let have = match current.selves.get(name) {
-            Some(have) => have.clone(),
-            None => {
-                let key = address_type(family);
-                line(format!("add set {t} {name} {{ type {key} . {key}; }}"));
-                BTreeSet::new()
-            }
-        };
-        let pairs = |ips: Vec<&IpAddr>| -> String {
-            ips.iter()
-                .map(|ip| format!("{ip} . {ip}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let gone: Vec<&IpAddr> = have.difference(&wanted).collect();
-        let new: Vec<&IpAddr> = wanted.difference(&have).collect();
-        if !gone.is_empty() {
-            line(format!("delete element {t} {name} {{ {} }}", pairs(gone)));
-        }
-        if !new.is_empty() {
-            line(format!("add element {t} {name} {{ {} }}", pairs(new)));
-        }
+        let have = current.selves.get(name).unwrap_or_else(|| {
+            let field = address_field(family);
+            ops.push(add_set(name, vec![field, field], SetKind::Plain));
+            &none
+        });
+        ops.extend(element_changes(
+            name,
+            have,
+            &isolated_addresses(compiled, family),
+            |ip| pair(*ip),
+        ));
     }
+    let no_names = BTreeSet::new();
+    let guarded = current.guarded.as_ref().unwrap_or_else(|| {
+        ops.push(add_set(GUARDED_NAMESPACES, vec![Field::Text], SetKind::Plain));
+        &no_names
+    });
+    // A namespace's name is at most 63 bytes: every one fits a key.
+    ops.extend(element_changes(
+        GUARDED_NAMESPACES,
+        guarded,
+        &compiled.guarded,
+        |name| Element::key(Value::text(name).unwrap_or_else(|| Value(vec![0; ruleset::TEXT_LEN]))),
+    ));
     // Sets: new ones made, the others' elements changed.
     let wanted_sets = peer_sets_of(compiled);
+    let no_intervals = BTreeSet::new();
     for (name, wanted) in &wanted_sets {
         let family = if name.ends_with("-v6") {
             Family::V6
         } else {
             Family::V4
         };
-        let have = match current.sets.get(name) {
-            Some(have) => have.clone(),
-            None => {
-                let flags = if name.starts_with(BLOCK_SET_PREFIX) {
-                    " flags interval;"
-                } else {
-                    ""
-                };
-                line(format!(
-                    "add set {t} {name} {{ type {};{flags} }}",
-                    address_type(family)
-                ));
-                BTreeSet::new()
-            }
-        };
-        let gone: Vec<Interval> = have.difference(wanted).copied().collect();
-        let new: Vec<Interval> = wanted.difference(&have).copied().collect();
-        if !gone.is_empty() {
-            line(format!("delete element {t} {name} {{ {} }}", elements(gone)));
-        }
-        if !new.is_empty() {
-            line(format!("add element {t} {name} {{ {} }}", elements(new)));
-        }
+        let have = current.sets.get(name).unwrap_or_else(|| {
+            let kind = if name.starts_with(BLOCK_SET_PREFIX) {
+                SetKind::Intervals
+            } else {
+                SetKind::Plain
+            };
+            ops.push(add_set(name, vec![address_field(family)], kind));
+            &no_intervals
+        });
+        ops.extend(element_changes(name, have, wanted, |i| peer_element(name, i)));
     }
     // Chains, before anything jumps to them; one whose rules someone
-    // changed (flushed, or its `drop` deleted) is written again.
+    // changed is written again.
     for (name, list) in &compiled.lists {
         let rules = chain_rules(list);
         match current.chains.get(name) {
-            Some(count) if *count == rules.len() => continue,
-            Some(_) => line(format!("flush chain {t} {name}")),
-            None => line(format!("add chain {t} {name}")),
+            Some(have) if *have == rules => continue,
+            Some(_) => ops.push(Op::FlushChain(name.clone())),
+            None => ops.push(Op::AddChain {
+                name: name.clone(),
+                base: None,
+            }),
         }
-        for rule in rules {
-            line(format!("add rule {t} {name} {rule}"));
-        }
+        add_rules(&mut ops, name, rules);
     }
     // Base chains, once their maps exist.
-    for (chain, hook) in [("forward", "forward"), ("input", "input")] {
-        if !current.base_current.contains(chain) {
-            line(format!(
-                "add chain {t} {chain} {{ type filter hook {hook} priority filter; policy accept; }}"
-            ));
-            line(format!("flush chain {t} {chain}"));
-            for rule in base_rules_of(chain) {
-                line(format!("add rule {t} {chain} {rule}"));
-            }
+    for (chain, hook) in BASE_CHAINS {
+        let rules = base_rules(chain);
+        if current.base_chains.get(chain) == Some(&rules) {
+            continue;
         }
+        ops.push(Op::AddChain {
+            name: chain.to_owned(),
+            base: Some(BaseChain { hook }),
+        });
+        ops.push(Op::FlushChain(chain.to_owned()));
+        add_rules(&mut ops, chain, rules);
     }
     // Map entries: the changed and gone removed, then the new added.
     for direction in DIRECTIONS {
@@ -475,245 +702,40 @@ pub fn plan(current: &Current, compiled: &Compiled) -> String {
                 .filter(|(ip, _)| Family::of(**ip) == family)
                 .map(|(ip, chain)| (*ip, chain))
                 .collect();
-            let gone: Vec<String> = have
+            let gone: Vec<Element> = have
                 .iter()
                 .filter(|(ip, chain)| wanted.get(*ip) != Some(chain))
-                .map(|(ip, _)| ip.to_string())
+                .map(|(ip, _)| Element::key(Value::address(*ip)))
                 .collect();
-            let new: Vec<String> = wanted
+            let new: Vec<Element> = wanted
                 .iter()
                 .filter(|(ip, chain)| have.get(*ip) != Some(**chain))
-                .map(|(ip, chain)| format!("{ip} : jump {chain}"))
+                .map(|(ip, chain)| Element::jump(Value::address(*ip), chain))
                 .collect();
             if !gone.is_empty() {
-                line(format!("delete element {t} {name} {{ {} }}", gone.join(", ")));
+                ops.push(Op::DeleteElements {
+                    set: name.clone(),
+                    elements: gone,
+                });
             }
             if !new.is_empty() {
-                line(format!("add element {t} {name} {{ {} }}", new.join(", ")));
+                ops.push(Op::AddElements {
+                    set: name,
+                    elements: new,
+                });
             }
         }
     }
     // Chains and sets nothing refers to any more.
     for name in current.chains.keys().filter(|c| !compiled.lists.contains_key(*c)) {
-        line(format!("flush chain {t} {name}"));
-        line(format!("delete chain {t} {name}"));
+        ops.push(Op::FlushChain(name.clone()));
+        ops.push(Op::DeleteChain(name.clone()));
     }
     for name in current.sets.keys().filter(|s| !wanted_sets.contains_key(*s)) {
-        line(format!("delete set {t} {name}"));
+        ops.push(Op::DeleteSet(name.clone()));
     }
-    script
+    ops
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compile::{Compiled, Snapshot, compile};
-    use crate::model::{Peer, PodView, Policy, PortSpec, Protocol, Rule, Selector};
-
-    fn pod(name: &str, node: &str, ip: &str, app: &str) -> PodView {
-        PodView {
-            namespace: "a".into(),
-            name: name.into(),
-            node: Some(node.into()),
-            labels: [("app".to_owned(), app.to_owned())].into(),
-            ips: vec![ip.parse().expect("test data parses")],
-            ports: vec![],
-        }
-    }
-
-    fn web_peers() -> Peer {
-        Peer::Pods {
-            pods: Some(Selector::labels(&[("app", "web")])),
-            namespaces: None,
-        }
-    }
-
-    fn web_to_db(pods: Vec<PodView>) -> Compiled {
-        let rule = Rule {
-            peers: Some(vec![web_peers()]),
-            ports: vec![PortSpec::Range(Protocol::Tcp, 5432, 5432)],
-        };
-        db_taking(rule, pods)
-    }
-
-    /// The db pods take what `rule` allows.
-    fn db_taking(rule: Rule, pods: Vec<PodView>) -> Compiled {
-        let policy = Policy {
-            namespace: "a".into(),
-            name: "db".into(),
-            pod_selector: Selector::labels(&[("app", "db")]),
-            ingress: Some(vec![rule]),
-            egress: None,
-        };
-        let snapshot = Snapshot {
-            pods,
-            namespaces: vec![],
-            policies: vec![policy],
-        };
-        compile(&snapshot, "n1")
-    }
-
-    fn db_pods() -> Vec<PodView> {
-        vec![
-            pod("db", "n1", "10.0.1.3", "db"),
-            pod("web", "n2", "10.0.2.2", "web"),
-        ]
-    }
-
-    #[test]
-    fn a_fresh_table_gets_its_sets_and_chains_before_anything_jumps_to_them() {
-        let compiled = web_to_db(db_pods());
-        let script = plan(&Current::default(), &compiled);
-        let position = |text: &str| {
-            script
-                .find(text)
-                .unwrap_or_else(|| panic!("{text:?} not in:\n{script}"))
-        };
-        let chain = compiled.lists.keys().next().expect("present");
-        assert!(position("add table inet cni-suite-netpol") < position("add map"));
-        assert!(
-            position("add element inet cni-suite-netpol pods-")
-                < position(&format!("add chain inet cni-suite-netpol {chain}"))
-        );
-        assert!(position(&format!("add chain inet cni-suite-netpol {chain}")) < position(": jump"));
-        assert!(script.contains("ip saddr @pods-"));
-        assert!(script.contains("meta l4proto . th dport { tcp . 5432 } return"));
-        assert!(script.contains("add element inet cni-suite-netpol ingress-v4 { 10.0.1.3 : jump "));
-        assert!(script.contains("hook forward priority filter"));
-    }
-
-    #[test]
-    fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_of_their_own() {
-        let rule = Rule {
-            peers: Some(vec![
-                web_peers(),
-                Peer::Block {
-                    cidr: "192.168.0.0/16".parse().expect("test data parses"),
-                    except: vec![],
-                },
-            ]),
-            ports: vec![],
-        };
-        let script = plan(&Current::default(), &db_taking(rule, db_pods()));
-        let declared = |prefix: &str, family: &str| -> Vec<&str> {
-            script
-                .lines()
-                .filter(|l| l.starts_with(&format!("add set inet {TABLE} {prefix}")))
-                .filter(|l| l.contains(family))
-                .collect()
-        };
-        let pod_set = declared("pods-", "-v4 ");
-        assert_eq!(pod_set.len(), 1, "{script}");
-        assert!(pod_set[0].ends_with("{ type ipv4_addr; }"), "{script}");
-        let block_set = declared("blocks-", "-v6 ");
-        assert_eq!(block_set.len(), 1, "{script}");
-        assert!(
-            block_set[0].ends_with("{ type ipv6_addr; flags interval; }"),
-            "{script}"
-        );
-        // Either set lets a peer in: a rule for each, in each family.
-        assert_eq!(script.matches(" return\n").count(), 4, "{script}");
-        assert!(script.contains("{ 10.0.2.2 }"), "{script}");
-        assert!(script.contains("{ 192.168.0.0-192.168.255.255 }"), "{script}");
-    }
-
-    #[test]
-    fn what_the_kernel_already_holds_is_left_alone() {
-        let compiled = web_to_db(db_pods());
-        assert_eq!(plan(&Current::held_after(&compiled), &compiled), "");
-    }
-
-    #[test]
-    fn a_new_peer_pod_is_one_element_and_a_gone_policy_takes_its_chains_and_sets() {
-        let before = web_to_db(db_pods());
-        let mut pods = db_pods();
-        pods.push(pod("web2", "n3", "10.0.3.3", "web"));
-        let after = web_to_db(pods);
-        let script = plan(&Current::held_after(&before), &after);
-        let lines: Vec<&str> = script.lines().collect();
-        assert_eq!(lines.len(), 1, "{script}");
-        assert!(
-            lines[0].starts_with("add element inet cni-suite-netpol pods-")
-                && lines[0].ends_with("-v4 { 10.0.3.3 }")
-        );
-
-        let script = plan(&Current::held_after(&before), &Compiled::default());
-        assert!(
-            script.contains("delete element inet cni-suite-netpol ingress-v4 { 10.0.1.3 }"),
-            "{script}"
-        );
-        let chain = before.lists.keys().next().expect("present");
-        assert!(
-            script.find("ingress-v4 { 10.0.1.3 }").expect("present")
-                < script
-                    .find(&format!("delete chain inet cni-suite-netpol {chain}"))
-                    .expect("present")
-        );
-        assert_eq!(script.matches("delete set").count(), 2, "{script}");
-    }
-
-    #[test]
-    fn a_chain_someone_flushed_is_written_again_and_a_pod_is_allowed_itself() {
-        let compiled = web_to_db(db_pods());
-        let mut current = Current::held_after(&compiled);
-        let chain = compiled.lists.keys().next().expect("a chain").clone();
-        current.chains.insert(chain.clone(), 0);
-        let script = plan(&current, &compiled);
-        assert!(
-            script.starts_with(&format!("flush chain inet cni-suite-netpol {chain}\n")),
-            "{script}"
-        );
-        assert!(script.contains(" drop\n"), "{script}");
-
-        let script = plan(&Current::default(), &compiled);
-        assert!(
-            script.contains("add element inet cni-suite-netpol self-v4 { 10.0.1.3 . 10.0.1.3 }"),
-            "{script}"
-        );
-        assert!(script.contains("ip saddr . ip daddr @self-v4 accept"), "{script}");
-    }
-
-    #[test]
-    fn base_chains_of_another_version_are_rewritten_in_the_same_transaction() {
-        let compiled = web_to_db(db_pods());
-        let mut current = Current::held_after(&compiled);
-        current.base_current.remove("input");
-        let script = plan(&current, &compiled);
-        assert!(script.contains("flush chain inet cni-suite-netpol input"));
-        assert!(!script.contains("flush chain inet cni-suite-netpol forward"));
-    }
-
-    #[test]
-    fn a_listing_reads_back() {
-        let listing = r#"{"nftables": [{"metainfo": {}}, {"table": {"family": "inet", "name": "cni-suite-netpol"}},
-          {"chain": {"family": "inet", "table": "cni-suite-netpol", "name": "forward", "hook": "forward"}},
-          {"chain": {"family": "inet", "table": "cni-suite-netpol", "name": "in-0011223344556677"}},
-          {"set": {"name": "blocks-1-v4", "type": "ipv4_addr", "flags": ["interval"],
-                   "elem": ["10.0.0.1", {"prefix": {"addr": "10.1.0.0", "len": 16}}, {"range": ["10.2.0.1", "10.2.0.9"]}]}},
-          {"set": {"name": "self-v4", "type": ["ipv4_addr", "ipv4_addr"],
-                   "elem": [{"concat": ["10.0.1.3", "10.0.1.3"]}]}},
-          {"rule": {"chain": "in-0011223344556677", "comment": null}},
-          {"map": {"name": "ingress-v4", "type": "ipv4_addr", "map": "verdict",
-                   "elem": [["10.0.1.3", {"jump": {"target": "in-0011223344556677"}}]]}},
-          {"rule": {"chain": "forward", "comment": "cni-suite netpol v1"}}]}"#;
-        let current = Current::parse(listing).expect("present");
-        assert!(current.exists);
-        assert_eq!(
-            current.chains,
-            BTreeMap::from([("in-0011223344556677".to_owned(), 1)])
-        );
-        let ip: IpAddr = "10.0.1.3".parse().expect("an address");
-        assert_eq!(current.selves["self-v4"], BTreeSet::from([ip]));
-        // One base rule of five: not this version's.
-        assert!(current.base_current.is_empty());
-        let set: Vec<String> = current.sets["blocks-1-v4"]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        assert_eq!(set, ["10.0.0.1", "10.1.0.0-10.1.255.255", "10.2.0.1-10.2.0.9"]);
-        assert_eq!(
-            current.maps["ingress-v4"][&"10.0.1.3".parse::<IpAddr>().expect("an address")],
-            "in-0011223344556677"
-        );
-    }
-}
+mod tests;

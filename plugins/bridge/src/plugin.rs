@@ -120,6 +120,22 @@ fn configured_dns(conf: &NetConf) -> Option<cni::result::Dns> {
     conf.dns.clone().filter(|dns| !dns.is_empty())
 }
 
+/// Waits, when the entry names the node agent's NetworkPolicy gate, until
+/// the agent holds the pod's policy in the kernel; a pod the agent cannot
+/// confirm and a policy may isolate is refused (try again later), and its
+/// ADD undone, rather than started open (`policy-gate`).
+fn admitted_by_policy(req: &Request, result: &CniResult) -> Result<()> {
+    let Some(socket) = req.conf.policy_socket.as_deref() else {
+        return Ok(());
+    };
+    // The agent is told the addresses printed (0.1.0 and 0.2.0 print one
+    // per family), once the result is known to print.
+    let version = req.conf.cni_version;
+    result.to_value(version)?;
+    let invocation = cni::log::socket::Invocation::of(&req.env);
+    policy_gate::admit(socket, &invocation, result.printed_addresses(version)).map_err(Error::try_again_later)
+}
+
 impl Plugin for Bridge {
     const NAME: &'static str = "bridge";
     const KEYS: cni::keys::Shape = crate::config::KEYS;
@@ -254,6 +270,7 @@ impl Plugin for Bridge {
                 result.dns = dns;
             }
             still_at_its_path(&pod_ns, &sandbox)?;
+            admitted_by_policy(req, &result)?;
             undo.commit();
             Ok(result)
         })

@@ -1,5 +1,5 @@
 //! The NetworkPolicy gate's socket (`POLICY_SOCKET`, the bridge entry's
-//! `policySocket`; see `cni::policy_gate`): a pod's ADD tells the agent
+//! `policySocket`; see the `policy-gate` crate): a pod's ADD tells the agent
 //! the addresses it gave the pod and waits until the kernel holds the
 //! pod's policy. Each connection carries one [`Admission`] in and one
 //! [`Answer`] out; the controller decides the answer, this side only
@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use cni::policy_gate::{Admission, Answer, MAX_LINE, WAIT};
+use policy_gate::{Admission, Answer, MAX_LINE, WAIT};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};

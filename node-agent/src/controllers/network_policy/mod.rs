@@ -9,17 +9,21 @@
 //! A new pod's address reaches the API server only when kubelet posts its
 //! status, up to seconds after its containers may have started sending:
 //! the bridge's ADD tells the agent first, through the gate (`gate`), and
-//! waits until the kernel holds the pod's policy. Until its status has
-//! them, the addresses its ADD reported are the pod's (an address reported
-//! so is no other pod's any more: a sandbox's address freed and given
-//! again before the old pod's object is gone).
+//! waits until the kernel holds the pod's policy. Once the Pod is known
+//! bound to this node, and until its status has them, the addresses its
+//! ADD reported are the pod's (an address reported so is no other pod's
+//! any more: a sandbox's address freed and given again before the old
+//! pod's object is gone). A report for a pod not known here changes
+//! nothing: it waits for the Pod object.
 //!
 //! Nothing is applied before all three watches have listed once: the table
 //! an agent left at its stop (it stays in the kernel) keeps every pod's
 //! policy until the new agent knows the whole state, and is then
-//! reconciled, not rebuilt. A pod started while no agent runs (or before
-//! it has listed) is in no map: open, as under kube-network-policies until
-//! its address is known.
+//! reconciled, not rebuilt. A pod whose ADD no agent confirms fails when
+//! its namespace has a policy (`policy-gate`); one of another namespace
+//! starts open. After a pass that may narrow a local pod's verdict, the
+//! connections the policy now denies are cut (`netpol::conntrack`), so
+//! what was let through before the pod was isolated does not outlive it.
 
 mod gate;
 
@@ -42,9 +46,9 @@ use crate::error::Error;
 use crate::metrics::{Metrics, Outcome};
 use crate::settings::Settings;
 
-use cni::policy_gate::Answer;
 use gate::Asked;
 pub use gate::Gate;
+use policy_gate::Answer;
 
 /// How long changes arriving together are gathered into one transaction
 /// (a Deployment's pods, a namespace's policies applied at once).
@@ -158,6 +162,8 @@ enum Watch {
 
 /// What the three watches know, and what the gate was told.
 struct Cluster {
+    /// This node's name: only its pods' reports count.
+    node: String,
     pods: Watched<PodView>,
     namespaces: Watched<NamespaceView>,
     policies: Watched<Policy>,
@@ -167,13 +173,25 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new() -> Cluster {
+    fn new(node: &str) -> Cluster {
         Cluster {
+            node: node.to_owned(),
             pods: Watched::new(),
             namespaces: Watched::new(),
             policies: Watched::new(),
             admitted: BTreeMap::new(),
         }
+    }
+
+    /// Whether the pod is known and bound to this node: only then do the
+    /// addresses its ADD reported stand (a report for a pod bound
+    /// elsewhere, or for no pod at all, would otherwise take addresses
+    /// from the pods whose status holds them).
+    fn bound_here(&self, pod: &(String, String)) -> bool {
+        self.pods
+            .known
+            .get(pod)
+            .is_some_and(|p| p.node.as_deref() == Some(self.node.as_str()))
     }
 
     /// Takes one event in; whether what policy reads changed.
@@ -252,15 +270,21 @@ impl Cluster {
     }
 
     fn snapshot(&self) -> netpol::Snapshot {
-        let claimed: BTreeSet<IpAddr> = self.admitted.values().flat_map(|(ips, _)| ips).copied().collect();
+        let standing: BTreeMap<&(String, String), &Vec<IpAddr>> = self
+            .admitted
+            .iter()
+            .filter(|(key, _)| self.bound_here(key))
+            .map(|(key, (ips, _))| (key, ips))
+            .collect();
+        let claimed: BTreeSet<IpAddr> = standing.values().copied().flatten().copied().collect();
         let pods = self
             .pods
             .known
             .iter()
             .map(|(key, pod)| {
                 let mut pod = pod.clone();
-                match self.admitted.get(key) {
-                    Some((ips, _)) => pod.ips.clone_from(ips),
+                match standing.get(key) {
+                    Some(ips) => pod.ips.clone_from(ips),
                     None => pod.ips.retain(|ip| !claimed.contains(ip)),
                 }
                 pod
@@ -279,7 +303,8 @@ struct Waiting {
     pod: (String, String),
     /// When it is told the Pod was not seen.
     until: Instant,
-    /// Whether a pass over the table ran since it was admitted.
+    /// Whether a pass over the table ran with its report standing (its
+    /// Pod known bound here).
     synced: bool,
     answer: oneshot::Sender<Answer>,
 }
@@ -307,7 +332,7 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
         watch::<NetworkPolicy>(&client).map(Watch::Policy),
     )
     .boxed();
-    let mut cluster = Cluster::new();
+    let mut cluster = Cluster::new(&options.node_name);
     let (asking, mut asked) = mpsc::channel::<Asked>(64);
     let mut waiting: Vec<Waiting> = Vec::new();
     let mut applied: Option<Compiled> = None;
@@ -366,6 +391,7 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
             due = Some(Instant::now());
         }
         let mut failed = None;
+        let mut narrowed = false;
         // Before all three watches have listed, nothing is applied: the
         // listing that completes them is a change, and sets a pass due.
         if due.is_some_and(|due| due <= Instant::now()) {
@@ -373,17 +399,15 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
             if cluster.listed() {
                 cluster.settle_admitted();
                 match sync(&cluster, &options.node_name, &mut applied, verify).await {
-                    Ok(script) => {
-                        if !script.is_empty() {
-                            log::info!(
-                                "NetworkPolicy: the table changed ({} commands)",
-                                script.lines().count()
-                            );
+                    Ok(pass) => {
+                        if pass.ops > 0 {
+                            log::info!("NetworkPolicy: the table changed ({} ops)", pass.ops);
                         }
                         metrics.policy_synced(Outcome::Success);
                         for w in &mut waiting {
-                            w.synced = true;
+                            w.synced |= cluster.bound_here(&w.pod);
                         }
+                        narrowed = pass.narrowed;
                     }
                     Err(e) => {
                         log::error!("{e}");
@@ -404,7 +428,43 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
             failed.as_deref(),
             &metrics,
         );
+        // After the answers: a new pod has no connection to cut.
+        if narrowed && let Some(compiled) = applied.clone() {
+            cut_denied(compiled).await;
+        }
     }
+}
+
+/// Removes the tracked connections of this node's isolated pods that the
+/// policy now applied denies.
+async fn cut_denied(compiled: Compiled) {
+    let cut = changes::blocking(move || {
+        let node = node_addresses();
+        netpol::conntrack::cut_denied(&compiled, &node).map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
+    })
+    .await;
+    match cut {
+        Ok(0) => {}
+        Ok(n) => log::info!("NetworkPolicy: cut {n} connections the policy now denies"),
+        Err(e) => log::error!("{e}"),
+    }
+}
+
+/// The node's own addresses (the agent runs in its namespace): their
+/// connections to its pods leave through `output`, never judged.
+fn node_addresses() -> BTreeSet<IpAddr> {
+    let Ok(addresses) = nix::ifaddrs::getifaddrs() else {
+        return BTreeSet::new();
+    };
+    addresses
+        .filter_map(|a| {
+            let address = a.address?;
+            address
+                .as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect()
 }
 
 /// The gate's next connection; never, without a gate.
@@ -423,6 +483,14 @@ async fn sleep_until(wake: Option<Instant>) {
     }
 }
 
+/// What a pass did.
+struct Pass {
+    /// Ops of the transaction (0: nothing differed).
+    ops: usize,
+    /// Whether it may have narrowed a local pod's verdict.
+    narrowed: bool,
+}
+
 /// One pass: the policy computed for this node's pods and, unless it is
 /// what was last applied and the kernel need not be looked at, the table
 /// brought in line. What was applied is kept for the next pass.
@@ -431,29 +499,42 @@ async fn sync(
     node: &str,
     applied: &mut Option<Compiled>,
     verify: bool,
-) -> Result<String, Error> {
+) -> Result<Pass, Error> {
     let snapshot = cluster.snapshot();
     let node = node.to_owned();
     let previous = applied.take();
-    let (compiled, script) = changes::blocking(move || {
+    let (compiled, pass) = changes::blocking(move || {
         let compiled = netpol::compile(&snapshot, &node);
         if !verify && previous.as_ref() == Some(&compiled) {
-            return Ok((compiled, String::new()));
+            return Ok((
+                compiled,
+                Pass {
+                    ops: 0,
+                    narrowed: false,
+                },
+            ));
         }
-        // The resync lists the kernel's table; other passes trust what
+        // The resync reads the kernel's table; other passes trust what
         // the last one left.
-        let script = changes::change(|| {
+        let (before, ops) = changes::change(|| {
             match previous.as_ref().filter(|_| !verify) {
                 Some(previous) => netpol::apply_after(previous, &compiled),
                 None => netpol::apply(&compiled),
             }
             .map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
         })?;
-        Ok((compiled, script))
+        let narrowed = netpol::conntrack::may_narrow(&before, &compiled);
+        Ok((
+            compiled,
+            Pass {
+                ops: ops.len(),
+                narrowed,
+            },
+        ))
     })
     .await?;
     *applied = Some(compiled);
-    Ok(script)
+    Ok(pass)
 }
 
 /// Answers the ADDs that can be answered: enforced once a pass ran with
@@ -564,7 +645,7 @@ mod tests {
 
     #[test]
     fn addresses_an_add_reported_are_the_pods_until_its_status_has_them() {
-        let mut cluster = Cluster::new();
+        let mut cluster = Cluster::new("n1");
         cluster.pods.known.insert(key("new"), pod("new", &[]));
         // A former pod whose object outlived its sandbox, and its address.
         cluster.pods.known.insert(key("old"), pod("old", &["10.244.1.5"]));
@@ -611,6 +692,44 @@ mod tests {
     }
 
     #[test]
+    fn only_a_report_for_a_pod_bound_here_changes_the_snapshot() {
+        let mut cluster = Cluster::new("n1");
+        // The real web, on another node, and a pod isolated here.
+        let mut web = pod("web", &["10.244.2.7"]);
+        web.node = Some("n2".into());
+        cluster.pods.known.insert(key("web"), web);
+        cluster.pods.known.insert(key("db"), pod("db", &["10.244.1.9"]));
+        let before = cluster.snapshot();
+
+        // A report naming the web bound elsewhere, with an address of ours.
+        cluster.admit(key("web"), vec!["10.244.1.77".parse().expect("ip")]);
+        // A report for no pod at all, with the isolated pod's address.
+        cluster.admit(key("ghost"), vec!["10.244.1.9".parse().expect("ip")]);
+        let after = cluster.snapshot();
+        assert_eq!(
+            ips_of(&after, "web"),
+            ["10.244.2.7"],
+            "the real web keeps its address"
+        );
+        assert_eq!(
+            ips_of(&after, "db"),
+            ["10.244.1.9"],
+            "nothing takes the isolated pod's address"
+        );
+        assert_eq!(after.pods, before.pods);
+
+        // The ghost's object comes, bound here: its report stands now.
+        cluster.pods.known.insert(key("ghost"), pod("ghost", &[]));
+        let now = cluster.snapshot();
+        assert_eq!(ips_of(&now, "ghost"), ["10.244.1.9"]);
+        assert!(
+            ips_of(&now, "db").is_empty(),
+            "a report bound here takes the address"
+        );
+        assert!(cluster.bound_here(&key("ghost")) && !cluster.bound_here(&key("web")));
+    }
+
+    #[test]
     fn a_deleted_pods_claim_goes_with_it_unless_a_later_pod_of_its_name_made_it() {
         use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
         let deleted = |ips: &[&str]| -> Box<Result<Event<Pod>, watcher::Error>> {
@@ -623,7 +742,7 @@ mod tests {
             });
             Box::new(Ok(Event::Delete(pod)))
         };
-        let mut cluster = Cluster::new();
+        let mut cluster = Cluster::new("n1");
         let claim = |cluster: &mut Cluster| {
             cluster.admit(
                 ("a".into(), "web".into()),
@@ -655,7 +774,7 @@ mod tests {
     fn an_add_is_told_enforced_only_after_a_pass_with_its_pod_known() {
         let metrics = Metrics::new(None);
         let later = Instant::now() + POD_WAIT;
-        let mut cluster = Cluster::new();
+        let mut cluster = Cluster::new("n1");
         let (w, mut rx) = waiting("web", true, later);
         let mut list = vec![w];
         answer_waiting(&mut list, &cluster, "n1", None, &metrics);

@@ -1,21 +1,29 @@
 //! The node agent's NetworkPolicy gate (`policySocket`,
-//! [`crate::conf::POLICY_SOCKET_KEY`]). A pod's first packet may leave
+//! [`cni::conf::POLICY_SOCKET_KEY`]). A pod's first packet may leave
 //! before its address reaches the agent through the API server (kubelet
 //! posts `status.podIPs` up to a second or more after the sandbox is up,
 //! and the container may connect at once: Kubernetes' own NetworkPolicy
-//! tests do). So the plugin whose entry names the socket tells the agent,
-//! at the end of a successful ADD, which pod got which addresses, and
-//! waits until the agent answers that the kernel holds that pod's policy.
+//! tests do). So the plugin whose entry names the socket (the bridge)
+//! tells the agent, at the end of a successful ADD, which pod got which
+//! addresses, and waits until the agent answers that the kernel holds that
+//! pod's policy.
 //!
-//! The wait is bounded ([`WAIT`]) and never fails the ADD: with no agent
-//! listening (stopped, being upgraded) the connect is refused at once and
-//! the pod starts as it would without the gate, open until the agent
-//! learns its address, which is what a pod created while the agent is down
-//! gets. What did not go as asked is logged at `warn`, so the agent's log
-//! (through `logSocket`) and the runtime's show it.
+//! The wait is bounded ([`WAIT`]). When the agent does not confirm (none
+//! listens: stopped, being upgraded; or it answers that it could not), the
+//! ADD fails closed if the pod's namespace has a NetworkPolicy, as the
+//! agent records in the kernel beside the policy ([`guarded`]): the pod
+//! might be isolated, and it is never started open; the runtime retries
+//! the sandbox. A pod of a namespace without policies goes on, open until
+//! the agent learns its address, as it would be anyway. What did not go as
+//! asked is logged at `warn`, so the agent's log (through `logSocket`) and
+//! the runtime's show it.
 //!
 //! The wire: one JSON line each way over a Unix stream socket ([`Admission`]
 //! then [`Answer`]); the agent closes after answering.
+
+#![forbid(unsafe_code)]
+
+pub mod guarded;
 
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
@@ -25,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::log::socket::Invocation;
+use cni::log::socket::Invocation;
 
 /// The most an ADD waits for the agent's answer.
 pub const WAIT: Duration = Duration::from_secs(3);
@@ -59,11 +67,13 @@ pub enum Answer {
 
 /// Tells the agent at `socket` about the pod `invocation` names and waits
 /// for its answer. Nothing is asked for a call that names no pod (not a
-/// kubelet's runtime) or an ADD that gave no address. Never fails: what
-/// went wrong is logged.
-pub fn admit(socket: &Path, invocation: &Invocation, ips: Vec<IpAddr>) {
+/// kubelet's runtime) or an ADD that gave no address. An error (why the
+/// pod must not start) when the agent does not confirm and the pod's
+/// namespace has a policy, or that cannot be known; otherwise what went
+/// wrong is logged.
+pub fn admit(socket: &Path, invocation: &Invocation, ips: Vec<IpAddr>) -> Result<(), String> {
     if invocation.pod_namespace.is_empty() || invocation.pod_name.is_empty() || ips.is_empty() {
-        return;
+        return Ok(());
     }
     let admission = Admission {
         pod_namespace: invocation.pod_namespace.clone(),
@@ -71,15 +81,27 @@ pub fn admit(socket: &Path, invocation: &Invocation, ips: Vec<IpAddr>) {
         container_id: invocation.container_id.clone(),
         ips,
     };
-    match ask(socket, &admission, WAIT) {
-        Ok(Answer::Enforced) => {}
-        Ok(Answer::NotEnforced { reason }) => log::warn!(
-            "NetworkPolicy of this pod not confirmed by the node agent: {reason}; it applies once the agent knows the pod's address"
-        ),
-        Err(e) => log::warn!(
-            "NetworkPolicy of this pod not confirmed: {}: {e}; it applies once the agent knows the pod's address",
-            socket.display()
-        ),
+    let why = match ask(socket, &admission, WAIT) {
+        Ok(Answer::Enforced) => return Ok(()),
+        Ok(Answer::NotEnforced { reason }) => format!("not confirmed by the node agent: {reason}"),
+        Err(e) => format!("not confirmed: {}: {e}", socket.display()),
+    };
+    let namespace = &admission.pod_namespace;
+    match guarded::has_policy(namespace) {
+        Ok(false) => {
+            log::warn!(
+                "NetworkPolicy of this pod {why}; no policy is recorded for namespace {namespace}, so it starts, open until the agent knows its address"
+            );
+            Ok(())
+        }
+        Ok(true) => Err(format!(
+            "NetworkPolicy of pod {namespace}/{} {why}; namespace {namespace} has NetworkPolicies, so the pod is not started before its policy is in the kernel (the runtime retries)",
+            admission.pod_name
+        )),
+        Err(e) => Err(format!(
+            "NetworkPolicy of pod {namespace}/{} {why}; and whether namespace {namespace} has NetworkPolicies cannot be read ({e}), so the pod is not started (the runtime retries)",
+            admission.pod_name
+        )),
     }
 }
 

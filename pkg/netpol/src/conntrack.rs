@@ -1,0 +1,101 @@
+//! Connections a narrowed verdict no longer allows, cut. The base chains
+//! pass packets of established connections before any policy, so a
+//! connection made while a pod was open (started while no agent ran, or
+//! before a policy isolated it) would outlive its isolation. After a
+//! change that may narrow a local pod's verdict (isolated anew, another
+//! allow list, a peer gone from a set), every tracked flow of a local
+//! isolated pod is judged again as its first packet was, and removed when
+//! the policy now denies it: its next packet is then a new connection the
+//! chains judge. Flows the policy allows are left alone: removing one
+//! would lose its NAT (a Service's endpoint, a masquerade) mid-stream.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use firewall::conntrack::{self, Flow};
+
+use crate::compile::{Compiled, Direction, PortRange};
+use crate::nft::Current;
+use crate::ranges::Interval;
+
+/// Whether going from `before` to `after` may deny a flow `before`
+/// allowed: a local address isolated anew or moved to another list, or a
+/// peer gone from a set.
+pub fn may_narrow(before: &Current, after: &Compiled) -> bool {
+    let moved = after.isolated.iter().any(|(direction, addresses)| {
+        addresses.iter().any(|(ip, chain)| {
+            let map = crate::nft::map_of(*direction, *ip);
+            before.maps.get(&map).and_then(|entries| entries.get(ip)) != Some(chain)
+        })
+    });
+    moved
+        || before.sets.iter().any(|(name, had)| {
+            let now = crate::nft::peer_set_members(after, name);
+            had.iter().any(|member| !now.contains(member))
+        })
+}
+
+/// Removes the flows of local isolated pods that `compiled` denies, in
+/// the calling thread's network namespace; `node` holds the node's own
+/// addresses, whose connections to its pods are never judged (they leave
+/// through `output`). Returns how many went.
+pub fn cut_denied(compiled: &Compiled, node: &BTreeSet<IpAddr>) -> firewall::Result<usize> {
+    if compiled.isolated.is_empty() {
+        return Ok(0);
+    }
+    let flows = conntrack::flows()?;
+    conntrack::remove(flows.iter().filter(|flow| !allowed(compiled, node, flow)))
+}
+
+/// Whether `compiled` lets `flow` through, as the chains judge its first
+/// packet: at `forward`, after kube-proxy's DNAT, so the pod a flow
+/// reaches is its replies' source and the port is theirs.
+pub fn allowed(compiled: &Compiled, node: &BTreeSet<IpAddr>, flow: &Flow) -> bool {
+    let (Some(client), Some(server)) = (flow.original.source, flow.reply.source) else {
+        return true;
+    };
+    // A pod reaching itself (through its Service, hairpinned) is allowed.
+    if client == server {
+        return true;
+    }
+    let port = flow.reply.source_port;
+    let ingress_ok =
+        node.contains(&client) || judged(compiled, Direction::Ingress, server, client, flow.protocol, port);
+    ingress_ok && judged(compiled, Direction::Egress, client, server, flow.protocol, port)
+}
+
+/// Whether `pod`'s list in `direction` (none: it is open) allows `peer`
+/// on `protocol` and `port`.
+fn judged(
+    compiled: &Compiled,
+    direction: Direction,
+    pod: IpAddr,
+    peer: IpAddr,
+    protocol: u8,
+    port: u16,
+) -> bool {
+    let Some(chain) = compiled.isolated.get(&direction).and_then(|m| m.get(&pod)) else {
+        return true;
+    };
+    let Some(list) = compiled.lists.get(chain) else {
+        return false;
+    };
+    let peer = Interval::address(peer);
+    list.allows.iter().any(|allow| {
+        let peer_ok = allow.peers.as_ref().is_none_or(|sets| {
+            sets.iter().any(|set| {
+                compiled.peer_sets.get(set).is_some_and(|members| {
+                    members
+                        .iter()
+                        .any(|m| m.family == peer.family && m.first <= peer.first && peer.last <= m.last)
+                })
+            })
+        });
+        let port_ok = allow.ports.as_ref().is_none_or(|ports| {
+            ports
+                .iter()
+                .any(|p: &PortRange| p.protocol.number() == protocol && p.first <= port && port <= p.last)
+        });
+        peer_ok && port_ok
+    })
+}
