@@ -85,7 +85,8 @@ ISTIO_ONLY_HEADER = """\
 # Settings (ConfigMap cni-suite-istio-cni):
 # - ISTIO_OWNED_CNI_CONFIG "true": Istio's owned mode; the primary is never
 #   edited, the agent writes ISTIO_OWNED_CNI_CONF_FILENAME (sorting first)
-#   with the primary's plugins and istio-redirect.
+#   with the primary's plugins and istio-redirect, and removes it while no
+#   primary is left.
 # - READINESS_TAINT: removed from the node once the chain is in place, put
 #   back (NoSchedule) while the agent stays not ready; register nodes with
 #   it (kubelet --register-with-taints=cni.istio.io/not-ready:NoSchedule)
