@@ -85,11 +85,13 @@ ISTIO_ONLY_HEADER = """\
 # Settings (ConfigMap cni-suite-istio-cni):
 # - ISTIO_OWNED_CNI_CONFIG "true": Istio's owned mode; the primary is never
 #   edited, the agent writes ISTIO_OWNED_CNI_CONF_FILENAME (sorting first)
-#   with the primary's plugins and istio-redirect.
-# - READINESS_TAINT: removed from the node once the chain is in place;
-#   register nodes with it (kubelet --register-with-taints=
-#   cni.istio.io/not-ready:NoSchedule) so that no pod needing the capture
-#   lands before. Empty: no Node is changed (the nodes rule can then go).
+#   with the primary's plugins and istio-redirect, and removes it while no
+#   primary is left.
+# - READINESS_TAINT: removed from the node once the chain is in place, put
+#   back (NoSchedule) while the agent stays not ready; register nodes with
+#   it (kubelet --register-with-taints=cni.istio.io/not-ready:NoSchedule)
+#   so that no pod needing the capture lands before. Empty: no Node is
+#   changed (the nodes rule can then go).
 # - UNINSTALL_ON_STOP "true" before `kubectl delete`: each agent takes its
 #   entry, kubeconfig and binary away when it stops. Leave it "false" for
 #   upgrades: a node keeps everything while its agent is replaced.

@@ -123,7 +123,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
             metrics.clone(),
         ))
     });
-    let untainting = readiness_taint::Options::from_settings(&settings)
+    let keeping_the_taint = readiness_taint::Options::from_settings(&settings)
         .map(|options| tokio::spawn(readiness_taint::run(client.clone(), options, health.clone())));
     // Bound before the conflist names it, as the log socket is.
     let enforcing = network_policy::Options::from_settings(&settings).map(|options| {
@@ -169,7 +169,10 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let _ = reinstalling.await;
     // The policy table stays in the kernel across a restart: the next
     // agent reconciles it.
-    for task in [chaining, repairing, untainting, enforcing].into_iter().flatten() {
+    for task in [chaining, repairing, keeping_the_taint, enforcing]
+        .into_iter()
+        .flatten()
+    {
         task.abort();
         let _ = task.await;
     }

@@ -170,9 +170,10 @@ pub struct Settings {
     #[arg(long, env = "HEALTH_LISTEN", default_value = "[::]:9470")]
     pub health_listen: SocketAddr,
 
-    /// A start-up taint the node's kubelet registers it with (Istio's is
+    /// A readiness taint the node's kubelet registers it with (Istio's is
     /// `cni.istio.io/not-ready`): removed from this node's Node once the
-    /// agent is ready, never before. Unset: no Node is changed.
+    /// agent is ready, never before, and put back while it stays not
+    /// ready. Unset: no Node is changed.
     #[arg(long, env = "READINESS_TAINT")]
     pub readiness_taint: Option<String>,
 

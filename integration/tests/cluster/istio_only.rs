@@ -3,8 +3,8 @@
 //! (ptp, with Debian's reference plugins the node already holds),
 //! minikube's (bridge, portmap, firewall), a Calico-shaped list (file
 //! handling only: no calico binary here) and a bare `.conf`; Istio's owned
-//! mode; an upgrade that leaves everything to the next agent; the
-//! readiness taint.
+//! mode, with its primary removed and brought back; an upgrade that leaves
+//! everything to the next agent; the readiness taint.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -534,6 +534,244 @@ fn the_readiness_taint_goes_once_the_chain_is_in_place_and_never_before() {
         plugin_types(&kindnet_path(&node)),
         ["ptp", "portmap", "istio-redirect"]
     );
+}
+
+const TAINT: &str = "cni.istio.io/not-ready";
+
+/// The Node's taints as `key:effect`.
+fn taints(server: &ApiServer) -> Vec<String> {
+    server.node("n1").expect("the Node")["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            format!(
+                "{}:{}",
+                t["key"].as_str().unwrap_or(""),
+                t["effect"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// What the runtime would choose from: the conf directory's files.
+fn conf_files(node: &Node) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(node.conf_dir())
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn istios_owned_file_goes_while_no_primary_is_left_and_the_taint_comes_back_until_one_is() {
+    require_root();
+    let node = kind_node();
+    let kindnet_file = kindnet_path(&node);
+    let kindnet = kindnet_conflist(&node).to_string();
+    std::fs::write(&kindnet_file, &kindnet).expect("kindnet's file");
+    let server = ApiServer::start(node.netns.path(), TOKEN);
+    let mut tainted = node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]);
+    tainted["spec"]["taints"] = json!([
+        {"key": TAINT, "effect": "NoSchedule"},
+        {"key": "example.com/other", "value": "x", "effect": "NoExecute"}
+    ]);
+    server.apply_node(tainted);
+    let owned = node.conf_dir().join("02-istio-cni.conflist");
+    // Stopped without uninstall, as a rollout stops it.
+    let settings = [("ISTIO_OWNED_CNI_CONFIG", "true"), ("READINESS_TAINT", TAINT)];
+    let mut agent = istio_agent(&node, &server, &settings);
+    let serving = |agent: &Agent| {
+        agent.ready(&node)
+            && plugin_types(&owned) == ["ptp", "portmap", "istio-redirect"]
+            && read_json(&owned)["name"] == "kindnet"
+            && taints(&server) == ["example.com/other:NoExecute"]
+    };
+    let withdrawn = |agent: &Agent| {
+        !agent.ready(&node)
+            && conf_files(&node).is_empty()
+            && taints(&server) == ["example.com/other:NoExecute", "cni.istio.io/not-ready:NoSchedule"]
+    };
+    wait_for(
+        "ready, the owned file written, the taint gone",
+        Duration::from_secs(20),
+        || serving(&agent),
+    );
+
+    // kindnet's file removed and written again, three times: the owned file
+    // goes with it (the runtime has no network to run, as without the
+    // agent), the agent is not ready and the node tainted until it is back.
+    for round in 0..3 {
+        std::fs::remove_file(&kindnet_file).expect("kindnet's file removed");
+        wait_for(
+            &format!("round {round}: the owned file gone"),
+            Duration::from_secs(10),
+            || !owned.exists(),
+        );
+        wait_for(
+            &format!("round {round}: not ready, tainted"),
+            Duration::from_secs(15),
+            || withdrawn(&agent),
+        );
+        std::fs::write(&kindnet_file, &kindnet).expect("kindnet's file back");
+        wait_for(&format!("round {round}: back"), Duration::from_secs(15), || {
+            serving(&agent)
+        });
+    }
+
+    // Killed (kill -9) as soon as the owned file went; restarted while no
+    // primary exists: nothing written, not ready, tainted.
+    std::fs::remove_file(&kindnet_file).expect("kindnet's file removed");
+    wait_for("the owned file gone", Duration::from_secs(10), || !owned.exists());
+    agent.kill();
+    let mut agent = istio_agent(&node, &server, &settings);
+    wait_for("restarted: not ready, tainted", Duration::from_secs(15), || {
+        withdrawn(&agent)
+    });
+    std::fs::write(&kindnet_file, &kindnet).expect("kindnet's file back");
+    wait_for("restarted: back", Duration::from_secs(15), || serving(&agent));
+
+    // A rollout (stopped, started again, the primary in place) leaves the
+    // owned file and never taints the node: a start is shorter than the
+    // grace.
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(owned.exists(), "left for the next agent: {log}");
+    let node_writes = || {
+        server
+            .writes()
+            .iter()
+            .filter(|w| w.path.contains("/nodes/"))
+            .count()
+    };
+    let written = node_writes();
+    let mut agent = istio_agent(&node, &server, &settings);
+    wait_for("restarted in a rollout: serving", Duration::from_secs(15), || {
+        serving(&agent)
+    });
+    assert_eq!(node_writes(), written, "the Node written during a rollout");
+
+    // Stopped while the primary exists; the primary goes while no agent
+    // runs; the next agent finds the owned file left and takes it away.
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(owned.exists(), "left for the next agent: {log}");
+    std::fs::remove_file(&kindnet_file).expect("kindnet's file removed");
+    let uninstalling: Vec<(&str, &str)> = settings
+        .into_iter()
+        .chain([("UNINSTALL_ON_STOP", "true")])
+        .collect();
+    let mut agent = istio_agent(&node, &server, &uninstalling);
+    wait_for(
+        "the left file taken away: not ready, tainted",
+        Duration::from_secs(15),
+        || withdrawn(&agent),
+    );
+    std::fs::write(&kindnet_file, &kindnet).expect("kindnet's file back");
+    wait_for("back once more", Duration::from_secs(15), || serving(&agent));
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("no primary CNI configuration is left"),
+        "the agent said why: {log}"
+    );
+    assert_eq!(conf_files(&node), ["10-kindnet.conflist"], "{log}");
+    assert_eq!(read_json(&kindnet_file), kindnet_conflist(&node), "{log}");
+}
+
+#[test]
+fn istios_owned_file_follows_the_next_primary_and_goes_when_what_is_left_is_no_configuration() {
+    require_root();
+    let node = kind_node();
+    let server = server_of(&node);
+    // kindnet's list kept elsewhere and linked, and a second candidate
+    // sorting after it.
+    let elsewhere = node.path("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let real_kindnet = elsewhere.join("kindnet.conflist");
+    let kindnet = kindnet_conflist(&node).to_string();
+    std::fs::write(&real_kindnet, &kindnet).expect("kindnet's file");
+    let kindnet_link = kindnet_path(&node);
+    std::os::unix::fs::symlink(&real_kindnet, &kindnet_link).expect("link");
+    let other = node.conf_dir().join("20-other.conflist");
+    let other_list = json!({"cniVersion": "0.3.1", "name": "other", "plugins": [{"type": "ptp"}]});
+    std::fs::write(&other, other_list.to_string()).expect("another file");
+    let owned = node.conf_dir().join("02-istio-cni.conflist");
+    let mut agent = istio_agent(
+        &node,
+        &server,
+        &[("ISTIO_OWNED_CNI_CONFIG", "true"), ("UNINSTALL_ON_STOP", "true")],
+    );
+    let copying = |agent: &Agent, name: &str| agent.ready(&node) && read_json_or_null(&owned)["name"] == name;
+    wait_for("the owned file from kindnet's", Duration::from_secs(20), || {
+        copying(&agent, "kindnet")
+    });
+
+    // The link left dangling: the next file is the primary.
+    std::fs::remove_file(&real_kindnet).expect("rm");
+    wait_for(
+        "the owned file from the next one",
+        Duration::from_secs(10),
+        || copying(&agent, "other"),
+    );
+    assert_eq!(plugin_types(&owned), ["ptp", "istio-redirect"]);
+    // That one gone too: only a dangling link is left.
+    std::fs::remove_file(&other).expect("rm");
+    wait_for("the owned file gone", Duration::from_secs(10), || {
+        !owned.exists() && !agent.ready(&node)
+    });
+    std::fs::write(&real_kindnet, &kindnet).expect("kindnet's file back");
+    wait_for(
+        "the owned file from kindnet's again",
+        Duration::from_secs(10),
+        || copying(&agent, "kindnet"),
+    );
+
+    // What is left under the primary's name is a directory, then a FIFO:
+    // neither is a configuration (and the FIFO never hangs the check).
+    std::fs::remove_file(&kindnet_link).expect("rm the link");
+    std::fs::create_dir(&kindnet_link).expect("a directory of that name");
+    wait_for("gone with a directory left", Duration::from_secs(10), || {
+        !owned.exists() && !agent.ready(&node)
+    });
+    std::fs::remove_dir(&kindnet_link).expect("rmdir");
+    std::fs::write(&kindnet_link, &kindnet).expect("kindnet's file");
+    wait_for("back", Duration::from_secs(10), || copying(&agent, "kindnet"));
+    std::fs::remove_file(&kindnet_link).expect("rm");
+    test_kit::run("mkfifo", &[kindnet_link.to_str().expect("UTF-8")]).success();
+    wait_for("gone with a FIFO left", Duration::from_secs(10), || {
+        !owned.exists() && !agent.ready(&node)
+    });
+    let (code, reason) = agent.probe(&node, "/readyz").expect("still answering");
+    assert_eq!(code, 503, "{reason}");
+
+    // Gone and forgotten: a file someone puts at its name meanwhile is
+    // theirs, and is not overwritten once a primary is back.
+    let theirs = json!({"cniVersion": "0.3.1", "name": "theirs", "plugins": [{"type": "ptp"}]}).to_string();
+    std::fs::write(&owned, &theirs).expect("someone's file");
+    std::fs::remove_file(&kindnet_link).expect("rm the FIFO");
+    std::fs::write(&kindnet_link, &kindnet).expect("kindnet's file");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(std::fs::read_to_string(&owned).expect("kept"), theirs);
+    assert!(!agent.ready(&node));
+    std::fs::remove_file(&owned).expect("theirs removed");
+    wait_for("back once more", Duration::from_secs(10), || {
+        copying(&agent, "kindnet")
+    });
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(conf_files(&node), ["10-kindnet.conflist"], "{log}");
+    assert_eq!(read_json(&kindnet_link), kindnet_conflist(&node), "{log}");
+}
+
+/// [`read_json`], but Null for a file that is absent or not JSON.
+fn read_json_or_null(path: &Path) -> Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default()
 }
 
 #[test]

@@ -283,6 +283,17 @@ pub fn holds(path: &Path, entry: &Value) -> bool {
     })
 }
 
+/// Whether `path` holds an entry of our type, whatever its settings: an
+/// owned file an agent wrote with an earlier `ISTIO_PLUGIN_CONFIG` still
+/// does, one someone put in its place does not.
+pub fn holds_an_entry_of_ours(path: &Path) -> bool {
+    parse(path).is_some_and(|conf| {
+        conf["plugins"]
+            .as_array()
+            .is_some_and(|plugins| plugins.iter().any(|p| p["type"] == TYPE))
+    })
+}
+
 /// The network name a list was given by a release of the agent that
 /// wrapped a bare file into a list named, as Istio names it,
 /// `k8s-pod-network`, and the name the bare file had: pods set up since
@@ -539,6 +550,7 @@ mod tests {
         write(&path, &istios_wrap, 0o644);
         assert!(holds(&path, &ours));
         assert!(!holds(&path, &json!({"type": TYPE, "other": true})));
+        assert!(holds_an_entry_of_ours(&path));
         // The entry of a release that named no log socket is still ours.
         let mut named = ours.clone();
         with_log_socket(&mut named, Path::new("/run/cni-suite/log.sock"));
@@ -546,6 +558,7 @@ mod tests {
         assert_eq!(renamed_by_an_earlier_wrap(&path).as_deref(), Some("mynet"));
         write(&path, &kindnet(), 0o644);
         assert_eq!(renamed_by_an_earlier_wrap(&path), None);
+        assert!(!holds_an_entry_of_ours(&path));
     }
 
     #[test]

@@ -294,7 +294,8 @@ fn chain_into_primary(
 /// and plugins unchanged) ending with the entry, re-copied whenever the
 /// primary changes; the primary is never written. Whether it was written.
 /// Fails, so the agent is not ready, while another file sorts before
-/// `owned`: the runtime would not use it.
+/// `owned` (the runtime would not use it), and while there is no primary
+/// (`owned` is then taken away: see [`withdraw_owned`]).
 fn write_owned(
     options: &Options,
     owned: &Path,
@@ -303,7 +304,13 @@ fn write_owned(
     done: &mut Vec<String>,
 ) -> Result<bool, NotInPlace> {
     let entry = &options.entry;
-    let primary = primary_of(options, Some(owned))?;
+    let primary = match primary_of(options, Some(owned)) {
+        Ok(primary) => primary,
+        Err(none) => {
+            withdraw_owned(owned, entry, record, known)?;
+            return Err(none);
+        }
+    };
     let content = files::with_entry(&primary, entry)?;
     if !known.recorded.contains(owned) {
         // A file of that name the agent never wrote is someone else's.
@@ -353,6 +360,48 @@ fn write_owned(
         ))
         .into()),
     }
+}
+
+/// Takes the owned file away while there is no primary to copy: it sorts
+/// first, so a copy of a primary that is gone would have the runtime run
+/// that removed network for every new pod, and the node stay NetworkReady
+/// and keep getting pods; without it the runtime sees the directory as it
+/// would without the agent. It is written again once a primary is back. A
+/// file of that name the agent never wrote, or holding no entry of ours
+/// (someone's put in its place), stays.
+fn withdraw_owned(
+    owned: &Path,
+    entry: &serde_json::Value,
+    record: &Record,
+    known: &mut Known,
+) -> Result<(), Error> {
+    if std::fs::symlink_metadata(owned).is_err() {
+        return Ok(());
+    }
+    let recorded = known.recorded.contains(owned) || record.read()?.owned.contains(owned);
+    let ours = files::holds_an_entry_of_ours(owned) && (recorded || files::holds(owned, entry));
+    if !ours {
+        return Ok(());
+    }
+    match std::fs::remove_file(owned) {
+        Ok(()) => {
+            // Logged here: the check fails (no primary), and a failed
+            // check's changes are not logged.
+            log::warn!(
+                "removed {}: no primary CNI configuration is left to copy into it; \
+                 written again once one is back",
+                owned.display()
+            );
+        }
+        // Another agent of a rollout took it away first.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::file("remove", owned, e)),
+    }
+    // Forgotten once gone, so that a file someone puts there meanwhile is
+    // theirs, not overwritten when a primary is back.
+    record.update(|r| r.owned.remove(owned))?;
+    known.recorded.remove(owned);
+    Ok(())
 }
 
 /// Removes an owned file that still holds the entry (someone's file of
