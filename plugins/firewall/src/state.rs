@@ -352,7 +352,7 @@ mod tests {
         assert_eq!(store.load("n", "a-b", "c"), Some(earlier.clone()));
         assert_eq!(store.load("n", "a", "b-c"), None, "a name another shares");
         store.remove("n", "a", "b-c", &[]).expect("remove");
-        assert_eq!(store.list("n"), [earlier.clone()], "not the other's");
+        assert_eq!(store.list("n"), std::slice::from_ref(&earlier), "not the other's");
         store.remove("n", "a-b", "c", &earlier.ips).expect("remove");
         assert!(store.list("n").is_empty());
     }
