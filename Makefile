@@ -51,13 +51,13 @@ toolchain:
 build: deps
 	RUSTFLAGS="$(STATIC_RUSTFLAGS)" cargo build --release --locked --target $(TARGET) $(addprefix --bin ,$(PLUGINS) $(TOOLS) $(AGENT))
 
-# host-local, bridge and istio-redirect with named pause points for the
-# crash tests (cni::fault); debug builds in their own target directory,
-# never installed.
+# host-local, bridge, istio-redirect and firewall with named pause points
+# for the crash tests (cni::fault); debug builds in their own target
+# directory, never installed.
 FAULT_DIR := target/fault
 fault-bin: deps
-	cargo build --locked -p host-local -p bridge -p istio-redirect \
-		--features host-local/fault-injection,bridge/fault-injection,istio-redirect/fault-injection \
+	cargo build --locked -p host-local -p bridge -p istio-redirect -p firewall-plugin \
+		--features host-local/fault-injection,bridge/fault-injection,istio-redirect/fault-injection,firewall-plugin/fault-injection \
 		--target-dir $(FAULT_DIR)
 
 # Coverage-guided fuzzing with libFuzzer on the stable toolchain: the

@@ -903,8 +903,26 @@ fn gc_removes_stale_masquerade_and_leases_and_status_forwards() {
     for _ in 0..4 {
         net.add(&net.node.pod("fill"));
     }
-    let status = net.node.cnictl(&["--json", "status", NETWORK]).failure().json();
-    assert_eq!(status["code"], 50, "STATUS is forwarded to host-local: {status}");
+    let full = net
+        .node
+        .cnictl(&["--json", "add", NETWORK, net.node.pod("one-too-many").path_str()])
+        .failure()
+        .json();
+    assert_eq!(full["code"], 103, "the ADD tells of the full range: {full}");
+    // A full range is no reason to call the node not ready (containerd
+    // 2.1+ would evict its pods); the reference v1.9.1 answers 0 too.
+    net.node.cnictl(&["status", NETWORK]).success();
+    // Forwarded to host-local all the same: its lease store unusable (a
+    // file where its data directory goes) fails the bridge's STATUS.
+    let blocked = net.node.path("blocked");
+    std::fs::write(&blocked, "").expect("write");
+    net.conf(
+        "1.1.0",
+        json!({"ipam": {"type": "host-local", "ranges": [[{"subnet": "10.46.0.0/29"}]],
+                        "dataDir": blocked.join("ipam").to_str().expect("UTF-8"), "socket": ""}}),
+        json!([[{"subnet": "10.46.0.0/29"}]]),
+    );
+    net.node.cnictl(&["--json", "status", NETWORK]).failure();
 }
 
 #[test]

@@ -702,3 +702,236 @@ fn no_record_is_written_through_a_linked_state_directory() {
         .success();
     }
 }
+
+/// Our DEL of `container` in `node`, as a runtime without the pod's
+/// namespace or its cached result runs it (CNI_NETNS empty, no
+/// prevResult), with `binds` mounted over files for its run alone.
+fn del_with_binds(node: &Node, binds: &[(&Path, &Path)], container: &str, conf: &str) -> Run {
+    let env = [
+        ("CNI_COMMAND", "DEL"),
+        ("CNI_CONTAINERID", container),
+        ("CNI_NETNS", ""),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_PATH", "/usr/lib/cni"),
+        ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+    ];
+    // run_with_binds feeds no stdin, so a shell pipes the configuration in.
+    let script = format!("printf '%s' '{conf}' | {}", ours().display());
+    run_with_binds(
+        binds,
+        node.netns.path(),
+        Path::new("/bin/sh"),
+        &["-c", &script],
+        &env,
+    )
+}
+
+/// Every file under `dir` that is not a directory (records, claims,
+/// marks; the directories may stay, as the network's always did).
+fn regular_files_under(dir: &Path) -> Vec<String> {
+    test_kit::files_under(dir)
+        .into_iter()
+        .filter(|path| !Path::new(path).is_dir())
+        .collect()
+}
+
+/// The pod rules of `ip` in the node's filter table.
+fn has_rules_of(node: &Node, ip: &str) -> bool {
+    filter_tables(node).contains(&format!("-s {ip}/32 -j ACCEPT"))
+}
+
+/// A DEL keeps the rules of an address another record holds without
+/// reading every record on the node: only the records claiming its own
+/// addresses. A record of another address that cannot be read (EACCES: a
+/// write-only sysctl mounted over it) no longer stops a DEL; one claiming
+/// the DEL's own address still keeps its rules. On 092f8cd every DEL read
+/// every record and failed on that one, its rules left.
+#[test]
+fn a_del_reads_only_the_records_claiming_its_addresses() {
+    let node = Node::new();
+    let pod = node.pod("fwpod");
+    let state = node.path("fw-state");
+    let add = |network: &str, id: &str, ip: &str| {
+        let mut conf: Value =
+            serde_json::from_str(&with_state_dir(&state, Some(prev_result("cnifw0", &[ip])))).expect("JSON");
+        conf["name"] = json!(network);
+        exec_within(&node, "ADD", id, pod.path_str(), &conf.to_string()).success();
+    };
+    add(NETWORK, "c1", "10.79.1.5/24");
+    add(NETWORK, "c2", "10.79.1.6/24");
+    add("fwnet-b", "c3", "10.79.1.6/24");
+    let unreadable = Path::new("/proc/sys/vm/drop_caches");
+    let c2_record = state.join(NETWORK).join("c2:eth0");
+    let binds = [(unreadable, c2_record.as_path())];
+    let conf = with_state_dir(&state, None);
+    del_with_binds(&node, &binds, "c1", &conf).success();
+    assert!(!has_rules_of(&node, "10.79.1.5"), "{}", filter_tables(&node));
+    let mut other_network: Value = serde_json::from_str(&conf).expect("JSON");
+    other_network["name"] = json!("fwnet-b");
+    let other_network = other_network.to_string();
+    let kept = del_with_binds(&node, &binds, "c3", &other_network).failure();
+    assert!(kept.stdout.contains("rules kept"), "{kept:?}");
+    assert!(has_rules_of(&node, "10.79.1.6"), "{}", filter_tables(&node));
+    exec_within(&node, "DEL", "c3", "", &other_network).success();
+    assert!(has_rules_of(&node, "10.79.1.6"), "c2 still holds it");
+    exec_within(&node, "DEL", "c2", "", &conf).success();
+    assert!(!has_rules_of(&node, "10.79.1.6"), "{}", filter_tables(&node));
+    assert_eq!(
+        regular_files_under(&state),
+        Vec::<String>::new(),
+        "records and their index go with the rules"
+    );
+}
+
+/// Records written by the release before the index (092f8cd, and the
+/// first release's `<id>-<ifname>` name), with the rules its ADD made (the
+/// reference's layout, made here by the reference plugin): after the
+/// upgrade each DEL, without prevResult or namespace, still finds its
+/// addresses and keeps those another network's old record holds, and the
+/// old records are indexed on the way (`.indexed-<network>`).
+#[test]
+fn records_written_before_the_index_keep_working_after_an_upgrade() {
+    let node = Node::new();
+    let pod = node.pod("fwpod");
+    let state = node.path("fw-state");
+    let old_record = |network: &str, name: &str, id: &str, ip: &str| {
+        let dir = state.join(network);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let record = format!(r#"{{"containerID":"{id}","ifname":"eth0","ips":["{ip}"]}}"#);
+        std::fs::write(dir.join(name), record).expect("write");
+        let mut conf: Value = serde_json::from_str(&plugin_conf(
+            json!({}),
+            Some(prev_result("cnifw0", &[&format!("{ip}/24")])),
+        ))
+        .expect("JSON");
+        conf["name"] = json!(network);
+        exec(
+            &node,
+            Path::new(REFERENCE),
+            "ADD",
+            id,
+            pod.path_str(),
+            &conf.to_string(),
+        )
+        .success();
+    };
+    old_record("old-a", "a1:eth0", "a1", "10.79.2.5");
+    old_record("old-b", "b1-eth0", "b1", "10.79.2.5");
+    old_record("old-b", "b2:eth0", "b2", "10.79.2.6");
+    let conf = |network: &str| {
+        let mut conf: Value = serde_json::from_str(&with_state_dir(&state, None)).expect("JSON");
+        conf["name"] = json!(network);
+        conf.to_string()
+    };
+    exec_within(&node, "DEL", "a1", "", &conf("old-a")).success();
+    assert!(
+        has_rules_of(&node, "10.79.2.5"),
+        "b1 holds it: {}",
+        filter_tables(&node)
+    );
+    assert!(!state.join("old-a").join("a1:eth0").exists());
+    let indexed: Vec<String> = std::fs::read_dir(state.join(".indexed-old-b"))
+        .map(|dir| {
+            dir.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        indexed.contains(&"b1-eth0".to_owned()) && indexed.contains(&"b2:eth0".to_owned()),
+        "the old records are indexed: {indexed:?}"
+    );
+    exec_within(&node, "DEL", "b1", "", &conf("old-b")).success();
+    assert!(!has_rules_of(&node, "10.79.2.5"), "{}", filter_tables(&node));
+    exec_within(&node, "DEL", "b2", "", &conf("old-b")).success();
+    assert!(!has_rules_of(&node, "10.79.2.6"), "{}", filter_tables(&node));
+    assert_eq!(regular_files_under(&state), Vec::<String>::new());
+}
+
+/// The firewall killed (-9) at each of its named points (`cni::fault`,
+/// `make fault-bin`) while another network's pod holds the same address:
+/// whatever the kill left, the next DEL of either removes the rules once
+/// no one holds the address, and the runtime's DEL of the killed call
+/// succeeds. Nothing is left behind.
+#[test]
+fn a_kill_between_the_steps_never_leaves_a_del_unable_to_remove_rules() {
+    let node = Node::new();
+    let pod = node.pod("fwpod");
+    let state = node.path("fw-state");
+    let faulty = test_kit::fault_bin()
+        .parent()
+        .expect("the fault builds' directory")
+        .join("firewall");
+    let conf = |network: &str, ip: Option<&str>| {
+        let prev = ip.map(|ip| prev_result("cnifw0", &[&format!("{ip}/24")]));
+        let mut conf: Value = serde_json::from_str(&with_state_dir(&state, prev)).expect("JSON");
+        conf["name"] = json!(network);
+        conf.to_string()
+    };
+    let killed_at = |point: &str, command: &str, id: &str, stdin: &str| {
+        let ready = node.path(&format!("ready-{id}"));
+        let env = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", id),
+            ("CNI_NETNS", pod.path_str()),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+            ("CNI_SUITE_FAULT_PAUSE", point),
+            ("CNI_SUITE_FAULT_READY", ready.to_str().expect("UTF-8")),
+        ];
+        let mut child = spawn_in(node.netns.path(), &faulty, &[], &env, stdin);
+        test_kit::wait_for(
+            &format!("{command} to reach {point}"),
+            std::time::Duration::from_secs(20),
+            || ready.exists(),
+        );
+        child.kill().expect("kill -9");
+        child.wait().expect("reaped");
+    };
+    for (n, point) in [
+        "firewall:claimed",
+        "firewall:recorded",
+        "firewall:del-rules-removed",
+        "firewall:del-unrecorded",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ip = format!("10.79.3.{}", n + 5);
+        let (victim, holder) = (format!("victim-{n}"), format!("holder-{n}"));
+        exec_within(
+            &node,
+            "ADD",
+            &holder,
+            pod.path_str(),
+            &conf("fw-holders", Some(&ip)),
+        )
+        .success();
+        if point.starts_with("firewall:del-") {
+            exec_within(&node, "ADD", &victim, pod.path_str(), &conf(NETWORK, Some(&ip))).success();
+            killed_at(point, "DEL", &victim, &conf(NETWORK, Some(&ip)));
+        } else {
+            killed_at(point, "ADD", &victim, &conf(NETWORK, Some(&ip)));
+        }
+        // The holder goes first: its DEL keeps the rules only while the
+        // victim's record (not a claim alone) still holds the address.
+        exec_within(&node, "DEL", &holder, "", &conf("fw-holders", None)).success();
+        let victim_recorded = matches!(point, "firewall:recorded" | "firewall:del-rules-removed");
+        assert_eq!(
+            has_rules_of(&node, &ip),
+            victim_recorded,
+            "after a kill at {point}: {}",
+            filter_tables(&node)
+        );
+        // The runtime's DEL of the killed call: no cached result after a
+        // failed ADD, the one it holds for a DEL.
+        let prev = point.starts_with("firewall:del-").then_some(ip.as_str());
+        exec_within(&node, "DEL", &victim, "", &conf(NETWORK, prev)).success();
+        assert!(
+            !has_rules_of(&node, &ip),
+            "after a kill at {point}: {}",
+            filter_tables(&node)
+        );
+    }
+    assert_eq!(regular_files_under(&state), Vec::<String>::new(), "nothing left");
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cni::env::{CNI_COMMAND, EnvSource, ProcessEnv};
 use cni::result::IpConfig;
 use cni::skel::{Reply, dispatch, emit};
-use cni::{Attachment, CniResult, Code, Command, Error, Plugin, Request, Result};
+use cni::{Attachment, CniResult, Command, Error, Plugin, Request, Result};
 use ipam::pool;
 use ipam::store::Stores;
 use ipam_config::checks;
@@ -107,18 +107,21 @@ impl Plugin for HostLocal {
         }
     }
 
+    /// Fails only when no ADD can work: the configuration or the store is
+    /// unusable. A full range set answers 0, as the reference v1.9.1 does
+    /// (it has no STATUS): containerd 2.1+ turns any STATUS error into
+    /// NetworkReady=false, which taints the node not-ready:NoExecute and
+    /// evicts its pods, while a full range only refuses new pods (each
+    /// ADD says so, code 103) and frees up as they go. Logged here.
     fn status(&self, req: &Request) -> Result<()> {
         let cfg = checks::configuration(req)?;
-        match self.on_network(&cfg, |net| pool::exhausted_set(net, &cfg.range_sets))? {
-            None => Ok(()),
-            Some(index) => Err(Error::new(
-                Code::NotAvailable,
-                format!(
-                    "no IP addresses available in range set: {}",
-                    cfg.range_sets[index]
-                ),
-            )),
+        if let Some(index) = self.on_network(&cfg, |net| pool::exhausted_set(net, &cfg.range_sets))? {
+            log::warn!(
+                "STATUS: no IP addresses available in range set: {}; ADDs to it fail until an address is released",
+                cfg.range_sets[index]
+            );
         }
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@
 
 /// Every point, in the order an ADD (then a DEL) reaches them. The crash
 /// tests kill the chain at each.
-pub const POINTS: [&str; 12] = [
+pub const POINTS: [&str; 16] = [
     // host-local: the network's lock held and sled open; the transaction
     // committed but not flushed.
     "host-local:locked",
@@ -31,6 +31,13 @@ pub const POINTS: [&str; 12] = [
     "istio-redirect:decided",
     "istio-redirect:first-family",
     "istio-redirect:programmed",
+    // firewall ADD: the record's address claims written, not the record;
+    // the record written, not its mark. DEL: the rules gone, the record
+    // not; the record gone, not its claims and mark.
+    "firewall:claimed",
+    "firewall:recorded",
+    "firewall:del-rules-removed",
+    "firewall:del-unrecorded",
 ];
 
 #[cfg(feature = "fault-injection")]

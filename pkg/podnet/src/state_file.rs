@@ -135,6 +135,86 @@ pub fn all_entries(state_dir: &Path) -> io::Result<Vec<Entry>> {
     Ok(all)
 }
 
+/// The names of the files of `network` (temporary ones left out), none
+/// of them read; nothing where [`entries`] finds nothing.
+pub fn names(state_dir: &Path, network: &str) -> io::Result<Vec<String>> {
+    check_component(network)?;
+    match open_network_dir(state_dir, network)? {
+        Some(dir) => Ok(names_in(&dir)?.into_iter().map(|(name, _)| name).collect()),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// [`names`] of a directory a caller trusts to be complete (an index):
+/// nothing only when a directory is missing; one that is a link or not a
+/// directory is an error, never taken for "nothing there".
+pub fn trusted_names(state_dir: &Path, network: &str) -> io::Result<Vec<String>> {
+    check_component(network)?;
+    let Some(top) = open_trusted(None, state_dir, state_dir)? else {
+        return Ok(Vec::new());
+    };
+    match open_trusted(Some(&top), Path::new(network), &state_dir.join(network))? {
+        Some(dir) => Ok(names_in(&dir)?.into_iter().map(|(name, _)| name).collect()),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The networks of `state_dir` whose files [`names`] and [`entries`]
+/// would look into (hidden ones, and what is not a directory, left out).
+pub fn networks(state_dir: &Path) -> io::Result<Vec<String>> {
+    let Some(top) = open_or_none(None, state_dir)? else {
+        return Ok(Vec::new());
+    };
+    Ok(names_in(&top)?
+        .into_iter()
+        .filter(|(_, kind)| kind.is_none_or(|k| k == Type::Directory))
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// The directories of `state_dir` whose names start with `prefix`, hidden
+/// ones included (a caller's own, beside the networks); nothing when it
+/// is missing, not a directory or a link.
+pub fn directories_named(state_dir: &Path, prefix: &str) -> io::Result<Vec<String>> {
+    let Some(top) = open_or_none(None, state_dir)? else {
+        return Ok(Vec::new());
+    };
+    Ok(all_names_in(&top)?
+        .into_iter()
+        .filter(|(name, kind)| name.starts_with(prefix) && kind.is_none_or(|k| k == Type::Directory))
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// Removes `<state_dir>/<network>` if it is an empty directory; one that
+/// holds anything, is missing or is not a directory is left. A writer
+/// that loses the directory this way finds it gone
+/// ([`io::ErrorKind::NotFound`]) and makes it again.
+pub fn remove_dir_if_empty(state_dir: &Path, network: &str) -> io::Result<()> {
+    check_component(network)?;
+    let Some(top) = open_or_none(None, state_dir)? else {
+        return Ok(());
+    };
+    match unlinkat(&top, network, UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOTDIR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`open_dir_at`] for [`trusted_names`]: `None` only when nothing is
+/// there.
+fn open_trusted(at: Option<&OwnedFd>, path: &Path, shown: &Path) -> io::Result<Option<OwnedFd>> {
+    match open_dir_at(at, path) {
+        Ok(dir) => Ok(Some(dir)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(Errno::ENOTDIR | Errno::ELOOP) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is a link or not a directory", shown.display()),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn entries_in(dir: OwnedFd, network: &str) -> io::Result<Vec<Entry>> {
     Ok(names_in(&dir)?
         .into_iter()
@@ -149,6 +229,13 @@ fn entries_in(dir: OwnedFd, network: &str) -> io::Result<Vec<Entry>> {
 /// The names in `dir` that are not hidden (temporary files, `.` and
 /// `..`), sorted, with the kind the directory entry tells when it does.
 fn names_in(dir: &OwnedFd) -> io::Result<Vec<(String, Option<Type>)>> {
+    let mut names = all_names_in(dir)?;
+    names.retain(|(name, _)| !name.starts_with('.'));
+    Ok(names)
+}
+
+/// [`names_in`] with the hidden names (but `.` and `..`).
+fn all_names_in(dir: &OwnedFd) -> io::Result<Vec<(String, Option<Type>)>> {
     let mut listing = Dir::from_fd(dir.try_clone()?)?;
     let mut names = Vec::new();
     for entry in listing.iter() {
@@ -157,7 +244,7 @@ fn names_in(dir: &OwnedFd) -> io::Result<Vec<(String, Option<Type>)>> {
         let Ok(name) = entry.file_name().to_str() else {
             continue;
         };
-        if !name.starts_with('.') {
+        if name != "." && name != ".." {
             names.push((name.to_owned(), entry.file_type()));
         }
     }

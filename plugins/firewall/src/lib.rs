@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+mod address_index;
 mod config;
 pub mod forward;
 mod plugin;

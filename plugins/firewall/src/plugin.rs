@@ -13,7 +13,7 @@ use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, combine, firewall_error, netlink_error};
 
 use crate::config::{Backend, FirewallConfig};
-use crate::state::{Record, Store};
+use crate::state::{Owner, Record, Store};
 
 #[derive(Debug)]
 pub struct Firewall;
@@ -140,10 +140,8 @@ fn addresses_in_pod(att: &Attachment) -> Vec<IpAddr> {
 
 /// Removes the iptables pod rules of `ips`, except for addresses another
 /// recorded attachment still has.
-fn del_iptables(store: &Store, owner: (String, String, String), ips: &[IpAddr]) -> Result<()> {
-    let mut keep = BTreeSet::new();
-    keep.insert(owner);
-    let in_use = store.addresses_in_use(&keep).map_err(|e| {
+fn del_iptables(store: &Store, owner: &Owner, ips: &[IpAddr]) -> Result<()> {
+    let in_use = store.held_by_others(owner, ips).map_err(|e| {
         Error::io(format!(
             "rules kept: cannot tell whether another attachment holds these addresses: {e}"
         ))
@@ -227,16 +225,17 @@ impl Plugin for Firewall {
         let _lock = node_lock()?;
         let owner = (network.to_owned(), att.container_id.clone(), att.ifname.clone());
         let mut failures = Vec::new();
-        if let Err(e) = del_iptables(&store, owner, &ips) {
+        if let Err(e) = del_iptables(&store, &owner, &ips) {
             failures.push(e);
         }
         if let Err(e) = nft::del(&pod(req, att)) {
             failures.push(firewall_error(e));
         }
         if failures.is_empty() {
+            cni::fault::pause("firewall:del-rules-removed");
             // Kept while rules may remain, so the runtime's retry finds them.
             store
-                .remove(network, &att.container_id, &att.ifname)
+                .remove(network, &att.container_id, &att.ifname, &ips)
                 .map_err(state_error)?;
         }
         combine(failures)
@@ -264,9 +263,9 @@ impl Plugin for Firewall {
                 record.container_id.clone(),
                 record.ifname.clone(),
             );
-            match del_iptables(&store, owner, &record.ips) {
+            match del_iptables(&store, &owner, &record.ips) {
                 Ok(()) => {
-                    if let Err(e) = store.remove(network, &record.container_id, &record.ifname) {
+                    if let Err(e) = store.remove(network, &record.container_id, &record.ifname, &record.ips) {
                         failures.push(state_error(e));
                     }
                 }

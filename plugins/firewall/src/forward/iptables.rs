@@ -29,7 +29,7 @@ use std::net::IpAddr;
 use super::backend::{FirewallBackend, PodRules};
 use super::rules;
 use firewall::iptables::{SavedTable, quote, restore, uses_nf_tables};
-use firewall::nfnl::TableFamily;
+use firewall::nfnl::{self, Deleted, TableFamily};
 use firewall::{Family, Result};
 
 pub const FORWARD_CHAIN: &str = "CNI-FORWARD";
@@ -231,10 +231,7 @@ pub fn read(family: Family, layout: &Layout) -> Result<SavedTable> {
     if !uses_nf_tables(family) {
         return firewall::iptables::read(family, "filter");
     }
-    let table_family = match family {
-        Family::V4 => TableFamily::Ip,
-        Family::V6 => TableFamily::Ip6,
-    };
+    let table_family = nf_table_family(family);
     let mut chains = vec!["FORWARD", FORWARD_CHAIN, layout.admin];
     if layout.bridge.is_some() {
         chains.extend([STAGE_1, STAGE_2]);
@@ -276,13 +273,56 @@ pub fn add(family: Family, layout: &Layout, ips: &[IpAddr]) -> Result<bool> {
 }
 
 /// Removes `ips`' pod rules (all of `family`). Returns whether there were
-/// any.
+/// any. With iptables-nft, in-process: the handles of their copies read
+/// from one dump of `CNI-FORWARD` and deleted in one nf_tables
+/// transaction, what `iptables-restore`'s `-D` lines come down to,
+/// without starting it (most of a DEL's time, its floor); read once more
+/// when one of them went meanwhile. iptables-legacy is restored.
 pub fn del(family: Family, ips: &[IpAddr]) -> Result<bool> {
-    let layout = Layout {
-        admin: DEFAULT_ADMIN_CHAIN,
-        bridge: None,
-    };
-    converge(family, &layout, |filter| render_del(filter, ips))
+    if !uses_nf_tables(family) {
+        let layout = Layout {
+            admin: DEFAULT_ADMIN_CHAIN,
+            bridge: None,
+        };
+        return converge(family, &layout, |filter| render_del(filter, ips));
+    }
+    let table_family = nf_table_family(family);
+    let handles = pod_rule_handles(table_family, ips)?;
+    if handles.is_empty() {
+        return Ok(false);
+    }
+    if nfnl::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? == Deleted::Removed {
+        return Ok(true);
+    }
+    let handles = pod_rule_handles(table_family, ips)?;
+    if handles.is_empty() {
+        // Deleted meanwhile by someone outside the node's lock.
+        return Ok(true);
+    }
+    match nfnl::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? {
+        Deleted::Removed => Ok(true),
+        Deleted::Absent | Deleted::InUse => Err(firewall::Error::Invalid(format!(
+            "the rules of {ips:?} in {FORWARD_CHAIN} kept changing while they were deleted"
+        ))),
+    }
+}
+
+/// The handles of every copy of `ips`' pod rules in `CNI-FORWARD`.
+fn pod_rule_handles(family: TableFamily, ips: &[IpAddr]) -> Result<Vec<u64>> {
+    let wanted: Vec<String> = ips.iter().flat_map(|ip| pod_rules(*ip)).collect();
+    let rules = rules::dump(family, "filter", FORWARD_CHAIN)?.unwrap_or_default();
+    Ok(rules
+        .into_iter()
+        .filter(|rule| rule.spec.as_ref().is_some_and(|spec| wanted.contains(spec)))
+        .map(|rule| rule.handle)
+        .collect())
+}
+
+fn nf_table_family(family: Family) -> TableFamily {
+    match family {
+        Family::V4 => TableFamily::Ip,
+        Family::V6 => TableFamily::Ip6,
+    }
 }
 
 /// What is missing of `ips`' layout in `family`.
