@@ -10,6 +10,11 @@ connect HOST PORT [SRC] One TCP connection (from address SRC); exit 0 if it
                         was accepted.
 udp HOST PORT [SPORT]   One UDP datagram (from source port SPORT: one flow
                         as conntrack sees it).
+echo PORT               A TCP echo server on 0.0.0.0 and :: that keeps every
+                        connection open; prints "ready".
+hold HOST PORT          One TCP connection kept open: for each line on stdin
+                        it sends the line and prints "echoed" when it comes
+                        back within a second, "lost" when not.
 """
 import socket
 import struct
@@ -63,6 +68,20 @@ def serve_tcp(path, s, family, port):
         conn.close()
 
 
+def echo_back(conn):
+    while True:
+        data = conn.recv(512)
+        if not data:
+            break
+        conn.sendall(data)
+
+
+def serve_echo(s):
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=echo_back, args=(conn,), daemon=True).start()
+
+
 def serve_udp(path, s, port):
     while True:
         s.recvfrom(512)
@@ -104,6 +123,32 @@ def main():
             print("connect failed: %s" % e)
             sys.exit(1)
         s.close()
+    elif mode == "echo":
+        port = int(sys.argv[2])
+        for family in (socket.AF_INET, socket.AF_INET6):
+            s = bind_tcp(family, port)
+            threading.Thread(target=serve_echo, args=(s,), daemon=True).start()
+        print("ready", flush=True)
+        threading.Event().wait()
+    elif mode == "hold":
+        host, port = sys.argv[2], int(sys.argv[3])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect((host, port))
+        except OSError as e:
+            print("connect failed: %s" % e, flush=True)
+            sys.exit(1)
+        print("connected", flush=True)
+        s.settimeout(1)
+        for line in sys.stdin:
+            try:
+                s.sendall(line.encode())
+                got = s.recv(512)
+                print("echoed" if got else "lost", flush=True)
+            except OSError:
+                print("lost", flush=True)
     elif mode == "udp":
         host, port = sys.argv[2], int(sys.argv[3])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -60,6 +60,12 @@ pub fn host_log_socket(node: &Node) -> PathBuf {
     node.path("run/log.sock")
 }
 
+/// Where new pods' ADDs wait on the agent's NetworkPolicy gate
+/// (`POLICY_SOCKET`).
+pub fn host_policy_socket(node: &Node) -> PathBuf {
+    node.path("run/policy.sock")
+}
+
 /// The conflist the agent writes.
 pub fn host_conflist(node: &Node) -> PathBuf {
     node.conf_dir().join("10-cni-suite.conflist")
@@ -101,7 +107,7 @@ impl Agent {
         // The default is the host's /run/cni-suite: never a test's.
         let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
         let log_socket = host_log_socket(node);
-        let policy_socket = node.path("run/policy.sock");
+        let policy_socket = host_policy_socket(node);
         let mut env = vec![
             ("NODE_NAME", name),
             ("KUBERNETES_SERVICE_HOST", server_host),

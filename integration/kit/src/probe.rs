@@ -3,14 +3,15 @@
 //! as any uid. The script is Python's standard library only.
 
 use std::fs;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, ChildStdout};
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::{Netns, Run, run_as, run_in, spawn_in, wait_for};
+use crate::{Netns, Run, run_as, run_in, spawn_in, spawn_in_open, wait_for};
 
 /// Debian's own interpreter: `python3` on PATH may be another one.
 const PYTHON: &str = "/usr/bin/python3";
@@ -86,6 +87,35 @@ impl Probe {
         }
     }
 
+    /// A TCP echo server in `ns` on `port` that keeps its connections.
+    pub fn echo(&self, ns: &Netns, port: u16) -> Echo {
+        let script = self.script_str();
+        let port = port.to_string();
+        let mut child = spawn_in_open(ns.path(), Path::new(PYTHON), &[&script, "echo", &port], &[]);
+        let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the echo server's first line");
+        assert_eq!(line.trim(), "ready", "the echo server did not start");
+        Echo { child }
+    }
+
+    /// One TCP connection from `ns` to `host:port` kept open (to an
+    /// [`Probe::echo`] server); None when it is not accepted.
+    pub fn hold(&self, ns: &Netns, host: &str, port: u16) -> Option<Held> {
+        let script = self.script_str();
+        let port = port.to_string();
+        let mut child = spawn_in_open(ns.path(), Path::new(PYTHON), &[&script, "hold", host, &port], &[]);
+        let mut replies = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        replies.read_line(&mut line).ok()?;
+        if line.trim() != "connected" {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        Some(Held { child, replies })
+    }
+
     pub fn udp(&self, ns: &Netns, host: &str, port: u16) -> Run {
         self.udp_from(ns, host, port, None)
     }
@@ -99,6 +129,47 @@ impl Probe {
         let mut args = vec![script.as_str(), "udp", host, &port];
         args.extend(source_port.as_deref());
         run_in(ns.path(), Path::new(PYTHON), &args, &[], "")
+    }
+}
+
+/// An echo server; stopped on drop.
+#[derive(Debug)]
+pub struct Echo {
+    child: Child,
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A connection held open; closed on drop.
+#[derive(Debug)]
+pub struct Held {
+    child: Child,
+    replies: BufReader<ChildStdout>,
+}
+
+impl Held {
+    /// Whether a line sent now comes back within a second.
+    pub fn echoes(&mut self) -> bool {
+        let Some(stdin) = self.child.stdin.as_mut() else {
+            return false;
+        };
+        if stdin.write_all(b"ping\n").and_then(|()| stdin.flush()).is_err() {
+            return false;
+        }
+        let mut line = String::new();
+        self.replies.read_line(&mut line).is_ok() && line.trim() == "echoed"
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

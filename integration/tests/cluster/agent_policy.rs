@@ -9,15 +9,17 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, host_conflist, lab_node, node_object};
-use test_kit::probe::Probe;
-use test_kit::{Netns, Node, require_root, wait_for};
+use test_kit::node_agent::{Agent, host_bin, host_conflist, host_policy_socket, lab_node, node_object};
+use test_kit::probe::{Held, Probe};
+use test_kit::{Netns, Node, Run, require_root, wait_for};
 
 use super::agent_metrics::{sample, scrape};
 use super::node_agent::{pod_address, uplink};
 
 const TOKEN: &str = "policy-token";
 const PORT: u16 = 5432;
+/// Where pods' echo servers listen, for connections held open.
+const ECHO_PORT: u16 = 7000;
 const POLICY_ON: (&str, &str) = ("NETWORK_POLICY", "true");
 const APPLIED: &str = "cni_suite_policy_syncs_total{result=\"success\"}";
 const ENFORCED_ADDS: &str = "cni_suite_policy_admissions_total{answer=\"enforced\"}";
@@ -41,30 +43,45 @@ impl<'a> Pods<'a> {
         };
         for name in names {
             let ip = pods.start(server, name, name);
-            server.add_pod("shop", name, pod_object(name, name, Some(&ip)));
+            server.add_pod("shop", name, pod_object("shop", name, name, Some(&ip)));
         }
         pods
     }
 
-    /// A pod labelled `app: <app>`: its Pod object and its ADD, the
-    /// status not yet posted, so the agent learns the address from the
+    /// A pod of `shop` labelled `app: <app>`: its Pod object and its ADD,
+    /// the status not yet posted, so the agent learns the address from the
     /// ADD alone. Its address.
     fn start(&mut self, server: &ApiServer, name: &str, app: &str) -> String {
-        server.add_pod("shop", name, pod_object(name, app, None));
+        self.start_in(server, "shop", name, app).unwrap_or_else(|run| panic!("{run:?}"))
+    }
+
+    /// [`Pods::start`] in `namespace`; the ADD's run when it fails.
+    fn start_in(&mut self, server: &ApiServer, namespace: &str, name: &str, app: &str) -> Result<String, Run> {
+        server.add_pod(namespace, name, pod_object(namespace, name, app, None));
         let bin = host_bin(self.node);
-        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}");
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
         let env = [
             ("CNI_PATH", bin.to_str().expect("UTF-8")),
             ("CNI_ARGS", args.as_str()),
         ];
         let ns = self.node.pod(name);
-        let cidr = pod_address(
-            self.node
-                .cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &env),
-        );
+        let add = self
+            .node
+            .cnictl_env(&["--json", "add", "cni-suite", ns.path_str()], &env);
+        if add.code != Some(0) {
+            return Err(add);
+        }
+        let cidr = pod_address(add);
         let ip = cidr.split('/').next().unwrap_or_default().to_owned();
         self.pods.push(((*name).to_owned(), ns, ip.clone()));
-        ip
+        Ok(ip)
+    }
+
+    /// A connection from `from` to `to`'s echo server, kept open.
+    fn hold(&self, from: &str, to: &str) -> Option<Held> {
+        let (_, ns, _) = self.get(from);
+        let (_, _, ip) = self.get(to);
+        self.probe.hold(ns, ip, ECHO_PORT)
     }
 
     fn get(&self, name: &str) -> &(String, Netns, String) {
@@ -93,13 +110,13 @@ impl Drop for Pods<'_> {
     }
 }
 
-fn pod_object(name: &str, app: &str, ip: Option<&str>) -> Value {
+fn pod_object(namespace: &str, name: &str, app: &str, ip: Option<&str>) -> Value {
     let status = match ip {
         Some(ip) => json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
         None => json!({"phase": "Pending"}),
     };
     json!({
-        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"), "labels": {"app": app}},
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"), "labels": {"app": app}},
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x",
                  "ports": [{"name": "db", "containerPort": PORT, "protocol": "TCP"}]}]},
         "status": status,
@@ -232,22 +249,136 @@ fn a_new_pod_is_judged_from_its_first_packet_and_without_an_agent_its_add_goes_o
     );
     assert_eq!(sample(&scrape(&node, &agent).1, ENFORCED_ADDS), Some(3.0));
 
-    // With no agent the ADD goes on, and the pod is open until an agent
-    // learns its address.
+    // With no agent, a pod of a namespace with a policy is not started
+    // open: its ADD fails (try again later) and is undone; the others keep
+    // their policy, and a pod of a namespace without policies starts.
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
-    let late = pods.start(&server, "client-late", "client");
-    assert!(pods.connects("client-late", "db"), "open while no agent runs");
-    assert!(!pods.connects("client-1", "db"), "the others keep their policy");
-    server.add_pod(
-        "shop",
-        "client-late",
-        pod_object("client-late", "client", Some(&late)),
+    let links = || node.run("ip", &["-o", "link"]).success().stdout.matches("veth").count();
+    let before = links();
+    let refused = pods
+        .start_in(&server, "shop", "client-late", "client")
+        .expect_err("no agent confirms it, and shop has a policy");
+    assert!(
+        refused.stdout.contains("\"code\": 11") && refused.stdout.contains("namespace shop has NetworkPolicies"),
+        "{refused:?}"
     );
+    assert_eq!(links(), before, "undone");
+    assert!(!pods.connects("client-1", "db"), "the others keep their policy");
+    server.apply_namespace(json!({"metadata": {"name": "lobby"}}));
+    pods.start_in(&server, "lobby", "visitor", "visitor")
+        .expect("no policy in lobby: it starts");
+    assert!(pods.connects("visitor", "db"), "open, as no policy selects it");
+
+    // The runtime retries once an agent answers.
     let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
-    wait_for("client-late refused", Duration::from_secs(20), || {
-        !pods.connects("client-late", "db")
+    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    wait_for("a sync", Duration::from_secs(20), || applied(&node, &agent) >= 1.0);
+    node.pod("client-late");
+    let late = pods.start(&server, "client-late", "client");
+    assert!(!late.is_empty());
+    assert!(!pods.connects("client-late", "db"), "refused from its first connection");
+    drop(agent);
+}
+
+#[test]
+fn a_connection_the_policy_denies_once_a_pod_is_isolated_is_cut_even_one_made_while_no_agent_ran() {
+    require_root();
+    let node = lab_node();
+    let (server, mut agent) = shop(&node);
+    let pods = Pods::add(&node, &server, &["web", "db", "other"]);
+    let _echo = pods.probe.echo(&pods.get("db").1, ECHO_PORT);
+    let mut from_web = pods.hold("web", "db").expect("web connects");
+    let mut from_other = pods.hold("other", "db").expect("other connects");
+    assert!(from_web.echoes() && from_other.echoes(), "open before any policy");
+
+    // db isolated while the agent runs: web's connection is allowed and
+    // kept (its NAT and state untouched), other's is cut.
+    server.apply_network_policy(json!({
+        "metadata": {"name": "db-from-web", "namespace": "shop"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}],
+        },
+    }));
+    wait_for("other refused", Duration::from_secs(15), || pods.hold("other", "db").is_none());
+    assert!(!from_other.echoes(), "the connection made before the policy is cut");
+    assert!(from_web.echoes(), "an allowed one goes on");
+
+    // The policy gone, a connection made; then, while no agent runs, the
+    // policy comes back: the connection passes until an agent is back,
+    // and is cut then.
+    server.delete_network_policy("shop", "db-from-web");
+    wait_for("other allowed", Duration::from_secs(15), || pods.hold("other", "db").is_some());
+    let mut during = pods.hold("other", "db").expect("other connects");
+    assert!(during.echoes());
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    server.apply_network_policy(json!({
+        "metadata": {"name": "db-from-web", "namespace": "shop"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}],
+        },
+    }));
+    assert!(during.echoes(), "no agent: nothing changes the kernel");
+    let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
+    wait_for("other refused again", Duration::from_secs(20), || pods.hold("other", "db").is_none());
+    assert!(!during.echoes(), "cut once the agent is back");
+    assert!(from_web.echoes(), "web's connection lived through all of it");
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("connections the policy now denies"), "{log}");
+}
+
+/// A line for the gate as a plugin writes it, sent over its socket; the
+/// agent's answer.
+fn ask_the_gate(node: &Node, pod: &str, ip: &str) -> String {
+    let line = json!({"podNamespace": "shop", "podName": pod, "containerID": "forged", "ips": [ip]});
+    let socket = host_policy_socket(node);
+    node.run(
+        "python3",
+        &[
+            "-c",
+            "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); \
+             s.sendall(sys.argv[2].encode()+b'\\n'); print(s.makefile().readline())",
+            socket.to_str().expect("UTF-8"),
+            &line.to_string(),
+        ],
+    )
+    .success()
+    .stdout
+}
+
+#[test]
+fn a_report_for_a_pod_not_bound_here_changes_no_verdict() {
+    require_root();
+    let node = lab_node();
+    let (server, agent) = shop(&node);
+    let pods = Pods::add(&node, &server, &["web", "db", "other"]);
+    let _listener = pods.probe.listen(&pods.get("db").1, &[PORT]);
+    // The real web runs on another node at another address.
+    server.add_pod("shop", "web-far", {
+        let mut far = pod_object("shop", "web-far", "web", Some("10.244.2.7"));
+        far["spec"]["nodeName"] = json!("n2");
+        far
     });
+    server.apply_network_policy(db_from_web());
+    wait_for("other refused", Duration::from_secs(15), || !pods.connects("other", "db"));
+    let table = || node.run("nft", &["list", "table", "inet", netpol::TABLE]).success().stdout;
+    let before = table();
+
+    // Forged: web-far is not bound here, and "ghost" is no pod at all; one
+    // carries other's address (to let it in as web), one db's (to open it).
+    let other = pods.get("other").2.clone();
+    let db = pods.get("db").2.clone();
+    let answer = ask_the_gate(&node, "web-far", &other);
+    assert!(answer.contains("notEnforced"), "{answer}");
+    let answer = ask_the_gate(&node, "ghost", &db);
+    assert!(answer.contains("notEnforced"), "{answer}");
+    assert!(!pods.connects("other", "db"), "other is not let in as web");
+    assert!(pods.connects("web", "db"), "the real peer keeps its place");
+    assert_eq!(table(), before, "no verdict changed");
     drop(agent);
 }
 
@@ -285,8 +416,8 @@ fn with_the_api_server_unreachable_for_a_minute_policy_holds_and_new_pods_are_st
     });
     // Pods the scheduler placed before the outage: their objects are known.
     let before = applied(&node, &agent);
-    server.add_pod("shop", "web-2", pod_object("web-2", "web", None));
-    server.add_pod("shop", "other-2", pod_object("other-2", "other-2", None));
+    server.add_pod("shop", "web-2", pod_object("shop", "web-2", "web", None));
+    server.add_pod("shop", "other-2", pod_object("shop", "other-2", "other-2", None));
     // Each Pod the agent takes in sets a pass going (one that changes
     // nothing in the kernel still counts).
     wait_for("the agent saw the new Pods", Duration::from_secs(15), || {
@@ -324,11 +455,11 @@ fn with_the_api_server_unreachable_for_a_minute_policy_holds_and_new_pods_are_st
         std::thread::sleep(Duration::from_secs(5));
     }
     node.run("nft", &["delete", "table", "inet", "outage"]).success();
-    server.add_pod("shop", "web-2", pod_object("web-2", "web", Some(&web_2)));
+    server.add_pod("shop", "web-2", pod_object("shop", "web-2", "web", Some(&web_2)));
     server.add_pod(
         "shop",
         "other-2",
-        pod_object("other-2", "other-2", Some(&other_2)),
+        pod_object("shop", "other-2", "other-2", Some(&other_2)),
     );
     // The watches come back within their backoff (at most 30 s apart).
     wait_for("the deletion seen", Duration::from_secs(60), || {
