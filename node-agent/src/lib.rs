@@ -11,8 +11,8 @@
 //!    of the Nodes, the cluster's pod range).
 //! 2. The node's shared facilities, used by several controllers:
 //!    [`atomic`] (whole-file writes, bounded reads, the bin directory's
-//!    lock), [`changes`] (one change to the node at a time, none once
-//!    uninstall has begun; the resync period), [`conf_dir`] (the CNI
+//!    lock), [`changes`] (no change once uninstall has begun, uninstall
+//!    once the changes in progress are done; the resync period), [`conf_dir`] (the CNI
 //!    configuration directory), [`record`] (what the agent changed, kept on
 //!    the node), [`health`] (readiness and its probes, and `/metrics`),
 //!    [`metrics`] (what the controllers count, and the lease service's
