@@ -1,6 +1,7 @@
 //! `/healthz` (the process answers) and `/readyz` (the binaries are
 //! installed, the Nodes listed, this node's configuration, the routes to
-//! the other nodes and the masquerade in place), over plain HTTP for the
+//! the other nodes and the masquerade in place, and the NetworkPolicy
+//! gate listening where one is configured), over plain HTTP for the
 //! kubelet's probes; and `/metrics` beside them, for Prometheus
 //! ([`crate::metrics`]). At most [`MOST_CONNECTIONS`] are answered at once.
 
@@ -26,6 +27,9 @@ pub struct Health {
     /// Istio's entry is in the primary configuration (true when that mode
     /// is off).
     chained: Arc<AtomicBool>,
+    /// A NetworkPolicy gate is configured and does not listen: new pods'
+    /// ADDs go on unconfirmed, open until their addresses reach the agent.
+    gate_down: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -53,6 +57,12 @@ impl Health {
         self.routed.store(done, Ordering::SeqCst);
     }
 
+    /// Whether the configured NetworkPolicy gate listens (never called
+    /// without one).
+    pub fn set_gate_listening(&self, listening: bool) {
+        self.gate_down.store(!listening, Ordering::SeqCst);
+    }
+
     /// Istio's CNI alone (`OWN_NETWORK=false`): the node's network is
     /// another's, so nothing of it is waited for.
     pub fn set_network_not_ours(&self) {
@@ -75,6 +85,8 @@ impl Health {
             Some("the masquerade of traffic leaving the cluster is not in place")
         } else if !self.chained.load(Ordering::SeqCst) {
             Some("istio-redirect is not chained into the node's primary CNI configuration")
+        } else if self.gate_down.load(Ordering::SeqCst) {
+            Some("the NetworkPolicy gate does not listen on POLICY_SOCKET (the agent's log says why)")
         } else {
             None
         }

@@ -132,7 +132,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let enforcing = network_policy::Options::from_settings(&settings).map(|options| {
         let gate = settings
             .policy_socket()
-            .and_then(|path| network_policy::Gate::bind(&path));
+            .map(|path| network_policy::Gate::new(path, health.clone(), metrics.clone()));
         tokio::spawn(network_policy::run(
             client.clone(),
             options,
