@@ -59,8 +59,8 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
 /// The text of the file at `path`, when it is a regular file (a link is
 /// followed, as libcni follows it) of at most `cni::small_file::MAX_SIZE`
 /// bytes, read with the suite's one reader of files others may put there:
-/// a FIFO must not hang the agent, which holds its change lock while it
-/// reads.
+/// a FIFO must not hang the agent, whose uninstall waits for the change
+/// that reads.
 pub fn read_text(path: &Path) -> io::Result<String> {
     let contents = small_file::read(path, Links::Follow, small_file::MAX_SIZE).map_err(|e| match e {
         Unreadable::Absent => io::Error::from(io::ErrorKind::NotFound),

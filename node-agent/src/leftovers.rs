@@ -24,6 +24,8 @@ use firewall::{Error, Family, Result, exec};
 use portmap::mapper::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
 use portmap::mapper::nft as hostport_nft;
 
+use crate::changes::XTABLES_WAIT;
+
 /// The chains portmap makes once for every pod of the node.
 const SHARED_CHAINS: [&str; 3] = [DNAT_CHAIN, SETMARK_CHAIN, MASQ_CHAIN];
 /// A pod's own chains (`CNI-SN-` from releases before 0.7): while one is
@@ -94,7 +96,12 @@ impl Flavour {
     }
 
     fn restore(self, family: Family, input: &str) -> Result<()> {
-        exec::run(self.multi(), &[family.restore(), "--noflush", "--wait"], input).map(drop)
+        exec::run(
+            self.multi(),
+            &[family.restore(), "--noflush", XTABLES_WAIT],
+            input,
+        )
+        .map(drop)
     }
 
     /// The chains of this flavour's nat table, or None where it has none.

@@ -11,13 +11,14 @@
 //!    of the Nodes, the cluster's pod range).
 //! 2. The node's shared facilities, used by several controllers:
 //!    [`atomic`] (whole-file writes, bounded reads, the bin directory's
-//!    lock), [`changes`] (one change to the node at a time, none once
-//!    uninstall has begun; the resync period), [`conf_dir`] (the CNI
+//!    lock), [`changes`] (no change once uninstall has begun, uninstall
+//!    once the changes in progress are done; the resync period), [`conf_dir`] (the CNI
 //!    configuration directory), [`record`] (what the agent changed, kept on
 //!    the node), [`health`] (readiness and its probes, and `/metrics`),
 //!    [`metrics`] (what the controllers count, and the lease service's
 //!    counts, as Prometheus scrapes them), [`run_socket`] (the sockets the
-//!    plugins reach the agent on), [`pod_netns`] (a
+//!    plugins reach the agent on), [`open_files`] (the soft limit on
+//!    open files raised to the hard one at start), [`pod_netns`] (a
 //!    running pod's network namespace), [`iptables_mode`] (which iptables),
 //!    [`leftovers`] (what the suite left in the node's nat tables that no
 //!    one uses, recorded and removed) and [`logging`].
@@ -56,6 +57,7 @@ pub mod iptables_mode;
 pub mod leftovers;
 pub mod logging;
 pub mod metrics;
+pub mod open_files;
 pub mod pod_netns;
 pub mod record;
 pub mod run_socket;

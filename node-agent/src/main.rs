@@ -25,12 +25,15 @@ use node_agent::health::Health;
 use node_agent::metrics::Metrics;
 use node_agent::record::Record;
 use node_agent::settings::{RepairMode, Settings};
-use node_agent::{allocator, atomic, changes, cluster, health, iptables_mode, logging, uninstall};
+use node_agent::{
+    allocator, atomic, changes, cluster, health, iptables_mode, logging, open_files, uninstall,
+};
 
 fn main() -> ExitCode {
     let settings = Settings::parse();
     logging::init();
     allocator::one_arena();
+    open_files::raise_soft_limit();
     // Before the runtime's threads exist: it edits PATH.
     if let Some(flavour) = iptables_mode::select(settings.iptables_mode) {
         log::info!("iptables: {}", flavour.display());
@@ -129,7 +132,7 @@ async fn run(settings: Settings) -> Result<(), Error> {
     let enforcing = network_policy::Options::from_settings(&settings).map(|options| {
         let gate = settings
             .policy_socket()
-            .and_then(|path| network_policy::Gate::bind(&path));
+            .map(|path| network_policy::Gate::new(path, health.clone(), metrics.clone()));
         tokio::spawn(network_policy::run(
             client.clone(),
             options,

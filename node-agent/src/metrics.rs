@@ -9,6 +9,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -107,6 +108,10 @@ struct Families {
     egress_syncs: Family<[Label; 1], Counter>,
     policy_syncs: Family<[Label; 1], Counter>,
     policy_admissions: Family<[Label; 1], Counter>,
+    policy_gate_up: Gauge,
+    /// Whether a NetworkPolicy gate is configured: without one,
+    /// `policy_gate_up` is not exposed at all.
+    policy_gate_configured: AtomicBool,
     repairs: Family<[Label; 2], Counter>,
     /// Where the lease service whose counts are shown listens: the lease
     /// directory's socket, whoever started the service there.
@@ -198,6 +203,8 @@ impl Metrics {
                 egress_syncs,
                 policy_syncs,
                 policy_admissions,
+                policy_gate_up: Gauge::default(),
+                policy_gate_configured: AtomicBool::new(false),
                 repairs,
                 lease_socket,
             }),
@@ -249,6 +256,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Whether the configured NetworkPolicy gate listens now.
+    pub fn policy_gate_listening(&self, listening: bool) {
+        let families = &self.families;
+        families.policy_gate_up.set(i64::from(listening));
+        families.policy_gate_configured.store(true, Ordering::SeqCst);
+    }
+
     /// A broken pod handled in `mode` (Istio's `type`: its repair modes).
     pub fn repaired(&self, mode: RepairMode, outcome: Outcome) {
         let mode = match mode {
@@ -283,8 +297,18 @@ impl Metrics {
         if families.lease_socket.is_some() {
             lease.register_collector(Box::new(LeaseCounts(served)));
         }
+        // Likewise no gate family where no gate is configured.
+        let mut gate = Registry::default();
+        if families.policy_gate_configured.load(Ordering::SeqCst) {
+            gate.register(
+                "cni_suite_policy_gate_up",
+                "Whether the NetworkPolicy gate listens on POLICY_SOCKET (1) or cannot (0): new pods' ADDs then go on unconfirmed",
+                families.policy_gate_up.clone(),
+            );
+        }
         let mut exposition = String::new();
         let written = text::encode_registry(&mut exposition, &families.registry)
+            .and_then(|()| text::encode_registry(&mut exposition, &gate))
             .and_then(|()| text::encode_registry(&mut exposition, &lease))
             .and_then(|()| text::encode_eof(&mut exposition));
         if let Err(e) = written {
@@ -406,6 +430,21 @@ mod tests {
         assert_eq!(found.len(), expected.len(), "{exposition}");
         assert!(!exposition.contains("cni_suite_lease"), "{exposition}");
         assert!(samples(&metrics.scrape(false)).contains(&"istio_cni_install_ready 0"));
+    }
+
+    #[test]
+    fn the_gate_is_reported_only_where_one_is_configured() {
+        let metrics = Metrics::new(None);
+        assert!(!metrics.scrape(true).contains("cni_suite_policy_gate"));
+        metrics.policy_gate_listening(false);
+        let exposition = metrics.scrape(true);
+        assert!(
+            exposition.contains("# TYPE cni_suite_policy_gate_up gauge\n"),
+            "{exposition}"
+        );
+        assert!(samples(&exposition).contains(&"cni_suite_policy_gate_up 0"));
+        metrics.policy_gate_listening(true);
+        assert!(samples(&metrics.scrape(true)).contains(&"cni_suite_policy_gate_up 1"));
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The Unix sockets the agent listens on in its run directory, where the
 //! plugins find them (`PLUGIN_LOG_SOCKET`, `POLICY_SOCKET`): bound 0600
 //! (plugins run as root; only a peer with write permission on the file can
-//! send or connect), a former agent's socket replaced, anything else left
-//! alone, and the file removed when the agent is done with it unless a
-//! newer agent has bound its own there since.
+//! send or connect), a former agent's socket (one of this agent's user)
+//! replaced, anything else left alone, and the file removed when the agent
+//! is done with it unless a newer agent has bound its own there since.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -19,20 +19,44 @@ pub struct Bound {
     ino: u64,
 }
 
+/// What a bound socket's path holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The socket this agent bound.
+    Ours,
+    /// Nothing: someone removed it.
+    Empty,
+    /// Something else: a newer agent's socket, or anyone's file.
+    Taken,
+}
+
+impl Bound {
+    pub fn place(&self) -> Place {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) if meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino => {
+                Place::Ours
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Place::Empty,
+            // Unreadable counts as not ours: nothing is removed or claimed.
+            _ => Place::Taken,
+        }
+    }
+}
+
 impl Drop for Bound {
     fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|meta| {
-            meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino
-        });
-        if ours && let Err(e) = std::fs::remove_file(&self.path) {
+        if self.place() == Place::Ours
+            && let Err(e) = std::fs::remove_file(&self.path)
+        {
             log::warn!("cannot remove {}: {e}", self.path.display());
         }
     }
 }
 
-/// Binds a socket at `path` with `bind`. A socket already there is a
-/// former agent's and is replaced; anything else (a file, a link, a
-/// directory) is left as it is and refused.
+/// Binds a socket at `path` with `bind`. A socket of this agent's user
+/// already there is a former agent's and is replaced; anything else (a
+/// file, a link, a directory, another user's socket) is left as it is and
+/// refused.
 pub fn bind<S>(path: &Path, bind: impl FnOnce(&Path) -> io::Result<S>) -> io::Result<(S, Bound)> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
@@ -42,7 +66,18 @@ pub fn bind<S>(path: &Path, bind: impl FnOnce(&Path) -> io::Result<S>) -> io::Re
         only_ours(dir)?;
     }
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(meta) if meta.file_type().is_socket() && meta.uid() == nix::unistd::geteuid().as_raw() => {
+            std::fs::remove_file(path)?;
+        }
+        Ok(meta) if meta.file_type().is_socket() => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "a socket of uid {} is there, no former agent's, and is left as it is",
+                    meta.uid()
+                ),
+            ));
+        }
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -94,6 +129,26 @@ mod tests {
 
     fn listener(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
         std::os::unix::net::UnixListener::bind(path)
+    }
+
+    #[test]
+    fn another_users_socket_is_left_as_it_is_and_a_former_agents_replaced() {
+        let scratch = tempfile::tempdir().expect("a scratch directory");
+        let path = scratch.path().join("a.sock");
+        let former = listener(&path).expect("a former agent's socket");
+        drop(former);
+        let (_socket, bound) = bind(&path, listener).expect("replaces a former agent's");
+        assert_eq!(bound.place(), Place::Ours);
+        drop(bound);
+
+        let _someone = listener(&path).expect("a socket");
+        let other = nix::unistd::geteuid().as_raw() + 1;
+        std::os::unix::fs::lchown(&path, Some(other), None).expect("chown (tests run as root)");
+        let inode = std::fs::symlink_metadata(&path).expect("there").ino();
+        let refused = bind(&path, listener).expect_err("another user's socket");
+        assert_eq!(refused.kind(), io::ErrorKind::AlreadyExists, "{refused}");
+        let meta = std::fs::symlink_metadata(&path).expect("still there");
+        assert_eq!((meta.ino(), meta.uid()), (inode, other), "left as it is");
     }
 
     #[test]

@@ -107,8 +107,8 @@ impl Probe {
         let mut child = spawn_in_open(ns.path(), Path::new(PYTHON), &[&script, "hold", host, &port], &[]);
         let mut replies = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
-        replies.read_line(&mut line).ok()?;
-        if line.trim() != "connected" {
+        let read = replies.read_line(&mut line);
+        if read.is_err() || line.trim() != "connected" {
             let _ = child.kill();
             let _ = child.wait();
             return None;

@@ -52,11 +52,18 @@ impl<'a> Pods<'a> {
     /// the status not yet posted, so the agent learns the address from the
     /// ADD alone. Its address.
     fn start(&mut self, server: &ApiServer, name: &str, app: &str) -> String {
-        self.start_in(server, "shop", name, app).unwrap_or_else(|run| panic!("{run:?}"))
+        self.start_in(server, "shop", name, app)
+            .unwrap_or_else(|run| panic!("{run:?}"))
     }
 
     /// [`Pods::start`] in `namespace`; the ADD's run when it fails.
-    fn start_in(&mut self, server: &ApiServer, namespace: &str, name: &str, app: &str) -> Result<String, Run> {
+    fn start_in(
+        &mut self,
+        server: &ApiServer,
+        namespace: &str,
+        name: &str,
+        app: &str,
+    ) -> Result<String, Run> {
         server.add_pod(namespace, name, pod_object(namespace, name, app, None));
         let bin = host_bin(self.node);
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
@@ -254,13 +261,20 @@ fn a_new_pod_is_judged_from_its_first_packet_and_without_an_agent_its_add_goes_o
     // their policy, and a pod of a namespace without policies starts.
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
-    let links = || node.run("ip", &["-o", "link"]).success().stdout.matches("veth").count();
+    let links = || {
+        node.run("ip", &["-o", "link"])
+            .success()
+            .stdout
+            .matches("veth")
+            .count()
+    };
     let before = links();
     let refused = pods
         .start_in(&server, "shop", "client-late", "client")
         .expect_err("no agent confirms it, and shop has a policy");
     assert!(
-        refused.stdout.contains("\"code\": 11") && refused.stdout.contains("namespace shop has NetworkPolicies"),
+        refused.stdout.contains("\"code\": 11")
+            && refused.stdout.contains("namespace shop has NetworkPolicies"),
         "{refused:?}"
     );
     assert_eq!(links(), before, "undone");
@@ -273,11 +287,16 @@ fn a_new_pod_is_judged_from_its_first_packet_and_without_an_agent_its_add_goes_o
     // The runtime retries once an agent answers.
     let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
     wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
-    wait_for("a sync", Duration::from_secs(20), || applied(&node, &agent) >= 1.0);
+    wait_for("a sync", Duration::from_secs(20), || {
+        applied(&node, &agent) >= 1.0
+    });
     node.pod("client-late");
     let late = pods.start(&server, "client-late", "client");
     assert!(!late.is_empty());
-    assert!(!pods.connects("client-late", "db"), "refused from its first connection");
+    assert!(
+        !pods.connects("client-late", "db"),
+        "refused from its first connection"
+    );
     drop(agent);
 }
 
@@ -301,15 +320,22 @@ fn a_connection_the_policy_denies_once_a_pod_is_isolated_is_cut_even_one_made_wh
             "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}],
         },
     }));
-    wait_for("other refused", Duration::from_secs(15), || pods.hold("other", "db").is_none());
-    assert!(!from_other.echoes(), "the connection made before the policy is cut");
+    wait_for("other refused", Duration::from_secs(15), || {
+        pods.hold("other", "db").is_none()
+    });
+    assert!(
+        !from_other.echoes(),
+        "the connection made before the policy is cut"
+    );
     assert!(from_web.echoes(), "an allowed one goes on");
 
     // The policy gone, a connection made; then, while no agent runs, the
     // policy comes back: the connection passes until an agent is back,
     // and is cut then.
     server.delete_network_policy("shop", "db-from-web");
-    wait_for("other allowed", Duration::from_secs(15), || pods.hold("other", "db").is_some());
+    wait_for("other allowed", Duration::from_secs(15), || {
+        pods.hold("other", "db").is_some()
+    });
     let mut during = pods.hold("other", "db").expect("other connects");
     assert!(during.echoes());
     let (status, log) = agent.stop();
@@ -323,7 +349,9 @@ fn a_connection_the_policy_denies_once_a_pod_is_isolated_is_cut_even_one_made_wh
     }));
     assert!(during.echoes(), "no agent: nothing changes the kernel");
     let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[POLICY_ON]);
-    wait_for("other refused again", Duration::from_secs(20), || pods.hold("other", "db").is_none());
+    wait_for("other refused again", Duration::from_secs(20), || {
+        pods.hold("other", "db").is_none()
+    });
     assert!(!during.echoes(), "cut once the agent is back");
     assert!(from_web.echoes(), "web's connection lived through all of it");
     let (status, log) = agent.stop();
@@ -364,8 +392,14 @@ fn a_report_for_a_pod_not_bound_here_changes_no_verdict() {
         far
     });
     server.apply_network_policy(db_from_web());
-    wait_for("other refused", Duration::from_secs(15), || !pods.connects("other", "db"));
-    let table = || node.run("nft", &["list", "table", "inet", netpol::TABLE]).success().stdout;
+    wait_for("other refused", Duration::from_secs(15), || {
+        !pods.connects("other", "db")
+    });
+    let table = || {
+        node.run("nft", &["list", "table", "inet", netpol::TABLE])
+            .success()
+            .stdout
+    };
     let before = table();
 
     // Forged: web-far is not bound here, and "ghost" is no pod at all; one

@@ -1,7 +1,8 @@
 //! The cluster tier: the node agent against the Kubernetes API test server
 //! (`node_agent`, its metrics against what happened on its node:
 //! `agent_metrics`, the plugins' log records in its log: `agent_logs`, NetworkPolicy from
-//! the API server's objects: `agent_policy`),
+//! the API server's objects: `agent_policy`, its gate, open files and
+//! the xtables lock at their limits: `agent_limits`),
 //! Istio's CNI alone beside another network
 //! (`istio_only`), three nodes wired by their agents (`cluster_lab`, `make
 //! demo-cluster`), and the suite on a real Kubernetes (`real_cluster`, and
@@ -9,6 +10,7 @@
 //! ignored but by `make cluster-test`, which brings that cluster up). One
 //! module per former test file.
 
+mod agent_limits;
 mod agent_logs;
 mod agent_metrics;
 mod agent_policy;

@@ -15,14 +15,17 @@
 //! Lines are rendered the way `iptables-save` prints them, so what is in
 //! place is compared line by line and nothing runs when it matches; when
 //! anything differs the chain and the jumps are written in one
-//! `iptables-restore --noflush` per family.
+//! `iptables-restore --noflush` per family, waiting for another tool's
+//! xtables lock for [`crate::changes::XTABLES_WAIT`] at most.
 
 use std::collections::BTreeSet;
 
 use ipnetwork::IpNetwork;
 
 use firewall::iptables::{self, SavedTable, network_of, quote};
-use firewall::{Family, Result};
+use firewall::{Family, Result, exec};
+
+use crate::changes::XTABLES_WAIT;
 
 /// The agent's chain in the nat table.
 pub const CHAIN: &str = "CNI-SUITE-EGRESS";
@@ -122,7 +125,7 @@ pub fn apply(sources: &[IpNetwork], cluster: &[IpNetwork]) -> Result<Vec<Family>
         }
         let table = iptables::read(family, "nat")?;
         if let Some(input) = render(family, &table, sources, cluster) {
-            iptables::restore(family, &input)?;
+            exec::run(family.restore(), &["--noflush", XTABLES_WAIT], &input)?;
             changed.push(family);
         }
     }

@@ -323,7 +323,7 @@ where
 
 /// Enforces policy until the task is aborted (watch errors are retried
 /// with backoff), answering the pods' ADDs at `gate`.
-pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, metrics: Metrics) {
+pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>, metrics: Metrics) {
     let mut events = stream::select(
         stream::select(
             watch::<Pod>(&client).map(|event| Watch::Pod(Box::new(event))),
@@ -362,7 +362,7 @@ pub async fn run(client: kube::Client, options: Options, gate: Option<Gate>, met
                     due = due.or_else(|| Some(Instant::now() + GATHER));
                 }
             }
-            () = accept(gate.as_ref(), &asking) => {}
+            () = accept(gate.as_mut(), &asking) => {}
             Some(first) = asked.recv() => {
                 // Every ADD already waiting goes into the same pass (a
                 // Deployment's pods starting at once).
@@ -468,7 +468,7 @@ fn node_addresses() -> BTreeSet<IpAddr> {
 }
 
 /// The gate's next connection; never, without a gate.
-async fn accept(gate: Option<&Gate>, asking: &mpsc::Sender<Asked>) {
+async fn accept(gate: Option<&mut Gate>, asking: &mpsc::Sender<Asked>) {
     match gate {
         Some(gate) => gate.accept(asking).await,
         None => std::future::pending().await,
