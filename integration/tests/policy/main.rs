@@ -2,6 +2,7 @@
 //! held in a node namespace's nftables, judged by real connections
 //! between pods the built bridge plugin wired.
 
+mod blocks;
 mod hairpin;
 mod kernel;
 mod scale;

@@ -32,7 +32,7 @@ impl Direction {
 
 /// The version of how a list is rendered into a chain (`nft`): changing
 /// the rendering changes it, so chains are never reused across versions.
-pub const RENDERING: &str = "netpol-chain-3";
+pub const RENDERING: &str = "netpol-chain-4";
 
 /// Peer sets of pods' addresses are plain sets named after their rule: a
 /// pod coming or going is one element. Address blocks, fixed by a

@@ -28,9 +28,11 @@ pub fn may_narrow(before: &Current, after: &Compiled) -> bool {
             before.maps.get(&map).and_then(|entries| entries.get(ip)) != Some(chain)
         })
     });
+    let now = crate::nft::wanted_peers(after);
     moved
-        || before.sets.iter().any(|(name, had)| {
-            let now = crate::nft::peer_set_members(after, name);
+        || before.peers.iter().any(|(name, had)| {
+            let empty = BTreeSet::new();
+            let now = now.get(name).unwrap_or(&empty);
             had.iter().any(|member| !now.contains(member))
         })
 }

@@ -1,16 +1,15 @@
-//! What the kernel dumps, back into the model: a rule written from an
+//! What the kernel dumps, back into the model (rules and elements read
+//! from their attributes by hand, tables, chains and sets through the
+//! netfilter crate): a rule written from an
 //! [`Expr`] list decodes to the same list, and anything this model does
 //! not write (someone else's rule, an inverted lookup) decodes to
 //! [`Expr::Foreign`], equal to nothing a caller renders.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use netlink_packet_core::Nla;
 use netlink_packet_netfilter::nftables::{
-    Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, ExpressionAttribute, Expressions,
-    Hook as HookAttribute, HookNumber, Immediate, InetHookNumber, ListAttribute, Lookup, Meta, Operator,
-    Payload, Register, RuleAttribute, RuleMessage, SetAttribute, SetFlags, SetMessage,
-    Verdict as VerdictCode, VerdictAttribute,
+    ChainAttribute, ChainMessage, Hook as HookAttribute, HookNumber, InetHookNumber, SetAttribute, SetFlags,
+    SetMessage, Verdict as VerdictCode, VerdictAttribute,
 };
 
 use super::encode::{CT_DREG, CT_KEY};
@@ -19,7 +18,6 @@ use super::{
     TYPE_BITS, Value, Verdict, key_len,
 };
 use crate::Result;
-use crate::nfnl::{rule_comment, value_of};
 
 /// A set as listed, before its elements are read.
 #[derive(Debug, Clone)]
@@ -28,6 +26,9 @@ pub(crate) struct DumpedSet {
     flags: SetFlags,
     /// None: a key type this model does not write.
     key: Option<Key>,
+    /// How many elements the kernel holds (rbtree end markers included),
+    /// where it says (`NFTA_SET_COUNT`, Linux 6.x).
+    pub count: Option<u32>,
 }
 
 impl DumpedSet {
@@ -71,6 +72,7 @@ fn field_of(type_id: u32) -> Option<Field> {
         Field::InetService,
         Field::Icmpv6Type,
         Field::Text,
+        Field::Mark,
     ]
     .into_iter()
     .find(|f| f.type_id() == type_id)
@@ -90,8 +92,10 @@ fn key_of(mut type_id: u32, len: u32) -> Option<Key> {
 
 pub(crate) fn set(message: &SetMessage, table: &str) -> Option<DumpedSet> {
     let (mut name, mut flags, mut key_type, mut len, mut in_table) = (None, SetFlags::empty(), 0, 0, false);
+    let mut count = None;
     for attribute in &message.attributes {
         match attribute {
+            SetAttribute::Count(n) => count = Some(*n),
             SetAttribute::Table(t) => in_table = t == table,
             SetAttribute::Name(n) => name = Some(n.clone()),
             SetAttribute::Flags(f) => flags = *f,
@@ -105,14 +109,8 @@ pub(crate) fn set(message: &SetMessage, table: &str) -> Option<DumpedSet> {
         name: name?,
         flags,
         key: key_of(key_type, len),
+        count,
     })
-}
-
-fn value(data: &DataAttribute) -> Option<Value> {
-    match data {
-        DataAttribute::Value(bytes) => Some(Value(bytes.clone())),
-        _ => None,
-    }
 }
 
 fn verdict(attributes: &[VerdictAttribute]) -> Option<Verdict> {
@@ -165,10 +163,10 @@ const ELEM_INTERVAL_END: u32 = 1;
 
 /// One element as dumped.
 pub(crate) struct DumpedElement {
-    key: Value,
+    pub key: Value,
     last: Option<Value>,
     verdict: Option<Verdict>,
-    end_marker: bool,
+    pub end_marker: bool,
 }
 
 fn data_value(bytes: &[u8]) -> Result<Option<Value>> {
@@ -321,10 +319,6 @@ pub(crate) fn chain(message: &ChainMessage, table: &str) -> Option<(String, Read
     ))
 }
 
-fn register(r: &Register) -> u32 {
-    u32::from(*r)
-}
-
 fn foreign(what: &str) -> Expr {
     Expr::Foreign(what.to_owned())
 }
@@ -333,198 +327,229 @@ fn be32(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(bytes.try_into().ok()?))
 }
 
-fn meta(attributes: &[Meta]) -> Expr {
-    let (mut key, mut dreg) = (None, None);
-    for attribute in attributes {
-        match attribute {
-            Meta::Key(k) => key = Some(u32::from(*k)),
-            Meta::DestinationRegister(r) => dreg = Some(register(r)),
-            _ => return foreign("meta"),
-        }
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
+}
+
+/// An expression's attributes by kind: each kind once, u32s read as the
+/// kernel writes them (big-endian).
+struct Attributes<'a>(Vec<(u16, &'a [u8])>);
+
+impl<'a> Attributes<'a> {
+    fn of(bytes: &'a [u8]) -> Option<Attributes<'a>> {
+        attributes(bytes).ok().map(Attributes)
     }
-    match (key, dreg) {
-        (Some(key), Some(dreg)) => Expr::Meta { key, dreg },
-        _ => foreign("meta"),
+
+    fn get(&self, kind: u16) -> Option<&'a [u8]> {
+        self.0.iter().find(|(k, _)| *k == kind).map(|(_, v)| *v)
+    }
+
+    fn u32(&self, kind: u16) -> Option<u32> {
+        self.get(kind).and_then(be32)
+    }
+
+    /// Whether every attribute is one of `known` (an attribute this model
+    /// does not write makes the expression someone else's).
+    fn only(&self, known: &[u16]) -> bool {
+        self.0.iter().all(|(k, _)| known.contains(k))
     }
 }
 
-fn ct(attributes: &[netlink_packet_core::DefaultNla]) -> Expr {
-    let (mut key, mut dreg) = (None, None);
-    for attribute in attributes {
-        let value = be32(&value_of(attribute));
-        match attribute.kind() {
-            CT_KEY => key = value,
-            CT_DREG => dreg = value,
-            _ => return foreign("ct"),
-        }
-    }
-    match (key, dreg) {
-        (Some(key), Some(dreg)) => Expr::Ct { key, dreg },
-        _ => foreign("ct"),
-    }
+// The expressions' attributes (`NFTA_<EXPR>_*` in nf_tables.h).
+const META_DREG: u16 = 1;
+const META_KEY: u16 = 2;
+const PAYLOAD_DREG: u16 = 1;
+const PAYLOAD_BASE: u16 = 2;
+const PAYLOAD_OFFSET: u16 = 3;
+const PAYLOAD_LEN: u16 = 4;
+const CMP_SREG: u16 = 1;
+const CMP_OP: u16 = 2;
+const CMP_DATA: u16 = 3;
+const IMMEDIATE_DREG: u16 = 1;
+const IMMEDIATE_DATA: u16 = 2;
+const LOOKUP_SET: u16 = 1;
+const LOOKUP_SREG: u16 = 2;
+const LOOKUP_DREG: u16 = 3;
+const LOOKUP_SET_ID: u16 = 4;
+const LOOKUP_FLAGS: u16 = 5;
+const BITWISE_SREG: u16 = 1;
+const BITWISE_DREG: u16 = 2;
+const BITWISE_LEN: u16 = 3;
+const BITWISE_MASK: u16 = 4;
+const BITWISE_XOR: u16 = 5;
+const BITWISE_OP: u16 = 6;
+/// `NFT_CMP_*`.
+const CMP_EQ: u32 = 0;
+const CMP_NEQ: u32 = 1;
+const CMP_LTE: u32 = 3;
+const CMP_GTE: u32 = 5;
+// A rule's attributes.
+const RULE_TABLE: u16 = 1;
+const RULE_CHAIN: u16 = 2;
+const RULE_EXPRESSIONS: u16 = 4;
+const RULE_USERDATA: u16 = 7;
+const EXPR_NAME: u16 = 1;
+const EXPR_DATA: u16 = 2;
+/// nftnl's user-data type for a rule's comment.
+const UDATA_RULE_COMMENT: u8 = 0;
+
+fn meta(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[META_DREG, META_KEY]).then_some(())?;
+    Some(Expr::Meta {
+        key: a.u32(META_KEY)?,
+        dreg: a.u32(META_DREG)?,
+    })
 }
 
-fn payload(attributes: &[Payload]) -> Expr {
-    let (mut base, mut offset, mut len, mut dreg) = (None, None, None, None);
-    for attribute in attributes {
-        match attribute {
-            Payload::Base(b) => base = Some(*b),
-            Payload::Offset(o) => offset = Some(*o),
-            Payload::Len(l) => len = Some(*l),
-            Payload::DestinationRegister(r) => dreg = Some(register(r)),
-            _ => return foreign("payload"),
-        }
-    }
-    match (base, offset, len, dreg) {
-        (Some(base), Some(offset), Some(len), Some(dreg)) => Expr::Payload {
-            base,
-            offset,
-            len,
-            dreg,
-        },
-        _ => foreign("payload"),
-    }
+fn ct(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[CT_DREG, CT_KEY]).then_some(())?;
+    Some(Expr::Ct {
+        key: a.u32(CT_KEY)?,
+        dreg: a.u32(CT_DREG)?,
+    })
 }
 
-fn cmp(attributes: &[Cmp]) -> Expr {
-    let (mut sreg, mut op, mut data) = (None, None, None);
-    for attribute in attributes {
-        match attribute {
-            Cmp::SourceRegister(r) => sreg = Some(register(r)),
-            Cmp::Op(Operator::Equal) => op = Some(Compare::Eq),
-            Cmp::Op(Operator::NotEqual) => op = Some(Compare::Neq),
-            Cmp::Data(d) => data = value(d),
-            _ => return foreign("cmp"),
-        }
-    }
-    match (sreg, op, data) {
-        (Some(sreg), Some(op), Some(data)) => Expr::Cmp {
-            sreg,
-            op,
-            data: data.0,
-        },
-        _ => foreign("cmp"),
-    }
+fn payload(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[PAYLOAD_DREG, PAYLOAD_BASE, PAYLOAD_OFFSET, PAYLOAD_LEN])
+        .then_some(())?;
+    Some(Expr::Payload {
+        base: a.u32(PAYLOAD_BASE)?,
+        offset: a.u32(PAYLOAD_OFFSET)?,
+        len: a.u32(PAYLOAD_LEN)?,
+        dreg: a.u32(PAYLOAD_DREG)?,
+    })
 }
 
-fn bitwise(attributes: &[Bitwise]) -> Expr {
-    let (mut sreg, mut dreg, mut len, mut mask, mut xor) = (None, None, None, None, None);
-    for attribute in attributes {
-        match attribute {
-            Bitwise::SourceRegister(r) => sreg = Some(register(r)),
-            Bitwise::DestinationRegister(r) => dreg = Some(register(r)),
-            Bitwise::Length(l) => len = Some(*l as usize),
-            Bitwise::Mask(d) => mask = value(d),
-            Bitwise::Xor(d) => xor = value(d),
-            // The mask-and-xor operation, the only one written.
-            Bitwise::Op(0) => {}
-            _ => return foreign("bitwise"),
-        }
-    }
-    match (sreg, dreg, len, mask, xor) {
-        (Some(sreg), Some(dreg), Some(len), Some(mask), Some(xor)) if mask.0.len() == len => Expr::Bitwise {
-            sreg,
-            dreg,
-            mask: mask.0,
-            xor: xor.0,
-        },
-        _ => foreign("bitwise"),
-    }
-}
-
-fn lookup(attributes: &[Lookup], anonymous: &BTreeMap<String, AnonymousSet>) -> Expr {
-    let (mut set, mut sreg, mut verdict_map) = (None, None, false);
-    for attribute in attributes {
-        match attribute {
-            Lookup::Set(name) => set = Some(name.clone()),
-            Lookup::SourceRegister(r) => sreg = Some(register(r)),
-            Lookup::DestinationRegister(Register::Verdict) => verdict_map = true,
-            Lookup::Flags(0) | Lookup::SetId(_) => {}
-            _ => return foreign("lookup"),
-        }
-    }
-    let set = match set {
-        Some(name) => match anonymous.get(&name) {
-            Some(anonymous) => SetRef::Anonymous(anonymous.clone()),
-            None => SetRef::Named(name),
-        },
-        None => return foreign("lookup"),
+fn cmp(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[CMP_SREG, CMP_OP, CMP_DATA]).then_some(())?;
+    let op = match a.u32(CMP_OP)? {
+        CMP_EQ => Compare::Eq,
+        CMP_NEQ => Compare::Neq,
+        CMP_GTE => Compare::Gte,
+        CMP_LTE => Compare::Lte,
+        _ => return None,
     };
-    match sreg {
-        Some(sreg) => Expr::Lookup {
-            sreg,
-            set,
-            verdict_map,
-        },
-        None => foreign("lookup"),
+    Some(Expr::Cmp {
+        sreg: a.u32(CMP_SREG)?,
+        op,
+        data: data_value(a.get(CMP_DATA)?).ok()??.0,
+    })
+}
+
+fn bitwise(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[
+        BITWISE_SREG,
+        BITWISE_DREG,
+        BITWISE_LEN,
+        BITWISE_MASK,
+        BITWISE_XOR,
+        BITWISE_OP,
+    ])
+    .then_some(())?;
+    // The mask-and-xor operation, the only one written.
+    (a.u32(BITWISE_OP).unwrap_or(0) == 0).then_some(())?;
+    let mask = data_value(a.get(BITWISE_MASK)?).ok()??.0;
+    let xor = data_value(a.get(BITWISE_XOR)?).ok()??.0;
+    (a.u32(BITWISE_LEN)? as usize == mask.len()).then_some(())?;
+    Some(Expr::Bitwise {
+        sreg: a.u32(BITWISE_SREG)?,
+        dreg: a.u32(BITWISE_DREG)?,
+        mask,
+        xor,
+    })
+}
+
+fn lookup(a: &Attributes<'_>, anonymous: &BTreeMap<String, AnonymousSet>) -> Option<Expr> {
+    a.only(&[LOOKUP_SET, LOOKUP_SREG, LOOKUP_DREG, LOOKUP_SET_ID, LOOKUP_FLAGS])
+        .then_some(())?;
+    // An inverted lookup is never written.
+    (a.u32(LOOKUP_FLAGS).unwrap_or(0) == 0).then_some(())?;
+    let verdict_map = match a.u32(LOOKUP_DREG) {
+        None => false,
+        Some(super::REG_VERDICT) => true,
+        Some(_) => return None,
+    };
+    let name = text(a.get(LOOKUP_SET)?);
+    let set = match anonymous.get(&name) {
+        Some(anonymous) => SetRef::Anonymous(anonymous.clone()),
+        None => SetRef::Named(name),
+    };
+    Some(Expr::Lookup {
+        sreg: a.u32(LOOKUP_SREG)?,
+        set,
+        verdict_map,
+    })
+}
+
+fn immediate(a: &Attributes<'_>) -> Option<Expr> {
+    a.only(&[IMMEDIATE_DREG, IMMEDIATE_DATA]).then_some(())?;
+    let dreg = a.u32(IMMEDIATE_DREG)?;
+    let data = a.get(IMMEDIATE_DATA)?;
+    if dreg == super::REG_VERDICT {
+        data_verdict(data).ok()?.map(Expr::Verdict)
+    } else {
+        Some(Expr::Immediate {
+            dreg,
+            data: data_value(data).ok()??.0,
+        })
     }
 }
 
-fn immediate(attributes: &[Immediate]) -> Expr {
-    let (mut to_verdict, mut decided) = (false, None);
-    for attribute in attributes {
-        match attribute {
-            Immediate::DestinationRegister(Register::Verdict) => to_verdict = true,
-            Immediate::Data(DataAttribute::Verdict(v)) => decided = verdict(v),
-            _ => return foreign("immediate"),
-        }
-    }
-    match decided {
-        Some(verdict) if to_verdict => Expr::Verdict(verdict),
-        _ => foreign("immediate"),
-    }
-}
-
-fn expression(
-    element: &ListAttribute<ExpressionAttribute>,
-    anonymous: &BTreeMap<String, AnonymousSet>,
-) -> Expr {
-    let ListAttribute::Element(attributes) = element else {
+fn expression(bytes: &[u8], anonymous: &BTreeMap<String, AnonymousSet>) -> Expr {
+    let Some(expr) = Attributes::of(bytes) else {
         return foreign("?");
     };
-    let data = attributes.iter().find_map(|a| match a {
-        ExpressionAttribute::Data(data) => Some(data),
+    let name = expr.get(EXPR_NAME).map(text).unwrap_or_default();
+    let data = expr
+        .get(EXPR_DATA)
+        .and_then(Attributes::of)
+        .unwrap_or(Attributes(Vec::new()));
+    let decoded = match name.as_str() {
+        "meta" => meta(&data),
+        "ct" => ct(&data),
+        "payload" => payload(&data),
+        "cmp" => cmp(&data),
+        "bitwise" => bitwise(&data),
+        "lookup" => lookup(&data, anonymous),
+        "immediate" => immediate(&data),
         _ => None,
-    });
-    match data {
-        Some(Expressions::Meta(a)) => meta(a),
-        Some(Expressions::Payload(a)) => payload(a),
-        Some(Expressions::Cmp(a)) => cmp(a),
-        Some(Expressions::Bitwise(a)) => bitwise(a),
-        Some(Expressions::Lookup(a)) => lookup(a, anonymous),
-        Some(Expressions::Immediate(a)) => immediate(a),
-        Some(Expressions::Other {
-            expression_type,
-            attributes,
-        }) if expression_type == "ct" => ct(attributes),
-        Some(Expressions::Other { expression_type, .. }) => foreign(expression_type),
-        _ => foreign("?"),
-    }
+    };
+    decoded.unwrap_or_else(|| foreign(&name))
 }
 
-/// A dumped rule of `table`: its chain and the rule.
+/// The comment in nftnl's type-length-value list (a rule's user data).
+fn comment_in(userdata: &[u8]) -> Option<String> {
+    let mut at = 0;
+    while at + 2 <= userdata.len() {
+        let (kind, len) = (userdata[at], userdata[at + 1] as usize);
+        let value = userdata.get(at + 2..at + 2 + len)?;
+        if kind == UDATA_RULE_COMMENT {
+            return Some(text(value));
+        }
+        at += 2 + len;
+    }
+    None
+}
+
+/// A dumped rule of `table`, from its attributes: its chain and the rule.
+/// Read by hand: the netfilter crate took 150 µs a rule.
 pub(crate) fn rule(
-    message: &RuleMessage,
+    bytes: &[u8],
     table: &str,
     anonymous: &BTreeMap<String, AnonymousSet>,
 ) -> Option<(String, Rule)> {
-    let (mut chain, mut in_table, mut exprs) = (None, false, Vec::new());
-    for attribute in &message.attributes {
-        match attribute {
-            RuleAttribute::Table(t) => in_table = t == table,
-            RuleAttribute::Chain(c) => chain = Some(c.clone()),
-            RuleAttribute::Expressions(list) => {
-                exprs = list.iter().map(|e| expression(e, anonymous)).collect();
-            }
-            _ => {}
-        }
-    }
-    in_table.then_some(())?;
-    Some((
-        chain?,
-        Rule {
-            exprs,
-            comment: rule_comment(message),
-        },
-    ))
+    let rule = Attributes::of(bytes)?;
+    (text(rule.get(RULE_TABLE)?) == table).then_some(())?;
+    let chain = text(rule.get(RULE_CHAIN)?);
+    let exprs = match rule.get(RULE_EXPRESSIONS) {
+        Some(list) => attributes(list)
+            .ok()?
+            .into_iter()
+            .filter(|(kind, _)| *kind == LIST_ELEM)
+            .map(|(_, expr)| expression(expr, anonymous))
+            .collect(),
+        None => Vec::new(),
+    };
+    let comment = rule.get(RULE_USERDATA).and_then(comment_in);
+    Some((chain, Rule { exprs, comment }))
 }

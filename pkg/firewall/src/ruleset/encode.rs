@@ -39,8 +39,11 @@ const DATA_VALUE: u16 = 1;
 /// `ct` attributes (the crate does not model the expression).
 pub(super) const CT_DREG: u16 = 1;
 pub(super) const CT_KEY: u16 = 2;
-/// What `nft` names the sets a rule owns; the kernel numbers them.
-const ANONYMOUS_NAME: &str = "__set%d";
+/// How a rule's own sets are named: as `nft` names them, with a number
+/// of this batch's own rather than `%d` for the kernel to number, which
+/// costs it a scan of every set of the table per set (16 s for 10,000
+/// anonymous sets in one batch here).
+const ANONYMOUS_PREFIX: &str = "__set";
 /// Elements per message: a message's nested attributes are at most 64 KiB
 /// (a `u16` length), and an IPv6 interval takes about 60 bytes.
 const ELEMENTS_PER_MESSAGE: usize = 512;
@@ -60,6 +63,9 @@ struct Encoder<'a> {
     table: &'a str,
     messages: Vec<(NfTablesMessage, u16, usize)>,
     next_set_id: u32,
+    /// This batch's mark in its anonymous sets' names: no set of an
+    /// earlier batch has it.
+    batch_mark: String,
 }
 
 pub(super) fn batch(family: TableFamily, table: &str, ops: &[Op]) -> Result<Batch> {
@@ -68,6 +74,7 @@ pub(super) fn batch(family: TableFamily, table: &str, ops: &[Op]) -> Result<Batc
         table,
         messages: Vec::new(),
         next_set_id: 1,
+        batch_mark: batch_mark(),
     };
     for (index, op) in ops.iter().enumerate() {
         encoder.op(index, op)?;
@@ -163,12 +170,15 @@ impl Encoder<'_> {
             ),
             Op::AddElements { set, elements } | Op::DeleteElements { set, elements } => {
                 let adding = matches!(op, Op::AddElements { .. });
+                let concat = set.concat_intervals();
                 for chunk in elements.chunks(ELEMENTS_PER_MESSAGE) {
                     let message = SetElementMessage {
                         attributes: vec![
                             SetElementList::Table(table.clone()),
-                            SetElementList::Set(set.clone()),
-                            SetElementList::Elements(chunk.iter().flat_map(named_set_element).collect()),
+                            SetElementList::Set(set.name.clone()),
+                            SetElementList::Elements(
+                                chunk.iter().flat_map(|e| encoded_element(e, concat)).collect(),
+                            ),
                         ],
                     };
                     if adding {
@@ -192,14 +202,14 @@ impl Encoder<'_> {
     fn rule(&mut self, index: usize, chain: &str, rule: &Rule) -> Result<()> {
         let mut expressions = Vec::with_capacity(rule.exprs.len());
         for expr in &rule.exprs {
-            let set_id = match expr {
+            let anonymous = match expr {
                 Expr::Lookup {
                     set: SetRef::Anonymous(set),
                     ..
                 } => Some(self.anonymous_set(index, set)?),
                 _ => None,
             };
-            expressions.push(ListAttribute::from(expression(expr, set_id)?));
+            expressions.push(ListAttribute::from(expression(expr, anonymous)?));
         }
         let mut attributes = vec![
             RuleAttribute::Table(self.table.to_owned()),
@@ -217,8 +227,9 @@ impl Encoder<'_> {
         Ok(())
     }
 
-    fn anonymous_set(&mut self, index: usize, set: &AnonymousSet) -> Result<u32> {
+    fn anonymous_set(&mut self, index: usize, set: &AnonymousSet) -> Result<(u32, String)> {
         let id = self.set_id();
+        let name = format!("{ANONYMOUS_PREFIX}{}{id}", self.batch_mark);
         let table = self.table.to_owned();
         let concat = set.key.len() > 1;
         let mut flags = SetFlags::Anonymous | SetFlags::Constant;
@@ -227,22 +238,14 @@ impl Encoder<'_> {
             flags |= SetFlags::Interval;
             if concat {
                 flags |= SetFlags::Concat;
-                description.push(SetDescription::Concat(
-                    set.key
-                        .iter()
-                        .map(|f| {
-                            let len = u32::try_from(f.size()).unwrap_or(u32::MAX);
-                            DefaultNla::new(LIST_ELEM | NLA_F_NESTED, nla(SET_FIELD_LEN, &len.to_be_bytes()))
-                        })
-                        .collect(),
-                ));
+                description.push(concat_description(&set.key));
             }
         }
         self.push(
             NfTablesMessage::NewSet(SetMessage {
                 attributes: vec![
                     SetAttribute::Table(table.clone()),
-                    SetAttribute::Name(ANONYMOUS_NAME.to_owned()),
+                    SetAttribute::Name(name.clone()),
                     SetAttribute::Flags(flags),
                     SetAttribute::KeyType(key_type(&set.key)),
                     SetAttribute::KeyLen(count(key_len(&set.key))?),
@@ -254,22 +257,17 @@ impl Encoder<'_> {
             index,
         );
         let elements: Vec<_> = set.elements.iter().cloned().collect();
+        let concat_intervals = concat && set.intervals();
         for chunk in elements.chunks(ELEMENTS_PER_MESSAGE) {
             let encoded = chunk
                 .iter()
-                .flat_map(|e| {
-                    if concat {
-                        vec![concat_interval_element(e)]
-                    } else {
-                        named_set_element(e)
-                    }
-                })
+                .flat_map(|e| encoded_element(e, concat_intervals))
                 .collect();
             self.push(
                 NfTablesMessage::NewSetElement(SetElementMessage {
                     attributes: vec![
                         SetElementList::Table(table.clone()),
-                        SetElementList::Set(ANONYMOUS_NAME.to_owned()),
+                        SetElementList::Set(name.clone()),
                         SetElementList::SetId(id),
                         SetElementList::Elements(encoded),
                     ],
@@ -278,8 +276,18 @@ impl Encoder<'_> {
                 index,
             );
         }
-        Ok(id)
+        Ok((id, name))
     }
+}
+
+/// 16 hex digits no earlier batch used (the clock and the process, hashed
+/// by the standard library's randomly keyed hasher).
+fn batch_mark() -> String {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    std::time::SystemTime::now().hash(&mut hasher);
+    std::process::id().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
 }
 
 fn count(n: usize) -> Result<u32> {
@@ -313,6 +321,18 @@ fn base_chain(base: BaseChain) -> Vec<ChainAttribute> {
     ]
 }
 
+/// The field lengths pipapo matches a concatenation's intervals by.
+fn concat_description(key: &[super::Field]) -> SetDescription {
+    SetDescription::Concat(
+        key.iter()
+            .map(|f| {
+                let len = u32::try_from(f.size()).unwrap_or(u32::MAX);
+                DefaultNla::new(LIST_ELEM | NLA_F_NESTED, nla(SET_FIELD_LEN, &len.to_be_bytes()))
+            })
+            .collect(),
+    )
+}
+
 fn named_set(table: &str, set: &Set, id: u32) -> Result<Vec<SetAttribute>> {
     let mut attributes = vec![
         SetAttribute::Table(table.to_owned()),
@@ -320,6 +340,9 @@ fn named_set(table: &str, set: &Set, id: u32) -> Result<Vec<SetAttribute>> {
     ];
     match set.kind {
         SetKind::Plain => {}
+        SetKind::Intervals if set.concat_intervals() => {
+            attributes.push(SetAttribute::Flags(SetFlags::Interval | SetFlags::Concat));
+        }
         SetKind::Intervals => attributes.push(SetAttribute::Flags(SetFlags::Interval)),
         SetKind::VerdictMap => attributes.push(SetAttribute::Flags(SetFlags::Map)),
     }
@@ -330,7 +353,20 @@ fn named_set(table: &str, set: &Set, id: u32) -> Result<Vec<SetAttribute>> {
         attributes.push(SetAttribute::DataLen(VERDICT_LEN));
     }
     attributes.push(SetAttribute::Id(id));
+    if set.concat_intervals() {
+        attributes.push(SetAttribute::Description(vec![concat_description(&set.key)]));
+    }
     Ok(attributes)
+}
+
+/// An element as its set keeps it: a concatenation's interval in one
+/// element, anything else as [`named_set_element`] writes it.
+fn encoded_element(element: &Element, concat_intervals: bool) -> Vec<ListAttribute<SetElementAttribute>> {
+    if concat_intervals {
+        vec![concat_interval_element(element)]
+    } else {
+        named_set_element(element)
+    }
 }
 
 fn value(bytes: &[u8]) -> DataAttribute {
@@ -394,8 +430,9 @@ fn be32(value: u32) -> Vec<u8> {
     value.to_be_bytes().to_vec()
 }
 
-/// One expression; `set_id` names the anonymous set written before it.
-fn expression(expr: &Expr, set_id: Option<u32>) -> Result<Expressions> {
+/// One expression; `anonymous` is the id and name of the anonymous set
+/// written before it.
+fn expression(expr: &Expr, anonymous: Option<(u32, String)>) -> Result<Expressions> {
     Ok(match expr {
         Expr::Meta { key, dreg } => Expressions::Meta(vec![
             Meta::Key(MetaKey::from(*key)),
@@ -424,8 +461,14 @@ fn expression(expr: &Expr, set_id: Option<u32>) -> Result<Expressions> {
             Cmp::Op(match op {
                 Compare::Eq => Operator::Equal,
                 Compare::Neq => Operator::NotEqual,
+                Compare::Gte => Operator::GreatherThanEqual,
+                Compare::Lte => Operator::LessThanEqual,
             }),
             Cmp::Data(value(data)),
+        ]),
+        Expr::Immediate { dreg, data } => Expressions::Immediate(vec![
+            Immediate::DestinationRegister(Register::from(*dreg)),
+            Immediate::Data(value(data)),
         ]),
         Expr::Bitwise {
             sreg,
@@ -444,12 +487,14 @@ fn expression(expr: &Expr, set_id: Option<u32>) -> Result<Expressions> {
             set,
             verdict_map,
         } => {
-            let mut attributes = vec![Lookup::Set(match set {
-                SetRef::Named(name) => name.clone(),
-                SetRef::Anonymous(_) => ANONYMOUS_NAME.to_owned(),
-            })];
-            if let Some(id) = set_id {
-                attributes.push(Lookup::SetId(id));
+            let mut attributes = Vec::new();
+            match (set, anonymous) {
+                (SetRef::Named(name), _) => attributes.push(Lookup::Set(name.clone())),
+                (SetRef::Anonymous(_), Some((id, name))) => {
+                    attributes.push(Lookup::Set(name));
+                    attributes.push(Lookup::SetId(id));
+                }
+                (SetRef::Anonymous(_), None) => return Err(super::invalid("an anonymous set not written")),
             }
             attributes.push(Lookup::SourceRegister(Register::from(*sreg)));
             if *verdict_map {

@@ -41,6 +41,11 @@ pub enum Field {
     Icmpv6Type,
     /// Text of up to 64 bytes, NUL-padded (nft's `string`).
     Text,
+    /// A packet mark's 32 bits; also what `nft` shows a number no packet
+    /// carries as, which a rule loads itself ([`Expr::Immediate`]): `nft`
+    /// 1.0.6 aborts listing a set keyed by an `integer` it was not told the
+    /// length of (`concat_expr_msort_value: Assertion ilen > 0`).
+    Mark,
 }
 
 impl Field {
@@ -53,6 +58,7 @@ impl Field {
             Field::InetService => 13,
             Field::Icmpv6Type => 29,
             Field::Text => 5,
+            Field::Mark => 19,
         }
     }
 
@@ -64,6 +70,7 @@ impl Field {
             Field::InetProto | Field::Icmpv6Type => 1,
             Field::InetService => 2,
             Field::Text => TEXT_LEN,
+            Field::Mark => 4,
         }
     }
 
@@ -280,6 +287,15 @@ pub struct Set {
     pub kind: SetKind,
 }
 
+impl Set {
+    /// Intervals of a concatenation: the kernel's pipapo, an element's
+    /// first and last key in one element (an interval of one field is the
+    /// rbtree's: a first key, and an end marker past its last).
+    fn concat_intervals(&self) -> bool {
+        self.kind == SetKind::Intervals && self.key.len() > 1
+    }
+}
+
 /// A set that belongs to one rule, written with it and gone with it; its
 /// elements never change. Intervals of a concatenation (`tcp . 80-90`)
 /// are the kernel's `pipapo`, keys alone a hash.
@@ -320,11 +336,14 @@ pub const CT_STATE: u32 = 0;
 pub const NETWORK_HEADER: u32 = 1;
 pub const TRANSPORT_HEADER: u32 = 2;
 
-/// Comparisons.
+/// Comparisons, of bytes as the kernel compares them (`memcmp`: in
+/// network order, `Gte` and `Lte` order ports and addresses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Compare {
     Eq,
     Neq,
+    Gte,
+    Lte,
 }
 
 /// One step of a rule, as the kernel evaluates it.
@@ -339,6 +358,11 @@ pub enum Expr {
     Ct {
         key: u32,
         dreg: u32,
+    },
+    /// Loads constant bytes (a key's part no packet carries).
+    Immediate {
+        dreg: u32,
+        data: Vec<u8>,
     },
     /// Loads `len` bytes at `offset` of a header.
     Payload {
@@ -412,12 +436,14 @@ pub enum Op {
     },
     AddSet(Set),
     DeleteSet(String),
+    /// Elements of `set` (described as it was made: its kind and key say
+    /// how an interval is written).
     AddElements {
-        set: String,
+        set: Set,
         elements: Vec<Element>,
     },
     DeleteElements {
-        set: String,
+        set: Set,
         elements: Vec<Element>,
     },
 }
@@ -444,9 +470,11 @@ impl fmt::Display for Op {
             Op::AddRule { chain, rule } => write!(f, "add rule {chain} {rule:?}"),
             Op::AddSet(set) => write!(f, "add set {} {:?} {:?}", set.name, set.key, set.kind),
             Op::DeleteSet(name) => write!(f, "delete set {name}"),
-            Op::AddElements { set, elements } => write!(f, "add element {set} {{ {} }}", list(elements)),
+            Op::AddElements { set, elements } => {
+                write!(f, "add element {} {{ {} }}", set.name, list(elements))
+            }
             Op::DeleteElements { set, elements } => {
-                write!(f, "delete element {set} {{ {} }}", list(elements))
+                write!(f, "delete element {} {{ {} }}", set.name, list(elements))
             }
         }
     }

@@ -24,6 +24,9 @@ use crate::{Error, Result};
 /// handles a batch within the send, so its answers are queued by then.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
+/// How many times a set whose dump missed elements is read.
+const DUMP_ATTEMPTS: usize = 5;
+
 /// Room for the batch beyond its bytes (the kernel counts its own
 /// overhead against the send buffer).
 const SEND_SLACK: usize = 1 << 16;
@@ -296,13 +299,44 @@ impl Conversation {
     }
 
     /// A set's elements, read from the dump's attributes by hand: the
-    /// netfilter crate takes seconds for a few thousand elements.
+    /// netfilter crate takes seconds for a few thousand elements. A hash
+    /// the kernel resizes between two parts of a dump (it does so right
+    /// after many elements came) can repeat some elements and miss others:
+    /// where the kernel says how many it holds, a dump that got another
+    /// count is read again.
     pub fn elements_of(
         &mut self,
         family: TableFamily,
         table: &str,
         set: &DumpedSet,
     ) -> Result<BTreeSet<super::Element>> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let listed = self.dump_elements(family, table, set)?;
+            // The kernel counts an rbtree's intervals, not their ends.
+            let distinct: BTreeSet<&super::Value> =
+                listed.iter().filter(|e| !e.end_marker).map(|e| &e.key).collect();
+            let counted = u32::try_from(distinct.len()).ok();
+            if set.count.is_none() || set.count == counted || attempts == DUMP_ATTEMPTS {
+                return decode::elements(set, listed);
+            }
+            // Let the kernel's resize finish.
+            std::thread::sleep(Duration::from_millis(10));
+            if let Some(fresh) = self.set(family, table, &set.name)?
+                && fresh.count == counted
+            {
+                return decode::elements(set, listed);
+            }
+        }
+    }
+
+    fn dump_elements(
+        &mut self,
+        family: TableFamily,
+        table: &str,
+        set: &DumpedSet,
+    ) -> Result<Vec<decode::DumpedElement>> {
         let mut listed = Vec::new();
         let request = NfTablesMessage::GetSetElement(SetElementMessage {
             attributes: vec![
@@ -315,7 +349,7 @@ impl Conversation {
             Ok(())
         })?;
         match outcome {
-            Ok(()) | Err(ENOENT) => decode::elements(set, listed),
+            Ok(()) | Err(ENOENT) => Ok(listed),
             Err(code) => Err(errno("element listing", code)),
         }
     }
@@ -360,18 +394,18 @@ impl Conversation {
         let request = NfTablesMessage::GetRule(RuleMessage {
             attributes: vec![RuleAttribute::Table(table.to_owned())],
         });
-        let mut rules = Vec::new();
-        self.dump(family, "rule listing", request, |message| {
-            if let NfTablesMessage::NewRule(rule) = message {
-                rules.push(rule);
-            }
-        })?;
-        for rule in &rules {
-            if let Some((chain, rule)) = decode::rule(rule, table, &anonymous)
+        let outcome = self.ask(family, request, NLM_F_DUMP, |raw| {
+            if let Some((chain, rule)) = decode::rule(raw.attributes(), table, &anonymous)
                 && let Some(chain) = chains.get_mut(&chain)
             {
                 chain.rules.push(rule);
             }
+            Ok(())
+        })?;
+        if let Err(code) = outcome
+            && code != ENOENT
+        {
+            return Err(errno("rule listing", code));
         }
         Ok(Some(Table { chains, sets: named }))
     }

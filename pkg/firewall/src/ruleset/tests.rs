@@ -48,12 +48,16 @@ fn addr(text: &str) -> Value {
     Value::address(ip(text))
 }
 
-fn set(name: &str, key: Key, kind: SetKind) -> Op {
-    Op::AddSet(Set {
+fn spec(name: &str, key: Key, kind: SetKind) -> Set {
+    Set {
         name: name.into(),
         key,
         kind,
-    })
+    }
+}
+
+fn set(name: &str, key: Key, kind: SetKind) -> Op {
+    Op::AddSet(spec(name, key, kind))
 }
 
 fn nfproto(family: u8) -> [Expr; 2] {
@@ -123,7 +127,7 @@ fn sample_ops() -> Vec<Op> {
         set("blocks-a-v4", vec![Field::Ipv4], SetKind::Intervals),
         set("blocks-a-v6", vec![Field::Ipv6], SetKind::Intervals),
         Op::AddElements {
-            set: "blocks-a-v4".into(),
+            set: spec("blocks-a-v4", vec![Field::Ipv4], SetKind::Intervals),
             elements: vec![
                 Element::interval(addr("10.0.0.0"), addr("10.0.0.6")),
                 Element::interval(addr("10.0.0.8"), addr("10.0.0.255")),
@@ -131,7 +135,7 @@ fn sample_ops() -> Vec<Op> {
             ],
         },
         Op::AddElements {
-            set: "blocks-a-v6".into(),
+            set: spec("blocks-a-v6", vec![Field::Ipv6], SetKind::Intervals),
             elements: vec![Element::interval(
                 addr("fd00::"),
                 addr("fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
@@ -184,11 +188,11 @@ fn sample_ops() -> Vec<Op> {
         ),
         rule("in-x", vec![Expr::Verdict(Verdict::Drop)], None),
         Op::AddElements {
-            set: "ingress-v4".into(),
+            set: spec("ingress-v4", vec![Field::Ipv4], SetKind::VerdictMap),
             elements: vec![Element::jump(addr("10.0.1.3"), "in-x")],
         },
         Op::AddElements {
-            set: "self-v4".into(),
+            set: spec("self-v4", vec![Field::Ipv4, Field::Ipv4], SetKind::Plain),
             elements: vec![Element::key(Value::concat(&[addr("10.0.1.3"), addr("10.0.1.3")]))],
         },
         Op::AddChain {
@@ -321,11 +325,11 @@ fn a_refused_op_leaves_the_table_as_it_was_and_is_named() {
             "t",
             &[
                 Op::AddElements {
-                    set: "pods-a-v4".into(),
+                    set: spec("pods-a-v4", vec![Field::Ipv4], SetKind::Plain),
                     elements: vec![Element::key(addr("10.9.9.9"))],
                 },
                 Op::DeleteElements {
-                    set: "pods-a-v4".into(),
+                    set: spec("pods-a-v4", vec![Field::Ipv4], SetKind::Plain),
                     elements: vec![Element::key(addr("10.8.8.8"))],
                 },
             ],
@@ -361,7 +365,7 @@ fn intervals_read_back_whatever_their_neighbours() {
                 Op::AddTable,
                 set("b", vec![Field::Ipv4], SetKind::Intervals),
                 Op::AddElements {
-                    set: "b".into(),
+                    set: spec("b", vec![Field::Ipv4], SetKind::Intervals),
                     elements: intervals.clone(),
                 },
             ],
@@ -375,7 +379,7 @@ fn intervals_read_back_whatever_their_neighbours() {
             TableFamily::Inet,
             "t",
             &[Op::DeleteElements {
-                set: "b".into(),
+                set: spec("b", vec![Field::Ipv4], SetKind::Intervals),
                 elements: intervals[1..3].to_vec(),
             }],
         )
@@ -384,6 +388,86 @@ fn intervals_read_back_whatever_their_neighbours() {
             .expect("read")
             .expect("a set");
         assert_eq!(left, [intervals[0].clone(), intervals[3].clone()].into());
+    });
+}
+
+#[test]
+fn a_shared_set_of_tagged_intervals_reads_back_and_a_rule_loads_its_tag() {
+    in_scratch_namespace(|| {
+        let tagged = spec(
+            "blocks-v4",
+            vec![Field::Ipv4, Field::Mark, Field::Mark],
+            SetKind::Intervals,
+        );
+        let tag = |t: u64| Value(t.to_be_bytes().to_vec());
+        let interval = |first: &str, last: &str, t: u64| {
+            Element::interval(
+                Value::concat(&[addr(first), tag(t)]),
+                Value::concat(&[addr(last), tag(t)]),
+            )
+        };
+        let elements = vec![
+            interval("10.0.0.0", "10.0.0.6", 1),
+            interval("10.0.0.8", "10.0.0.255", 1),
+            interval("10.0.0.0", "10.255.255.255", 2),
+        ];
+        let rule_of_tag = Rule {
+            exprs: [
+                nfproto(2).to_vec(),
+                vec![
+                    network(12, 4, REG_1),
+                    Expr::Immediate {
+                        dreg: REG32_01,
+                        data: tag(2).0,
+                    },
+                    lookup("blocks-v4"),
+                    Expr::Verdict(Verdict::Return),
+                ],
+            ]
+            .concat(),
+            comment: None,
+        };
+        commit(
+            TableFamily::Inet,
+            "t",
+            &[
+                Op::AddTable,
+                Op::AddSet(tagged.clone()),
+                Op::AddElements {
+                    set: tagged.clone(),
+                    elements: elements.clone(),
+                },
+                Op::AddChain {
+                    name: "c".into(),
+                    base: None,
+                },
+                Op::AddRule {
+                    chain: "c".into(),
+                    rule: rule_of_tag.clone(),
+                },
+            ],
+        )
+        .expect("committed");
+        let table = read(TableFamily::Inet, "t").expect("read").expect("a table");
+        assert_eq!(table.sets["blocks-v4"].set, tagged);
+        assert_eq!(
+            table.sets["blocks-v4"].elements,
+            elements.iter().cloned().collect()
+        );
+        assert_eq!(table.chains["c"].rules, [rule_of_tag]);
+        commit(
+            TableFamily::Inet,
+            "t",
+            &[Op::DeleteElements {
+                set: tagged,
+                elements: elements[..1].to_vec(),
+            }],
+        )
+        .expect("deleted");
+        let left = super::elements(TableFamily::Inet, "t", "blocks-v4")
+            .expect("read")
+            .expect("a set");
+        assert_eq!(left, elements[1..].iter().cloned().collect());
     });
 }
 
@@ -405,7 +489,7 @@ fn a_batch_of_twenty_thousand_elements_is_one_transaction() {
                 Op::AddTable,
                 set("p", vec![Field::Ipv4], SetKind::Plain),
                 Op::AddElements {
-                    set: "p".into(),
+                    set: spec("p", vec![Field::Ipv4], SetKind::Plain),
                     elements: elements_of(1),
                 },
             ],
@@ -418,11 +502,11 @@ fn a_batch_of_twenty_thousand_elements_is_one_transaction() {
         // Half swapped for others in one batch.
         let ops = [
             Op::DeleteElements {
-                set: "p".into(),
+                set: spec("p", vec![Field::Ipv4], SetKind::Plain),
                 elements: elements_of(1)[..10_000].to_vec(),
             },
             Op::AddElements {
-                set: "p".into(),
+                set: spec("p", vec![Field::Ipv4], SetKind::Plain),
                 elements: elements_of(2),
             },
         ];

@@ -92,7 +92,7 @@ fn a_fresh_table_gets_its_sets_and_chains_before_anything_jumps_to_them() {
     let text = shown(&ops);
     let chain = compiled.lists.keys().next().expect("present");
     assert_eq!(ops[0], Op::AddTable);
-    assert!(position(&text, "add element pods-") < position(&text, &format!("add chain {chain}")));
+    assert!(position(&text, "add element peers-v4") < position(&text, &format!("add chain {chain}")));
     assert!(
         position(&text, &format!("add chain {chain}"))
             < position(&text, "add element ingress-v4 { 10.0.1.3 : jump ")
@@ -100,29 +100,42 @@ fn a_fresh_table_gets_its_sets_and_chains_before_anything_jumps_to_them() {
     assert!(position(&text, "add chain forward (hook Forward)") < position(&text, "add element ingress-v4"));
     let rules = rules_of(&ops, chain);
     assert_eq!(rules.len(), 3, "each family's peer set, then drop");
+    assert_eq!(jump_sets(rules[0]), ["peers-v4"]);
     assert!(
-        jump_sets(rules[0])
-            .iter()
-            .any(|s| s.starts_with("pods-") && s.ends_with("-v4"))
+        rules[0].exprs.iter().any(
+            |e| matches!(e, Expr::Immediate { dreg, data } if *dreg == ruleset::REG32_01 && data.len() == 8)
+        ),
+        "the rule's own tag beside the address: {:?}",
+        rules[0]
     );
     assert_eq!(rules[2].exprs, [Expr::Verdict(Verdict::Drop)]);
-    let ports = rules[0]
-        .exprs
-        .iter()
-        .find_map(|e| match e {
-            Expr::Lookup {
-                set: SetRef::Anonymous(set),
-                ..
-            } => Some(set.clone()),
-            _ => None,
-        })
-        .expect("a port set");
-    assert_eq!(ports.key, [Field::InetProto, Field::InetService]);
-    let tcp_5432 = Value::concat(&[Value::byte(6), Value::port(5432)]);
-    assert_eq!(
-        ports.elements,
-        BTreeSet::from([Element::interval(tcp_5432.clone(), tcp_5432)]),
-        "tcp . 5432"
+    // One port: compared in the rule, no set of its own.
+    assert!(
+        rules[0].exprs.ends_with(&[
+            Expr::Meta {
+                key: ruleset::META_L4PROTO,
+                dreg: ruleset::REG_1
+            },
+            Expr::Cmp {
+                sreg: ruleset::REG_1,
+                op: Compare::Eq,
+                data: vec![6]
+            },
+            Expr::Payload {
+                base: ruleset::TRANSPORT_HEADER,
+                offset: 2,
+                len: 2,
+                dreg: ruleset::REG_1
+            },
+            Expr::Cmp {
+                sreg: ruleset::REG_1,
+                op: Compare::Eq,
+                data: 5432u16.to_be_bytes().to_vec()
+            },
+            Expr::Verdict(Verdict::Return),
+        ]),
+        "{:?}",
+        rules[0]
     );
     assert!(
         text.contains(&"add element self-v4 { 0a0001030a000103 }".to_owned()),
@@ -134,8 +147,23 @@ fn a_fresh_table_gets_its_sets_and_chains_before_anything_jumps_to_them() {
     );
 }
 
+/// The tagged members `ops` add to the shared set `name`.
+fn added_to(ops: &[Op], name: &str) -> Vec<Element> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::AddElements { set, elements } if set.name == name => Some(elements.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn address_of_member(element: &Element) -> String {
+    Value(element.key.0[..element.key.0.len() - 8].to_vec()).to_string()
+}
+
 #[test]
-fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_named_after_them() {
+fn peers_and_blocks_of_every_rule_share_four_sets_and_a_rule_is_told_apart_by_its_tag() {
     let rule = |cidr: &str| PolicyRule {
         peers: Some(vec![
             web_peers(),
@@ -147,31 +175,37 @@ fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_named_after_them() 
         ports: vec![],
     };
     let ops = plan(&Current::default(), &db_taking(rule("192.168.0.0/16"), db_pods()));
-    let declared = |prefix: &str| -> Vec<&Set> {
-        ops.iter()
-            .filter_map(|op| match op {
-                Op::AddSet(set) if set.name.starts_with(prefix) => Some(set),
-                _ => None,
-            })
-            .collect()
-    };
-    let pod_sets = declared("pods-");
-    assert_eq!(pod_sets.len(), 2, "one a family");
-    assert!(pod_sets.iter().all(|s| s.kind == SetKind::Plain));
-    let block_sets = declared("blocks-");
-    assert_eq!(block_sets.len(), 2, "one a family");
-    assert!(block_sets.iter().all(|s| s.kind == SetKind::Intervals));
-    let text = shown(&ops);
+    let declared: Vec<&Set> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::AddSet(set) if set.key.contains(&Field::Mark) => Some(set),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<&str> = declared.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["peers-v4", "peers-v6", "blocks-v4", "blocks-v6"]);
     assert!(
-        text.iter()
-            .any(|op| op.ends_with("-v4 { 192.168.0.0-192.168.255.255 }")),
-        "{text:#?}"
+        declared
+            .iter()
+            .all(|s| (s.kind == SetKind::Intervals) == s.name.starts_with("blocks-"))
     );
-    assert!(
-        text.iter().any(|op| op.ends_with("-v4 { 10.0.2.2 }")),
-        "{text:#?}"
+    let peers = added_to(&ops, "peers-v4");
+    assert_eq!(
+        peers.iter().map(address_of_member).collect::<Vec<_>>(),
+        ["10.0.2.2"]
     );
-    // Either set lets a peer in: a rule for each, in each family, and drop.
+    let blocks = added_to(&ops, "blocks-v4");
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(address_of_member(&blocks[0]), "192.168.0.0");
+    let last = blocks[0].last.as_ref().expect("an interval");
+    assert_eq!(Value(last.0[..4].to_vec()).to_string(), "192.168.255.255");
+    assert_ne!(
+        &blocks[0].key.0[4..],
+        &peers[0].key.0[4..],
+        "each rule's set its own tag"
+    );
+    // Either set lets a peer in: a rule for each set of each family (the
+    // block is IPv4's only), and drop.
     let chain = ops
         .iter()
         .find_map(|op| match op {
@@ -179,24 +213,19 @@ fn pods_go_in_plain_sets_and_address_blocks_in_interval_sets_named_after_them() 
             _ => None,
         })
         .expect("a chain");
-    assert_eq!(rules_of(&ops, &chain).len(), 5);
+    assert_eq!(rules_of(&ops, &chain).len(), 4);
 
-    // Another block is another set, never the same set changed.
+    // Another block: its members change, no set is made or removed.
     let before = db_taking(rule("192.168.0.0/16"), db_pods());
     let after = db_taking(rule("192.169.0.0/16"), db_pods());
     let ops = plan(&Current::held_after(&before), &after);
     assert!(
-        !ops.iter().any(|op| matches!(op,
-            Op::AddElements { set, .. } | Op::DeleteElements { set, .. } if before.peer_sets.keys().any(|b| set.starts_with(b.as_str()) && b.starts_with(BLOCK_SET_PREFIX)))),
+        !ops.iter()
+            .any(|op| matches!(op, Op::AddSet(_) | Op::DeleteSet(_))),
         "{:#?}",
         shown(&ops)
     );
-    assert_eq!(
-        ops.iter()
-            .filter(|op| matches!(op, Op::DeleteSet(name) if name.starts_with("blocks-")))
-            .count(),
-        2
-    );
+    assert_eq!(added_to(&ops, "blocks-v4").len(), 1);
 }
 
 #[test]
@@ -211,9 +240,13 @@ fn a_new_peer_pod_is_one_element_and_a_gone_policy_takes_its_chains_and_sets() {
     let mut pods = db_pods();
     pods.push(pod("web2", "n3", "10.0.3.3", "web"));
     let after = web_to_db(pods);
-    let ops = shown(&plan(&Current::held_after(&before), &after));
-    assert_eq!(ops.len(), 1, "{ops:#?}");
-    assert!(ops[0].starts_with("add element pods-") && ops[0].ends_with("-v4 { 10.0.3.3 }"));
+    let ops = plan(&Current::held_after(&before), &after);
+    assert_eq!(ops.len(), 1, "{:#?}", shown(&ops));
+    let added = added_to(&ops, "peers-v4");
+    assert_eq!(
+        added.iter().map(address_of_member).collect::<Vec<_>>(),
+        ["10.0.3.3"]
+    );
 
     let ops = shown(&plan(&Current::held_after(&before), &Compiled::default()));
     let chain = before.lists.keys().next().expect("present");
@@ -221,9 +254,12 @@ fn a_new_peer_pod_is_one_element_and_a_gone_policy_takes_its_chains_and_sets() {
         position(&ops, "delete element ingress-v4 { 10.0.1.3 }")
             < position(&ops, &format!("delete chain {chain}"))
     );
-    assert_eq!(
-        ops.iter().filter(|op| op.starts_with("delete set")).count(),
-        2,
+    assert!(
+        !ops.iter().any(|op| op.starts_with("delete set")),
+        "shared sets stay: {ops:#?}"
+    );
+    assert!(
+        ops.iter().any(|op| op.starts_with("delete element peers-v4")),
         "{ops:#?}"
     );
     assert!(
@@ -238,11 +274,14 @@ fn a_chain_someone_changed_is_written_again_whatever_its_length() {
     let chain = compiled.lists.keys().next().expect("a chain").clone();
     let mut current = Current::held_after(&compiled);
     // `drop` replaced by `accept`: as many rules as before.
-    if let Some(rules) = current.chains.get_mut(&chain)
-        && let Some(last) = rules.last_mut()
-    {
+    let mut rules: Vec<Rule> = rules_of(&plan(&Current::default(), &compiled), &chain)
+        .into_iter()
+        .cloned()
+        .collect();
+    if let Some(last) = rules.last_mut() {
         last.exprs = vec![Expr::Verdict(Verdict::Accept)];
     }
+    current.chains.insert(chain.clone(), Chain::Rules(rules));
     let ops = plan(&current, &compiled);
     assert_eq!(ops[0], Op::FlushChain(chain.clone()), "{:#?}", shown(&ops));
     assert_eq!(
@@ -251,7 +290,7 @@ fn a_chain_someone_changed_is_written_again_whatever_its_length() {
     );
 
     let mut flushed = Current::held_after(&compiled);
-    flushed.chains.insert(chain.clone(), Vec::new());
+    flushed.chains.insert(chain.clone(), Chain::Rules(Vec::new()));
     assert_eq!(plan(&flushed, &compiled)[0], Op::FlushChain(chain));
 }
 
@@ -282,7 +321,7 @@ fn a_table_read_back_is_what_it_holds() {
                 );
             }
             Op::AddElements { set, elements } => {
-                if let Some(read) = table.sets.get_mut(&set) {
+                if let Some(read) = table.sets.get_mut(&set.name) {
                     read.elements.extend(elements);
                 }
             }
@@ -304,7 +343,8 @@ fn a_table_read_back_is_what_it_holds() {
             _ => {}
         }
     }
-    assert_eq!(Current::of(&table), Current::held_after(&compiled));
+    assert!(Current::of(&table).holds(&compiled));
+    assert_ne!(Current::of(&table), Current::default());
     assert_eq!(
         Current::of(&table).guarded,
         Some(BTreeSet::from(["a".to_owned()]))
