@@ -35,6 +35,9 @@ pub enum Error {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The kernel refused a transaction: what it refused, and why.
+    #[error("nf_tables refused {what}: {}", std::io::Error::from_raw_os_error(*errno))]
+    Refused { what: String, errno: i32 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -410,66 +410,6 @@ pub fn delete_table(family: TableFamily, table: &str) -> Result<Deleted> {
     delete(family, delete_table_message(table), 0, table)
 }
 
-/// Deletes the rules `handles` of `chain` in one transaction, as
-/// `iptables-nft-restore`'s `-D` lines do once it has found their
-/// handles: all of them, or none when one of them is gone meanwhile
-/// ([`Deleted::Absent`]: the kernel aborts the batch; read again).
-pub fn delete_rules(family: TableFamily, table: &str, chain: &str, handles: &[u64]) -> Result<Deleted> {
-    if handles.is_empty() {
-        return Ok(Deleted::Absent);
-    }
-    let changes = handles.iter().map(|handle| {
-        NfTablesMessage::DeleteRule(RuleMessage {
-            attributes: vec![
-                RuleAttribute::Table(table.to_owned()),
-                RuleAttribute::Chain(chain.to_owned()),
-                RuleAttribute::Handle(*handle),
-            ],
-        })
-    });
-    let transaction = batch_of(changes, NLM_F_ACK, family);
-    match converse_acks("rule deletion", &transaction, handles.len())? {
-        Ok(()) => Ok(Deleted::Removed),
-        Err(ENOENT) => Ok(Deleted::Absent),
-        Err(errno) => Err(failed("rule deletion in", &format!("{table}/{chain}"), errno)),
-    }
-}
-
-/// Sends a batch whose `changes` each ask for an ACK, and reads until all
-/// of them are acknowledged or the kernel reports an error (the first
-/// one, for a batch it aborted).
-fn converse_acks(what: &str, request: &[u8], changes: usize) -> Result<std::result::Result<(), i32>> {
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(|e| io_error(what, &e))?;
-    socket.bind_auto().map_err(|e| io_error(what, &e))?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(|e| io_error(what, &e))?;
-    socket.send(request, 0).map_err(|e| io_error(what, &e))?;
-    let mut buf = vec![0u8; 1 << 16];
-    let mut acknowledged = 0;
-    loop {
-        let n = socket
-            .recv(&mut &mut buf[..], 0)
-            .map_err(|e| io_error(what, &e))?;
-        let mut at = 0;
-        while at < n {
-            let message = NetlinkMessage::<NetfilterMessage>::deserialize(&buf[at..n])
-                .map_err(|e| Error::Invalid(format!("netfilter {what}: a reply: {e}")))?;
-            let len = message.header.length as usize;
-            if let NetlinkPayload::Error(error) = message.payload {
-                if let Some(code) = error.code {
-                    return Ok(Err(-code.get()));
-                }
-                acknowledged += 1;
-                if acknowledged == changes {
-                    return Ok(Ok(()));
-                }
-            }
-            at += (len + 3) & !3;
-        }
-    }
-}
-
 fn delete(family: TableFamily, change: NfTablesMessage, flags: u16, object: &str) -> Result<Deleted> {
     let transaction = batch(change, NLM_F_ACK | flags, family);
     match converse("deletion", &transaction, |_| {})? {
@@ -484,23 +424,16 @@ fn delete(family: TableFamily, change: NfTablesMessage, flags: u16, object: &str
 /// between a batch's begin and end, each marker naming the subsystem the
 /// batch is for in its res_id.
 fn batch(change: NfTablesMessage, flags: u16, family: TableFamily) -> Vec<u8> {
-    batch_of(std::iter::once(change), flags, family)
-}
-
-/// [`batch`] of several changes, in order, each with `flags`.
-fn batch_of(changes: impl Iterator<Item = NfTablesMessage>, flags: u16, family: TableFamily) -> Vec<u8> {
     let nftables = u16::from(u8::from(NetfilterSubsystem::NfTables));
     let marker = |marker: ControlMessage, sequence: u32| {
         serialize(marker, NetfilterProtoFamily::Unspec, nftables, 0, sequence)
     };
-    let mut messages = vec![marker(ControlMessage::BatchBegin, 1)];
-    let mut sequence = 2;
-    for change in changes {
-        messages.push(serialize(change, family.proto_family(), 0, flags, sequence));
-        sequence += 1;
-    }
-    messages.push(marker(ControlMessage::BatchEnd, sequence));
-    messages.concat()
+    [
+        marker(ControlMessage::BatchBegin, 1),
+        serialize(change, family.proto_family(), 0, flags, 2),
+        marker(ControlMessage::BatchEnd, 3),
+    ]
+    .concat()
 }
 
 #[cfg(test)]

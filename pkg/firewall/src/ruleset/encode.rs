@@ -143,6 +143,17 @@ impl Encoder<'_> {
                 0,
                 index,
             ),
+            Op::DeleteRule { chain, handle } => self.push(
+                NfTablesMessage::DeleteRule(RuleMessage {
+                    attributes: vec![
+                        RuleAttribute::Table(table),
+                        RuleAttribute::Chain(chain.clone()),
+                        RuleAttribute::Handle(*handle),
+                    ],
+                }),
+                0,
+                index,
+            ),
             Op::DeleteChain(name) => self.push(
                 NfTablesMessage::DeleteChain(ChainMessage {
                     attributes: vec![ChainAttribute::Table(table), ChainAttribute::Name(name.clone())],

@@ -25,7 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-pub use crate::nfnl::TableFamily;
+use crate::nfnl::ENOENT;
+pub use crate::nfnl::{Deleted, TableFamily};
 use crate::{Error, Result};
 
 /// One field of a set's key, as nft types it (the type ids are nft's, so
@@ -429,6 +430,11 @@ pub enum Op {
     },
     FlushChain(String),
     DeleteChain(String),
+    /// One rule, by the handle a reading gave it.
+    DeleteRule {
+        chain: String,
+        handle: u64,
+    },
     /// A rule at the chain's end.
     AddRule {
         chain: String,
@@ -466,6 +472,7 @@ impl fmt::Display for Op {
                 base: Some(base),
             } => write!(f, "add chain {name} (hook {:?})", base.hook),
             Op::FlushChain(name) => write!(f, "flush chain {name}"),
+            Op::DeleteRule { chain, handle } => write!(f, "delete rule {chain} handle {handle}"),
             Op::DeleteChain(name) => write!(f, "delete chain {name}"),
             Op::AddRule { chain, rule } => write!(f, "add rule {chain} {rule:?}"),
             Op::AddSet(set) => write!(f, "add set {} {:?} {:?}", set.name, set.key, set.kind),
@@ -488,6 +495,28 @@ pub fn commit(family: TableFamily, table: &str, ops: &[Op]) -> Result<()> {
     }
     let batch = encode::batch(family, table, ops)?;
     socket::Conversation::open()?.transact(&batch)
+}
+
+/// Deletes the rules `handles` of `chain` in one transaction, as
+/// `iptables-nft-restore`'s `-D` lines do once it has found their
+/// handles: all of them, or none when one of them is gone meanwhile
+/// ([`Deleted::Absent`]: the kernel aborts the batch; read again).
+pub fn delete_rules(family: TableFamily, table: &str, chain: &str, handles: &[u64]) -> Result<Deleted> {
+    if handles.is_empty() {
+        return Ok(Deleted::Absent);
+    }
+    let ops: Vec<Op> = handles
+        .iter()
+        .map(|handle| Op::DeleteRule {
+            chain: chain.to_owned(),
+            handle: *handle,
+        })
+        .collect();
+    match commit(family, table, &ops) {
+        Ok(()) => Ok(Deleted::Removed),
+        Err(Error::Refused { errno: ENOENT, .. }) => Ok(Deleted::Absent),
+        Err(e) => Err(e),
+    }
 }
 
 /// A chain as read back.

@@ -157,10 +157,7 @@ impl Conversation {
                     .and_then(|s| batch.ops_by_sequence.get(s))
                     .and_then(|op| batch.descriptions.get(*op));
                 let what = op.map_or_else(|| "the batch".to_owned(), |op| format!("`{op}`"));
-                Err(Error::Invalid(format!(
-                    "nf_tables refused {what}: {}",
-                    std::io::Error::from_raw_os_error(code)
-                )))
+                Err(Error::Refused { what, errno: code })
             }
         }
     }

@@ -29,7 +29,8 @@ use std::net::IpAddr;
 use super::backend::{FirewallBackend, PodRules};
 use super::rules;
 use firewall::iptables::{SavedTable, quote, restore, uses_nf_tables};
-use firewall::nfnl::{self, Deleted, TableFamily};
+use firewall::nfnl::{Deleted, TableFamily};
+use firewall::ruleset;
 use firewall::{Family, Result};
 
 pub const FORWARD_CHAIN: &str = "CNI-FORWARD";
@@ -291,7 +292,7 @@ pub fn del(family: Family, ips: &[IpAddr]) -> Result<bool> {
     if handles.is_empty() {
         return Ok(false);
     }
-    if nfnl::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? == Deleted::Removed {
+    if ruleset::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? == Deleted::Removed {
         return Ok(true);
     }
     let handles = pod_rule_handles(table_family, ips)?;
@@ -299,7 +300,7 @@ pub fn del(family: Family, ips: &[IpAddr]) -> Result<bool> {
         // Deleted meanwhile by someone outside the node's lock.
         return Ok(true);
     }
-    match nfnl::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? {
+    match ruleset::delete_rules(table_family, "filter", FORWARD_CHAIN, &handles)? {
         Deleted::Removed => Ok(true),
         Deleted::Absent | Deleted::InUse => Err(firewall::Error::Invalid(format!(
             "the rules of {ips:?} in {FORWARD_CHAIN} kept changing while they were deleted"
