@@ -8,8 +8,8 @@ the plugins it installs, cnictl); /opt/cni-suite/iptables/{nft,legacy}
 each hold one iptables flavour's save and restore commands, Debian's
 xtables multi-binaries with their libraries and extensions, of which the
 agent puts the node's own first on PATH (node-agent/src/iptables_mode.rs);
-nft for the NetworkPolicy table; busybox for a shell when someone needs
-to look inside. Built on Debian
+nft to look at the NetworkPolicy table (the agent writes it over
+netlink); busybox for a shell when someone needs to look inside. Built on Debian
 or Ubuntu, for the machine's own architecture (the nodes' must match).
 """
 import glob
@@ -37,7 +37,8 @@ def main():
         layer.host_binary(multi)
         for command in COMMANDS:
             layer.symlink("opt/cni-suite/iptables/%s/%s" % (flavour, command), multi)
-    # NetworkPolicy's table is changed through nft (NETWORK_POLICY).
+    # For an operator's `nft list table inet cni-suite-netpol` from the
+    # agent's container; the agent itself writes and reads it over netlink.
     layer.host_binary("/usr/sbin/nft")
     # This machine's architecture is the image's: its iptables, and the
     # static binaries built here.
