@@ -43,7 +43,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 use crate::{Error, Result};
 
 /// nftnl's user-data type for a rule comment.
-const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
+pub(crate) const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 pub(crate) const ENOENT: i32 = 2;
 const EBUSY: i32 = 16;
 
@@ -210,7 +210,7 @@ fn rules_or_none(family: TableFamily, table: &str, chain: &str) -> Result<Vec<Ru
 }
 
 /// The comment in nftnl's type-length-value list (a rule's user data).
-fn comment_in(userdata: &[u8]) -> Option<String> {
+pub(crate) fn comment_in(userdata: &[u8]) -> Option<String> {
     let mut at = 0;
     while at + 2 <= userdata.len() {
         let (kind, len) = (userdata[at], userdata[at + 1] as usize);

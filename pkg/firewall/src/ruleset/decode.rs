@@ -390,8 +390,6 @@ const RULE_EXPRESSIONS: u16 = 4;
 const RULE_USERDATA: u16 = 7;
 const EXPR_NAME: u16 = 1;
 const EXPR_DATA: u16 = 2;
-/// nftnl's user-data type for a rule's comment.
-const UDATA_RULE_COMMENT: u8 = 0;
 
 fn meta(a: &Attributes<'_>) -> Option<Expr> {
     a.only(&[META_DREG, META_KEY]).then_some(())?;
@@ -517,20 +515,6 @@ fn expression(bytes: &[u8], anonymous: &BTreeMap<String, AnonymousSet>) -> Expr 
     decoded.unwrap_or_else(|| foreign(&name))
 }
 
-/// The comment in nftnl's type-length-value list (a rule's user data).
-fn comment_in(userdata: &[u8]) -> Option<String> {
-    let mut at = 0;
-    while at + 2 <= userdata.len() {
-        let (kind, len) = (userdata[at], userdata[at + 1] as usize);
-        let value = userdata.get(at + 2..at + 2 + len)?;
-        if kind == UDATA_RULE_COMMENT {
-            return Some(text(value));
-        }
-        at += 2 + len;
-    }
-    None
-}
-
 /// A dumped rule of `table`, from its attributes: its chain and the rule.
 /// Read by hand: the netfilter crate took 150 µs a rule.
 pub(crate) fn rule(
@@ -550,6 +534,6 @@ pub(crate) fn rule(
             .collect(),
         None => Vec::new(),
     };
-    let comment = rule.get(RULE_USERDATA).and_then(comment_in);
+    let comment = rule.get(RULE_USERDATA).and_then(crate::nfnl::comment_in);
     Some((chain, Rule { exprs, comment }))
 }

@@ -30,8 +30,6 @@ const VERDICT_LEN: u32 = 16;
 /// `NF_DROP`, `NF_ACCEPT`.
 const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
-/// nftnl's user-data type for a rule's comment.
-const UDATA_RULE_COMMENT: u8 = 0;
 /// `NFTA_LIST_ELEM`, `NFTA_SET_FIELD_LEN`, `NFTA_DATA_VALUE`.
 const LIST_ELEM: u16 = 1;
 const SET_FIELD_LEN: u16 = 1;
@@ -429,7 +427,7 @@ fn verdict_attributes(verdict: &Verdict) -> Vec<VerdictAttribute> {
 fn comment_data(comment: &str) -> Vec<u8> {
     let text = crate::nft::fit_comment(comment.to_owned());
     let mut data = vec![
-        UDATA_RULE_COMMENT,
+        crate::nfnl::NFTNL_UDATA_RULE_COMMENT,
         u8::try_from(text.len() + 1).unwrap_or(u8::MAX),
     ];
     data.extend_from_slice(text.as_bytes());
