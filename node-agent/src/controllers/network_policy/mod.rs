@@ -398,7 +398,7 @@ pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>,
             due = None;
             if cluster.listed() {
                 cluster.settle_admitted();
-                match sync(&cluster, &options.node_name, &mut applied, verify).await {
+                match sync(&cluster, &mut applied, verify).await {
                     Ok(pass) => {
                         if pass.ops > 0 {
                             log::info!("NetworkPolicy: the table changed ({} ops)", pass.ops);
@@ -421,13 +421,7 @@ pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>,
                 verify = false;
             }
         }
-        answer_waiting(
-            &mut waiting,
-            &cluster,
-            &options.node_name,
-            failed.as_deref(),
-            &metrics,
-        );
+        answer_waiting(&mut waiting, &cluster, failed.as_deref(), &metrics);
         // After the answers: a new pod has no connection to cut.
         if narrowed && let Some(compiled) = applied.clone() {
             cut_denied(compiled).await;
@@ -494,14 +488,9 @@ struct Pass {
 /// One pass: the policy computed for this node's pods and, unless it is
 /// what was last applied and the kernel need not be looked at, the table
 /// brought in line. What was applied is kept for the next pass.
-async fn sync(
-    cluster: &Cluster,
-    node: &str,
-    applied: &mut Option<Compiled>,
-    verify: bool,
-) -> Result<Pass, Error> {
+async fn sync(cluster: &Cluster, applied: &mut Option<Compiled>, verify: bool) -> Result<Pass, Error> {
     let snapshot = cluster.snapshot();
-    let node = node.to_owned();
+    let node = cluster.node.clone();
     let previous = applied.take();
     let (compiled, pass) = changes::blocking(move || {
         let compiled = netpol::compile(&snapshot, &node);
@@ -540,13 +529,7 @@ async fn sync(
 /// Answers the ADDs that can be answered: enforced once a pass ran with
 /// their Pod known; not enforced when the cluster is not listed yet, the
 /// pass failed, or the Pod was not seen in time.
-fn answer_waiting(
-    waiting: &mut Vec<Waiting>,
-    cluster: &Cluster,
-    node: &str,
-    failed: Option<&str>,
-    metrics: &Metrics,
-) {
+fn answer_waiting(waiting: &mut Vec<Waiting>, cluster: &Cluster, failed: Option<&str>, metrics: &Metrics) {
     let now = Instant::now();
     let mut still = Vec::with_capacity(waiting.len());
     for w in waiting.drain(..) {
@@ -558,13 +541,7 @@ fn answer_waiting(
             Answer::NotEnforced {
                 reason: format!("the table could not be changed: {e}"),
             }
-        } else if w.synced
-            && cluster
-                .pods
-                .known
-                .get(&w.pod)
-                .is_some_and(|pod| pod.node.as_deref() == Some(node))
-        {
+        } else if w.synced && cluster.bound_here(&w.pod) {
             // Bound here: a watch that has the Pod but not yet its binding
             // (or a former pod of the name elsewhere) is not enough.
             Answer::Enforced
@@ -777,7 +754,7 @@ mod tests {
         let mut cluster = Cluster::new("n1");
         let (w, mut rx) = waiting("web", true, later);
         let mut list = vec![w];
-        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        answer_waiting(&mut list, &cluster, None, &metrics);
         assert!(
             matches!(rx.try_recv(), Ok(Answer::NotEnforced { .. })),
             "not listed"
@@ -791,12 +768,12 @@ mod tests {
         let (unseen, mut unseen_rx) = waiting("unseen", true, later);
         let (synced, mut synced_rx) = waiting("web", true, later);
         let mut list = vec![unsynced, unseen, synced];
-        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        answer_waiting(&mut list, &cluster, None, &metrics);
         assert_eq!(synced_rx.try_recv().ok(), Some(Answer::Enforced));
         assert!(unsynced_rx.try_recv().is_err() && unseen_rx.try_recv().is_err());
         assert_eq!(list.len(), 2, "both wait");
 
-        answer_waiting(&mut list, &cluster, "n1", Some("nft: no"), &metrics);
+        answer_waiting(&mut list, &cluster, Some("nft: no"), &metrics);
         assert!(
             matches!(unsynced_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("nft: no"))
         );
@@ -809,7 +786,7 @@ mod tests {
         cluster.pods.known.insert(key("moved"), elsewhere);
         let (moved, mut moved_rx) = waiting("moved", true, later);
         let mut list = vec![moved];
-        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        answer_waiting(&mut list, &cluster, None, &metrics);
         assert!(
             moved_rx.try_recv().is_err() && list.len() == 1,
             "waits for its binding"
@@ -817,12 +794,12 @@ mod tests {
         if let Some(pod) = cluster.pods.known.get_mut(&key("moved")) {
             pod.node = Some("n1".into());
         }
-        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        answer_waiting(&mut list, &cluster, None, &metrics);
         assert_eq!(moved_rx.try_recv().ok(), Some(Answer::Enforced));
 
         let (expired, mut expired_rx) = waiting("unseen", true, Instant::now());
         let mut list = vec![expired];
-        answer_waiting(&mut list, &cluster, "n1", None, &metrics);
+        answer_waiting(&mut list, &cluster, None, &metrics);
         assert!(
             matches!(expired_rx.try_recv(), Ok(Answer::NotEnforced { reason }) if reason.contains("not seen"))
         );
