@@ -269,9 +269,11 @@ fn a_new_pod_is_judged_from_its_first_packet_and_without_an_agent_its_add_goes_o
             .count()
     };
     let before = links();
+    let started = std::time::Instant::now();
     let refused = pods
         .start_in(&server, "shop", "client-late", "client")
         .expect_err("no agent confirms it, and shop has a policy");
+    eprintln!("an ADD refused for want of an agent took {:?}", started.elapsed());
     assert!(
         refused.stdout.contains("\"code\": 11")
             && refused.stdout.contains("namespace shop has NetworkPolicies"),
