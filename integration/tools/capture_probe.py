@@ -10,11 +10,13 @@ connect HOST PORT [SRC] One TCP connection (from address SRC); exit 0 if it
                         was accepted.
 udp HOST PORT [SPORT]   One UDP datagram (from source port SPORT: one flow
                         as conntrack sees it).
-echo PORT               A TCP echo server on 0.0.0.0 and :: that keeps every
-                        connection open; prints "ready".
+echo PORT [push]        A TCP echo server on 0.0.0.0 and :: that keeps every
+                        connection open (and with push, also sends "tick"
+                        on each every 100 ms); prints "ready".
 hold HOST PORT          One TCP connection kept open: for each line on stdin
-                        it sends the line and prints "echoed" when it comes
-                        back within a second, "lost" when not.
+                        it drops what came meanwhile, sends the line and
+                        prints "echoed" when anything comes back within a
+                        second, "lost" when not.
 """
 import socket
 import struct
@@ -76,10 +78,31 @@ def echo_back(conn):
         conn.sendall(data)
 
 
-def serve_echo(s):
+def push_ticks(conn):
+    try:
+        while True:
+            conn.sendall(b"tick\n")
+            threading.Event().wait(0.1)
+    except OSError:
+        pass
+
+
+def serve_echo(s, push):
     while True:
         conn, _ = s.accept()
         threading.Thread(target=echo_back, args=(conn,), daemon=True).start()
+        if push:
+            threading.Thread(target=push_ticks, args=(conn,), daemon=True).start()
+
+
+def drain(s):
+    s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+    except OSError:
+        pass
+    s.settimeout(1)
 
 
 def serve_udp(path, s, port):
@@ -125,9 +148,10 @@ def main():
         s.close()
     elif mode == "echo":
         port = int(sys.argv[2])
+        push = len(sys.argv) > 3 and sys.argv[3] == "push"
         for family in (socket.AF_INET, socket.AF_INET6):
             s = bind_tcp(family, port)
-            threading.Thread(target=serve_echo, args=(s,), daemon=True).start()
+            threading.Thread(target=serve_echo, args=(s, push), daemon=True).start()
         print("ready", flush=True)
         threading.Event().wait()
     elif mode == "hold":
@@ -144,6 +168,7 @@ def main():
         s.settimeout(1)
         for line in sys.stdin:
             try:
+                drain(s)
                 s.sendall(line.encode())
                 got = s.recv(512)
                 print("echoed" if got else "lost", flush=True)

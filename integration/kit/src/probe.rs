@@ -89,9 +89,23 @@ impl Probe {
 
     /// A TCP echo server in `ns` on `port` that keeps its connections.
     pub fn echo(&self, ns: &Netns, port: u16) -> Echo {
+        self.echo_server(ns, port, false)
+    }
+
+    /// [`Probe::echo`] that also sends on each connection every 100 ms,
+    /// as a server that streams does.
+    pub fn echo_pushing(&self, ns: &Netns, port: u16) -> Echo {
+        self.echo_server(ns, port, true)
+    }
+
+    fn echo_server(&self, ns: &Netns, port: u16, push: bool) -> Echo {
         let script = self.script_str();
         let port = port.to_string();
-        let mut child = spawn_in_open(ns.path(), Path::new(PYTHON), &[&script, "echo", &port], &[]);
+        let mut args = vec![script.as_str(), "echo", &port];
+        if push {
+            args.push("push");
+        }
+        let mut child = spawn_in_open(ns.path(), Path::new(PYTHON), &args, &[]);
         let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
         out.read_line(&mut line).expect("the echo server's first line");
@@ -153,7 +167,8 @@ pub struct Held {
 }
 
 impl Held {
-    /// Whether a line sent now comes back within a second.
+    /// Whether anything comes back within a second of a line sent now
+    /// (what came before is dropped first).
     pub fn echoes(&mut self) -> bool {
         let Some(stdin) = self.child.stdin.as_mut() else {
             return false;

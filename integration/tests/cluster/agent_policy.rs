@@ -308,7 +308,9 @@ fn a_connection_the_policy_denies_once_a_pod_is_isolated_is_cut_even_one_made_wh
     let node = lab_node();
     let (server, mut agent) = shop(&node);
     let pods = Pods::add(&node, &server, &["web", "db", "other"]);
-    let _echo = pods.probe.echo(&pods.get("db").1, ECHO_PORT);
+    // db streams to its clients: once a connection is cut, its next
+    // segment must not take the connection up again the other way.
+    let _echo = pods.probe.echo_pushing(&pods.get("db").1, ECHO_PORT);
     let mut from_web = pods.hold("web", "db").expect("web connects");
     let mut from_other = pods.hold("other", "db").expect("other connects");
     assert!(from_web.echoes() && from_other.echoes(), "open before any policy");
@@ -355,6 +357,8 @@ fn a_connection_the_policy_denies_once_a_pod_is_isolated_is_cut_even_one_made_wh
         pods.hold("other", "db").is_none()
     });
     assert!(!during.echoes(), "cut once the agent is back");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!during.echoes(), "and stays cut");
     assert!(from_web.echoes(), "web's connection lived through all of it");
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");

@@ -34,11 +34,13 @@ impl Direction {
 /// the rendering changes it, so chains are never reused across versions.
 pub const RENDERING: &str = "netpol-chain-4";
 
-/// Peer sets of pods' addresses are plain sets named after their rule: a
-/// pod coming or going is one element. Address blocks, fixed by a
-/// policy's text, are interval sets named after their content: a policy
-/// that changes them makes another set, so no interval set's elements
-/// ever change in place, and rules with the same blocks share one.
+/// Peer sets of pods' addresses are named after their rule: a pod coming
+/// or going is one element. Address blocks, fixed by a policy's text, are
+/// named after the blocks of their whole policy (`blocks-<policy's
+/// blocks>-<the rule's>`): a policy whose blocks change makes sets of
+/// other names, so a kernel set of one policy's blocks is written whole
+/// and removed whole, never changed in place (removing thousands of
+/// intervals one by one held the node's nf_tables for seconds).
 pub const POD_SET_PREFIX: &str = "pods-";
 pub const BLOCK_SET_PREFIX: &str = "blocks-";
 
@@ -141,6 +143,7 @@ pub fn compile(snapshot: &Snapshot, node: &str) -> Compiled {
         if targets.is_empty() {
             continue;
         }
+        let generation = blocks_generation(policy);
         for (direction, rules) in [
             (Direction::Ingress, &policy.ingress),
             (Direction::Egress, &policy.egress),
@@ -158,14 +161,12 @@ pub fn compile(snapshot: &Snapshot, node: &str) -> Compiled {
                 );
                 let peers = RulePeers::resolve(rule, policy, snapshot, &namespaces);
                 for &target in &targets {
-                    let allows = allows_of(
-                        rule,
-                        direction,
-                        &peers,
-                        &snapshot.pods[target],
-                        &origin,
-                        &mut peer_sets,
-                    );
+                    let mut sets = PeerSets {
+                        origin: &origin,
+                        generation: &generation,
+                        sets: &mut peer_sets,
+                    };
+                    let allows = allows_of(rule, direction, &peers, &snapshot.pods[target], &mut sets);
                     per_pod.entry((direction, target)).or_default().extend(allows);
                 }
             }
@@ -272,13 +273,8 @@ fn allows_of(
     direction: Direction,
     peers: &RulePeers<'_>,
     target: &PodView,
-    origin: &str,
-    peer_sets: &mut BTreeMap<String, Vec<Interval>>,
+    sets: &mut PeerSets<'_>,
 ) -> Vec<Allow> {
-    let mut sets = PeerSets {
-        origin,
-        sets: peer_sets,
-    };
     if rule.ports.is_empty() {
         let peers = sets.every_peer(peers);
         return vec![Allow { peers, ports: None }];
@@ -358,7 +354,27 @@ fn allows_of(
 /// members.
 struct PeerSets<'s> {
     origin: &'s str,
+    /// A hash of the blocks of the rule's whole policy.
+    generation: &'s str,
     sets: &'s mut BTreeMap<String, Vec<Interval>>,
+}
+
+/// A hash of every address block of `policy`, in order: what names its
+/// rules' block sets.
+fn blocks_generation(policy: &Policy) -> String {
+    let mut text = format!("{}/{}", policy.namespace, policy.name);
+    for rules in [&policy.ingress, &policy.egress] {
+        text.push('|');
+        for rule in rules.iter().flatten() {
+            for peer in rule.peers.iter().flatten() {
+                if let Peer::Block { cidr, except } = peer {
+                    let _ = write!(text, "{cidr}-{except:?};");
+                }
+            }
+            text.push(',');
+        }
+    }
+    firewall::nft::short_hash(&text)
 }
 
 impl PeerSets<'_> {
@@ -394,7 +410,8 @@ impl PeerSets<'_> {
             let blocks = ranges::merge(blocks.clone());
             let content: Vec<String> = blocks.iter().map(ToString::to_string).collect();
             let name = format!(
-                "{BLOCK_SET_PREFIX}{}",
+                "{BLOCK_SET_PREFIX}{}-{}",
+                self.generation,
                 firewall::nft::short_hash(&content.join(","))
             );
             self.sets.entry(name.clone()).or_insert(blocks);

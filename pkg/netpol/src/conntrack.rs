@@ -30,10 +30,9 @@ pub fn may_narrow(before: &Current, after: &Compiled) -> bool {
     });
     let now = crate::nft::wanted_peers(after);
     moved
-        || before.peers.iter().any(|(name, had)| {
-            let empty = BTreeSet::new();
-            let now = now.get(name).unwrap_or(&empty);
-            had.iter().any(|member| !now.contains(member))
+        || before.peers.iter().any(|(name, had)| match now.get(name) {
+            Some(now) => had.iter().any(|member| !now.members.contains(member)),
+            None => !had.is_empty(),
         })
 }
 

@@ -37,7 +37,7 @@ use firewall::ruleset::{
     Value, Verdict,
 };
 
-use crate::compile::{Allow, AllowList, BLOCK_SET_PREFIX, Compiled, Direction};
+use crate::compile::{Allow, AllowList, BLOCK_SET_PREFIX, Compiled, Direction, POD_SET_PREFIX};
 use crate::ranges::{Family, Interval};
 
 /// The table's name, in the `inet` family.
@@ -47,7 +47,7 @@ pub const TABLE: &str = policy_gate::guarded::TABLE;
 pub const GUARDED_NAMESPACES: &str = policy_gate::guarded::SET;
 
 /// The comment every base rule carries, for whoever lists the table.
-const BASE_TAG: &str = "cni-suite netpol v2";
+const BASE_TAG: &str = "cni-suite netpol v3";
 
 const BASE_CHAINS: [(&str, Hook); 2] = [("forward", Hook::Forward), ("input", Hook::Input)];
 
@@ -91,25 +91,52 @@ fn peer_kind(base: &str) -> PeerKind {
     }
 }
 
-/// The shared set of `kind`'s peers of `family`.
-fn peers_set(kind: PeerKind, family: Family) -> Set {
-    let (name, set_kind) = match kind {
-        PeerKind::Pods => ("peers", SetKind::Plain),
-        PeerKind::Blocks => ("blocks", SetKind::Intervals),
-    };
+/// The kernel set of the peer set `base` in `family`: pods' addresses of
+/// every rule in one (`peers-v4`), each policy's blocks in one of its own
+/// named after them (`blocks-<policy's blocks>-v4`, see
+/// `compile::BLOCK_SET_PREFIX`).
+fn peers_set(base: &str, family: Family) -> Set {
     let suffix = match family {
         Family::V4 => "v4",
         Family::V6 => "v6",
     };
+    let (name, kind) = match peer_kind(base) {
+        PeerKind::Pods => (format!("peers-{suffix}"), SetKind::Plain),
+        PeerKind::Blocks => {
+            // `blocks-<generation>-<rule's blocks>`: the generation names it.
+            let generation = base
+                .strip_prefix(BLOCK_SET_PREFIX)
+                .and_then(|rest| rest.split('-').next())
+                .unwrap_or_default();
+            (
+                format!("{BLOCK_SET_PREFIX}{generation}-{suffix}"),
+                SetKind::Intervals,
+            )
+        }
+    };
     Set {
-        name: format!("{name}-{suffix}"),
+        name,
         // The tag as two marks: what `nft` lists it as without aborting.
         key: vec![address_field(family), Field::Mark, Field::Mark],
-        kind: set_kind,
+        kind,
     }
 }
 
-const PEER_KINDS: [PeerKind; 2] = [PeerKind::Pods, PeerKind::Blocks];
+/// Whether `set` is one [`peers_set`] makes (read back: ours to keep).
+fn is_peers_set(set: &Set) -> bool {
+    let (stem, family) = match (set.name.strip_suffix("-v4"), set.name.strip_suffix("-v6")) {
+        (Some(stem), _) => (stem, Family::V4),
+        (_, Some(stem)) => (stem, Family::V6),
+        _ => return false,
+    };
+    // A peer set whose kernel set this would be.
+    let base = match stem.strip_prefix(BLOCK_SET_PREFIX) {
+        Some(generation) => format!("{BLOCK_SET_PREFIX}{generation}-"),
+        None if stem == "peers" => POD_SET_PREFIX.to_owned(),
+        None => return false,
+    };
+    *set == peers_set(&base, family)
+}
 
 /// A peer set's tag: 64 bits of a hash of its name (at 10,000 rules the
 /// chance two share one is below 10^-11).
@@ -124,19 +151,40 @@ fn tag_of(base: &str) -> Tag {
     tag
 }
 
-/// What `compiled` wants in each shared peer set: tagged members, by set
-/// name.
-pub(crate) fn wanted_peers(compiled: &Compiled) -> BTreeMap<String, BTreeSet<(Tag, Interval)>> {
-    let mut sets: BTreeMap<String, BTreeSet<(Tag, Interval)>> = PEER_KINDS
-        .iter()
-        .flat_map(|kind| FAMILIES.map(|family| (peers_set(*kind, family).name, BTreeSet::new())))
-        .collect();
+/// A kernel peer set and the tagged members `compiled` wants in it.
+pub(crate) struct WantedPeers {
+    set: Set,
+    kind: PeerKind,
+    pub(crate) members: BTreeSet<(Tag, Interval)>,
+}
+
+/// What `compiled` wants in each kernel peer set, by name: the pods' sets
+/// of both families always, a policy's block set where it has blocks.
+pub(crate) fn wanted_peers(compiled: &Compiled) -> BTreeMap<String, WantedPeers> {
+    let mut sets = BTreeMap::new();
+    for family in FAMILIES {
+        let set = peers_set(POD_SET_PREFIX, family);
+        sets.insert(
+            set.name.clone(),
+            WantedPeers {
+                set,
+                kind: PeerKind::Pods,
+                members: BTreeSet::new(),
+            },
+        );
+    }
     for (base, members) in &compiled.peer_sets {
         let (kind, tag) = (peer_kind(base), tag_of(base));
         for member in members {
-            if let Some(set) = sets.get_mut(&peers_set(kind, member.family).name) {
-                set.insert((tag, *member));
-            }
+            let set = peers_set(base, member.family);
+            sets.entry(set.name.clone())
+                .or_insert_with(|| WantedPeers {
+                    set,
+                    kind,
+                    members: BTreeSet::new(),
+                })
+                .members
+                .insert((tag, *member));
         }
     }
     sets
@@ -295,11 +343,7 @@ impl Current {
                     })
                     .collect();
                 current.maps.insert(name.clone(), entries);
-            } else if PEER_KINDS
-                .iter()
-                .flat_map(|kind| FAMILIES.map(|family| peers_set(*kind, family)))
-                .any(|shared| shared == read.set)
-            {
+            } else if is_peers_set(&read.set) {
                 current
                     .peers
                     .insert(name.clone(), elements.iter().filter_map(tagged_member).collect());
@@ -338,7 +382,10 @@ impl Current {
                 .keys()
                 .map(|name| (name.clone(), Chain::AsNamed))
                 .collect(),
-            peers: wanted_peers(compiled),
+            peers: wanted_peers(compiled)
+                .into_iter()
+                .map(|(name, wanted)| (name, wanted.members))
+                .collect(),
             stale_sets: BTreeSet::new(),
             selves: FAMILIES
                 .iter()
@@ -415,6 +462,67 @@ fn tagged(exprs: Vec<Expr>) -> Rule {
     }
 }
 
+/// `meta l4proto tcp tcp flags & (syn | ack) != syn ct state new`: a TCP
+/// packet conntrack sees as new that does not open a connection.
+fn tcp_without_a_connection() -> Vec<Expr> {
+    vec![
+        l4proto(),
+        Expr::Cmp {
+            sreg: ruleset::REG_1,
+            op: Compare::Eq,
+            data: vec![6],
+        },
+        Expr::Payload {
+            base: ruleset::TRANSPORT_HEADER,
+            offset: 13,
+            len: 1,
+            dreg: ruleset::REG_1,
+        },
+        Expr::Bitwise {
+            sreg: ruleset::REG_1,
+            dreg: ruleset::REG_1,
+            // SYN and ACK.
+            mask: vec![0x12],
+            xor: vec![0],
+        },
+        Expr::Cmp {
+            sreg: ruleset::REG_1,
+            op: Compare::Neq,
+            data: vec![0x02],
+        },
+        Expr::Ct {
+            key: ruleset::CT_STATE,
+            dreg: ruleset::REG_1,
+        },
+        Expr::Bitwise {
+            sreg: ruleset::REG_1,
+            dreg: ruleset::REG_1,
+            // IP_CT_NEW's state bit, in the host's order.
+            mask: 8u32.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        },
+        Expr::Cmp {
+            sreg: ruleset::REG_1,
+            op: Compare::Neq,
+            data: vec![0; 4],
+        },
+    ]
+}
+
+/// The packet's `end` address is an isolated local pod's: in the family's
+/// set of a pod's own traffic (`ip saddr . ip saddr @self-v4`).
+fn isolated(family: Family, end: End) -> Vec<Expr> {
+    let second = match family {
+        Family::V4 => ruleset::REG32_01,
+        Family::V6 => ruleset::REG_2,
+    };
+    vec![
+        address(family, end, ruleset::REG_1),
+        address(family, end, second),
+        lookup(SetRef::Named(self_set(family).to_owned())),
+    ]
+}
+
 /// `meta l4proto { tcp, udp, sctp }`.
 fn transport_protocols() -> Expr {
     lookup(SetRef::Anonymous(AnonymousSet {
@@ -479,6 +587,26 @@ fn base_rules(chain: &str) -> Vec<Rule> {
         ),
     ];
     if chain == "forward" {
+        // A TCP packet that opens no connection (not a bare SYN) yet is
+        // new to conntrack is one of a connection whose entry went (cut
+        // because the policy now denies it): conntrack would take it up
+        // as a new connection, in the other direction if the isolated pod
+        // sends first, and its peer's packets would pass as replies.
+        // Dropped to or from an isolated pod; allowed connections keep
+        // their entries.
+        for family in FAMILIES {
+            for end in [End::Source, End::Destination] {
+                rules.push(tagged(
+                    [
+                        nfproto(family).to_vec(),
+                        tcp_without_a_connection(),
+                        isolated(family, end),
+                        vec![Expr::Verdict(Verdict::Drop)],
+                    ]
+                    .concat(),
+                ));
+            }
+        }
         // Pods' link-local addresses are in no map: between pods they
         // would pass every policy (the node's own link-local traffic, on
         // `input`, is left alone: DHCPv6 and the like use it).
@@ -618,7 +746,7 @@ fn peer_match(base: &str, family: Family, end: End) -> Vec<Expr> {
                 dreg: tag_register,
                 data: tag_of(base).to_vec(),
             },
-            lookup(SetRef::Named(peers_set(peer_kind(base), family).name)),
+            lookup(SetRef::Named(peers_set(base, family).name)),
         ],
     ]
     .concat()
@@ -770,21 +898,18 @@ pub fn plan(current: &Current, compiled: &Compiled) -> Vec<Op> {
         &compiled.guarded,
         |name| Element::key(Value::text(name).unwrap_or_else(|| Value(vec![0; ruleset::TEXT_LEN]))),
     ));
-    // The shared peer sets' tagged members.
+    // The peer sets' tagged members (a policy's new block set written
+    // whole; one no policy has any more removed at the end, whole).
     let wanted = wanted_peers(compiled);
     let no_members = BTreeSet::new();
-    for kind in PEER_KINDS {
-        for family in FAMILIES {
-            let set = peers_set(kind, family);
-            let have = current.peers.get(&set.name).unwrap_or_else(|| {
-                ops.push(Op::AddSet(set.clone()));
-                &no_members
-            });
-            let want = wanted.get(&set.name).unwrap_or(&no_members);
-            ops.extend(element_changes(&set, have, want, |member| {
-                tagged_element(kind, member)
-            }));
-        }
+    for (name, WantedPeers { set, kind, members }) in &wanted {
+        let have = current.peers.get(name).unwrap_or_else(|| {
+            ops.push(Op::AddSet(set.clone()));
+            &no_members
+        });
+        ops.extend(element_changes(set, have, members, |member| {
+            tagged_element(*kind, member)
+        }));
     }
     // Chains, before anything jumps to them; one whose rules someone
     // changed is written again.
@@ -862,7 +987,12 @@ pub fn plan(current: &Current, compiled: &Compiled) -> Vec<Op> {
         ops.push(Op::FlushChain(name.clone()));
         ops.push(Op::DeleteChain(name.clone()));
     }
-    for name in &current.stale_sets {
+    for name in current
+        .peers
+        .keys()
+        .filter(|name| !wanted.contains_key(*name))
+        .chain(&current.stale_sets)
+    {
         ops.push(Op::DeleteSet(name.clone()));
     }
     ops
