@@ -7,7 +7,12 @@
 //! It fails on any failed call, duplicate address or leak in either suite,
 //! never on a timing. `sandbox` and `scale` are `cluster-bench`'s (`make
 //! bench-cluster`), on the real cluster.
+//!
+//! SIGTERM and SIGINT stop a run at the next step that looks
+//! ([`stopping`]: between phases, and in the gate phase between its
+//! steps), so what it made is removed as at its end; it then fails.
 
+pub mod gate;
 pub mod log_socket;
 pub mod measure;
 pub mod nfqueue;
@@ -22,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use netns::NetNs;
@@ -45,7 +50,7 @@ pub struct Options {
 }
 
 /// The phases of a round, as `--only` names them.
-pub const PHASES: [&str; 12] = [
+pub const PHASES: [&str; 13] = [
     "seq",
     "burst",
     "full",
@@ -58,7 +63,26 @@ pub const PHASES: [&str; 12] = [
     "floors",
     "cri",
     policy_path::PHASE,
+    gate::PHASE,
 ];
+
+/// Set by SIGTERM or SIGINT once [`stop_on_signals`] ran.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// From now on SIGTERM and SIGINT ask the run to stop instead of ending
+/// the process: what the bench made (namespaces, processes, directories)
+/// is then removed as at a run's end.
+pub fn stop_on_signals() -> std::io::Result<()> {
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, &STOP)?;
+    }
+    Ok(())
+}
+
+/// Whether a signal asked the run to stop.
+pub fn stopping() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Side {
@@ -164,6 +188,17 @@ impl Outcome {
             .entry(side)
             .or_default()
             .extend(cpu_ms(calls, cpu_extra));
+    }
+
+    /// Values of `metric` measured otherwise than as calls (a probe's
+    /// times), pooled as calls are.
+    fn pool(&mut self, metric: &str, side: Side, values: &[f64]) {
+        self.samples
+            .entry(metric.to_owned())
+            .or_default()
+            .entry(side)
+            .or_default()
+            .extend_from_slice(values);
     }
 
     fn problem(&mut self, text: String) {
@@ -1433,7 +1468,7 @@ pub fn run(options: &Options) -> Outcome {
         Suite::new(Setup::DropIn, "full-ours", "cnifull0", "10.72.0.0/16"),
         Suite::new(Setup::Reference, "full-ref", "cnifull1", "10.73.0.0/16"),
     ];
-    let wanted = |phase: &str| options.only.as_deref().is_none_or(|only| only == phase);
+    let wanted = |phase: &str| !stopping() && options.only.as_deref().is_none_or(|only| only == phase);
     out.repeats.push(BTreeMap::new());
     // First, on a quiet node: writing the full phase's lease files leaves
     // the disk busy for a while.
@@ -1442,6 +1477,9 @@ pub fn run(options: &Options) -> Outcome {
         prepare_full(&mut out, &full_suites, options.full_leases);
     }
     for round in 0..options.repeats {
+        if stopping() {
+            break;
+        }
         eprintln!("bench: round {}/{}", round + 1, options.repeats);
         if round > 0 {
             out.repeats.push(BTreeMap::new());
@@ -1483,8 +1521,13 @@ pub fn run(options: &Options) -> Outcome {
         if wanted(policy_path::PHASE) {
             policy_path::phase(&mut out, options.pods);
         }
+        if wanted(gate::PHASE) {
+            gate::phase(&mut out, options.pods);
+        }
     }
-    if options.only.is_none() {
+    if stopping() {
+        out.problem("stopped by a signal before the run's end".into());
+    } else if options.only.is_none() {
         profile(&mut out, &suites[..2]);
     }
     out

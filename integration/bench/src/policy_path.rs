@@ -151,14 +151,14 @@ fn queue_rule(node: &Node, iptables: &str, verb: &str) -> test_kit::Run {
 
 /// A process of this bench started in a namespace, reading its stdin
 /// until the bench closes it (or dies); killed on drop.
-struct Helper {
+pub(crate) struct Helper {
     child: Child,
     stdout: BufReader<ChildStdout>,
 }
 
 impl Helper {
     /// `cni-bench args` in `netns`, once it said `started`.
-    fn start(what: &str, netns: &Path, args: &[&str], started: &str) -> Result<Helper, String> {
+    pub(crate) fn start(what: &str, netns: &Path, args: &[&str], started: &str) -> Result<Helper, String> {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut child = test_kit::spawn_in_open(netns, &exe, args, &[]);
         let Some(stdout) = child.stdout.take() else {
@@ -508,15 +508,6 @@ fn root_state() -> Vec<String> {
     state
 }
 
-fn pool(out: &mut Outcome, metric: &str, side: Side, values: &[f64]) {
-    out.samples
-        .entry(metric.to_owned())
-        .or_default()
-        .entry(side)
-        .or_default()
-        .extend_from_slice(values);
-}
-
 /// [`ROUNDS`] rounds, each variant's turn `pods` × [`CONNECTS_PER_POD`]
 /// timed connections; the figures of the repeat.
 pub fn phase(out: &mut Outcome, pods: usize) {
@@ -664,8 +655,8 @@ fn record(out: &mut Outcome, times: &[Vec<f64>; VARIANTS.len()]) {
         (OURS_OFF_METRIC, ours, off),
         (NFQUEUE_OFF_METRIC, nfqueue, off),
     ] {
-        pool(out, metric, Side::Ours, numerator);
-        pool(out, metric, Side::Reference, denominator);
+        out.pool(metric, Side::Ours, numerator);
+        out.pool(metric, Side::Reference, denominator);
     }
     let [off, on, conntrack, ours, nfqueue] = [off, on, conntrack, ours, nfqueue].map(median);
     out.record(ADDED_METRIC, Side::Ours, ours - on);

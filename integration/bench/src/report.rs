@@ -205,7 +205,11 @@ fn display_name(metric: &str) -> String {
         super::log_socket::UNREAD_METRIC,
         super::log_socket::CONTROL_METRIC,
     ];
-    if log_socket.iter().any(|m| metric.starts_with(m)) {
+    if metric.starts_with(super::gate::ADD_PREFIX) {
+        format!("{metric} (reference: the same ADD, no policySocket)")
+    } else if metric.starts_with(super::gate::BESIDE_PREFIX) {
+        format!("{metric} (reference: one without policySocket started with it)")
+    } else if log_socket.iter().any(|m| metric.starts_with(m)) {
         format!("{metric} (reference: the same chain, no logSocket)")
     } else if metric.starts_with(ISTIO_NATIVE_METRIC) {
         format!("{metric} (reference: one bare nft -f)")
@@ -382,7 +386,42 @@ pub fn readme_table(figures: &Figures, doc: &Value) -> String {
             policy_path.into_iter().map(String::as_str),
         ));
     }
+    let gate = gate_rows();
+    if gate.iter().any(|m| figures.contains_key(m)) {
+        out.push_str(
+            "\n**The NetworkPolicy gate** (`cni-bench --only gate`: a bridge ADD through the node agent's \
+             conflist for a pod of a default-deny namespace while another namespace holds 0, 1000 or 5000 \
+             ipBlock rules, against the same ADD through the conflist without `policySocket`; CPU with the \
+             agent's over the call; the agent writing and lifting those rules, as a probe from a pod sees it \
+             and until its pass is done, with a gated and an ungated ADD started meanwhile; ms but for the \
+             counts):\n\n",
+        );
+        out.push_str(&markdown_rows(figures, gate.iter().map(String::as_str)));
+    }
     out
+}
+
+/// The gate phase's rows in the README, in the order they read best.
+fn gate_rows() -> Vec<String> {
+    use super::gate::{
+        CHANGES, RULE_COUNTS, add_metric, beside_metric, change_metric, change_pass_metric,
+        unconfirmed_metric, waited_ops_metric, written_ops_metric,
+    };
+    let mut rows = Vec::new();
+    for rules in RULE_COUNTS {
+        rows.extend(["p50", "p99", "max", "cpu p50"].map(|q| format!("{} {q}", add_metric(rules))));
+        rows.push(waited_ops_metric(rules));
+    }
+    for rules in RULE_COUNTS.into_iter().filter(|r| *r > 0) {
+        rows.push(written_ops_metric(rules));
+        for change in CHANGES {
+            rows.extend(["p50", "max"].map(|q| format!("{} {q}", change_metric(change, rules))));
+            rows.extend(["p50", "max"].map(|q| format!("{} {q}", change_pass_metric(change, rules))));
+            rows.extend(["p50", "max"].map(|q| format!("{} {q}", beside_metric(change, rules))));
+            rows.push(unconfirmed_metric(change, rules));
+        }
+    }
+    rows
 }
 
 /// `text` with what lies between the two marker lines replaced.
@@ -513,7 +552,20 @@ pub fn markdown(options: &Options, outcome: &Outcome, figures: &Figures, machine
          accepts at once (kube-network-policies' design, without its policy logic). Each row names its two \
          variants as `ours / reference`; `µs added per connection` rows are medians over the repeats of a \
          variant's p50 minus that of the variant they name: against `conntrack on, no policy`, what the \
-         verdict itself costs.\n\n",
+         verdict itself costs.\n\n\
+         The `gate` rows time a bridge ADD (cnictl through the node agent's conflist, the agent running \
+         against the API test server in the node's namespace) for a pod of a namespace whose policy denies \
+         all ingress: through the NetworkPolicy gate (ours' column: the ADD waits until the kernel holds \
+         the pod's isolation) and, in the same turns, through the same conflist without `policySocket` \
+         (the reference's column), while another namespace holds one policy of 0, 1000 or 5000 ipBlock \
+         rules selecting a pod there; the turns' order moves round by round. Before each ADD the agent \
+         has taken the Pod object in; its CPU over the call is added to the call's. Each gated ADD must \
+         be confirmed and drop a connection made right after it. `written` and `lifted` rows run from \
+         the policy's create or delete until a probe from another pod to the selected pod is dropped or \
+         let in, and until the agent's pass over the change is done (its pass counter moved); `ADD \
+         started … after` rows are a gated ADD (ours) and an ungated one started together while the agent \
+         makes that change, and a count of the gated ones not confirmed; `ops` rows are the agent's \
+         logged table changes.\n\n",
     );
     out.push_str(&markdown_table(figures));
     out.push_str("\n![per-call latency](latency.svg)\n\n");

@@ -37,6 +37,44 @@ pub fn node_object(name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) -> Val
     })
 }
 
+/// A NetworkPolicy of `namespace` selecting its pods labelled `app:
+/// <app>`, of `rules` ingress rules as a tenant may write thousands: rule
+/// `i` admits the block `10.<100 + i/256>.<i%256>.0/24` but its `.7`, on
+/// TCP port `10000 + i`.
+pub fn block_rules_policy(namespace: &str, name: &str, app: &str, rules: usize) -> Value {
+    assert!(rules <= 256 * 156, "blocks of 10.100.0.0 to 10.255.255.0 only");
+    let ingress: Vec<Value> = (0..rules)
+        .map(|i| {
+            let (high, low) = (100 + i / 256, i % 256);
+            json!({"from": [{"ipBlock": {"cidr": format!("10.{high}.{low}.0/24"),
+                                         "except": [format!("10.{high}.{low}.7/32")]}}],
+                   "ports": [{"protocol": "TCP", "port": 10_000 + i}]})
+        })
+        .collect();
+    json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"podSelector": {"matchLabels": {"app": app}}, "policyTypes": ["Ingress"], "ingress": ingress},
+    })
+}
+
+/// The uplink of a lab node: a link holding the node's InternalIP
+/// (10.250.0.11), with an MTU pods must inherit (a veth: this kernel has
+/// no dummy links).
+pub fn uplink(node: &Node) {
+    node.netns
+        .ip(&[
+            "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name", "uplink0p", "mtu",
+            "1450",
+        ])
+        .success();
+    node.netns
+        .ip(&["addr", "add", "10.250.0.11/24", "dev", "uplink0"])
+        .success();
+    for link in ["uplink0", "uplink0p"] {
+        node.netns.ip(&["link", "set", link, "up"]).success();
+    }
+}
+
 /// A running agent in a node's namespace, SIGTERMed when dropped.
 #[derive(Debug)]
 pub struct Agent {
@@ -71,6 +109,46 @@ pub fn host_conflist(node: &Node) -> PathBuf {
     node.conf_dir().join("10-cni-suite.conflist")
 }
 
+/// The settings the agent of Node `name` runs with in `node`: reaching
+/// `server` at `server_host` with its service account (written now),
+/// answering health checks and metrics on `health` of the node's loopback,
+/// every host path under the node's directory; `extra` adds or overrides
+/// settings (the last of a name wins).
+pub fn agent_env(
+    node: &Node,
+    name: &str,
+    server: &ApiServer,
+    server_host: &str,
+    token: &str,
+    health: u16,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let account = server.service_account(&node.path(""), token);
+    let path = |path: PathBuf| path.to_str().expect("UTF-8").to_owned();
+    let mut env = vec![
+        ("NODE_NAME", name.to_owned()),
+        ("KUBERNETES_SERVICE_HOST", server_host.to_owned()),
+        ("KUBERNETES_SERVICE_PORT", server.port.to_string()),
+        ("SERVICE_ACCOUNT_DIR", path(account)),
+        ("CNI_CONF_DIR", path(node.conf_dir())),
+        ("CNI_LEASE_DIR", path(host_leases(node))),
+        ("CNI_BIN_DIR", path(host_bin(node))),
+        ("HEALTH_LISTEN", format!("127.0.0.1:{health}")),
+        // The default is the host's /run/cni-suite: never a test's.
+        (
+            "ISTIO_KUBECONFIG",
+            path(node.path("run/istio-cni/istio-cni-kubeconfig")),
+        ),
+        ("PLUGIN_LOG_SOCKET", path(host_log_socket(node))),
+        ("POLICY_SOCKET", path(host_policy_socket(node))),
+        // Off but where a test turns it on: its watches are the policy
+        // tests' to count.
+        ("NETWORK_POLICY", "false".to_owned()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
 impl Agent {
     /// Starts the agent of Node `name` in `node`, reaching `server` at
     /// `server_host`; `extra` adds or overrides settings.
@@ -97,34 +175,9 @@ impl Agent {
         extra: &[(&str, &str)],
         wrapper: &[&str],
     ) -> Agent {
-        let account = server.service_account(&node.path(""), token);
         let health = free_port(node);
-        let listen = format!("127.0.0.1:{health}");
-        let port = server.port.to_string();
-        let conf_dir = node.conf_dir();
-        let lease_dir = host_leases(node);
-        let bin_dir = host_bin(node);
-        // The default is the host's /run/cni-suite: never a test's.
-        let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
-        let log_socket = host_log_socket(node);
-        let policy_socket = host_policy_socket(node);
-        let mut env = vec![
-            ("NODE_NAME", name),
-            ("KUBERNETES_SERVICE_HOST", server_host),
-            ("KUBERNETES_SERVICE_PORT", port.as_str()),
-            ("SERVICE_ACCOUNT_DIR", account.to_str().expect("UTF-8")),
-            ("CNI_CONF_DIR", conf_dir.to_str().expect("UTF-8")),
-            ("CNI_LEASE_DIR", lease_dir.to_str().expect("UTF-8")),
-            ("CNI_BIN_DIR", bin_dir.to_str().expect("UTF-8")),
-            ("HEALTH_LISTEN", listen.as_str()),
-            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
-            ("PLUGIN_LOG_SOCKET", log_socket.to_str().expect("UTF-8")),
-            ("POLICY_SOCKET", policy_socket.to_str().expect("UTF-8")),
-            // Off but where a test turns it on: its watches are the
-            // policy tests' to count.
-            ("NETWORK_POLICY", "false"),
-        ];
-        env.extend_from_slice(extra);
+        let env = agent_env(node, name, server, server_host, token, health, extra);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let agent = bin("cni-node-agent");
         let child = match wrapper.split_first() {
             None => spawn_in(node.netns.path(), &agent, &[], &env, ""),

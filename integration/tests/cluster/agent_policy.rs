@@ -5,16 +5,18 @@
 //! changes, stay judged while no agent runs, and nothing is left after
 //! uninstall.
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, host_conflist, host_policy_socket, lab_node, node_object};
+use test_kit::node_agent::{
+    Agent, block_rules_policy, host_bin, host_conflist, host_policy_socket, lab_node, node_object,
+};
 use test_kit::probe::{Held, Probe};
 use test_kit::{Netns, Node, Run, require_root, wait_for};
 
 use super::agent_metrics::{sample, scrape};
-use super::node_agent::{pod_address, uplink};
+use super::node_agent::uplink;
 
 const TOKEN: &str = "policy-token";
 const PORT: u16 = 5432;
@@ -64,6 +66,18 @@ impl<'a> Pods<'a> {
         name: &str,
         app: &str,
     ) -> Result<String, Run> {
+        self.start_traced(server, namespace, name, app).map(|(ip, _)| ip)
+    }
+
+    /// [`Pods::start_in`], with the ADD's run when it succeeds too (what
+    /// the plugins said on stderr).
+    fn start_traced(
+        &mut self,
+        server: &ApiServer,
+        namespace: &str,
+        name: &str,
+        app: &str,
+    ) -> Result<(String, Run), Run> {
         server.add_pod(namespace, name, pod_object(namespace, name, app, None));
         let bin = host_bin(self.node);
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
@@ -78,10 +92,11 @@ impl<'a> Pods<'a> {
         if add.code != Some(0) {
             return Err(add);
         }
-        let cidr = pod_address(add);
+        let result = add.json();
+        let cidr = result["ips"][0]["address"].as_str().expect("an address");
         let ip = cidr.split('/').next().unwrap_or_default().to_owned();
         self.pods.push(((*name).to_owned(), ns, ip.clone()));
-        Ok(ip)
+        Ok((ip, add))
     }
 
     /// A connection from `from` to `to`'s echo server, kept open.
@@ -603,4 +618,120 @@ fn a_burst_of_500_policy_changes_a_relabelled_namespace_and_a_new_address_are_fo
     );
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
+}
+
+/// The ops of each table change the agent logged (`NetworkPolicy: the
+/// table changed (N ops)`), in order, of those whose time `within` keeps
+/// (the log's UTC timestamps, which sort as text).
+fn table_changes(log: &str, within: impl Fn(&str) -> bool) -> Vec<usize> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| within(line["time"].as_str().unwrap_or_default()))
+        .filter_map(|line| {
+            let msg = line["msg"].as_str()?;
+            let ops = msg.strip_prefix("NetworkPolicy: the table changed (")?;
+            ops.strip_suffix(" ops)")?.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn five_thousand_block_rules_in_one_namespace_leave_a_new_pod_elsewhere_confirmed_and_refusing_its_first_syn()
+{
+    require_root();
+    let node = lab_node();
+    let (server, mut agent) = shop(&node);
+    for name in ["noisy", "quiet", "lobby"] {
+        server.apply_namespace(json!({"metadata": {"name": name, "labels": {"team": name}}}));
+    }
+    let mut pods = Pods {
+        node: &node,
+        probe: Probe::new(),
+        pods: Vec::new(),
+    };
+    for (namespace, name) in [("noisy", "noisy"), ("lobby", "client")] {
+        let ip = pods
+            .start_in(&server, namespace, name, name)
+            .unwrap_or_else(|run| panic!("{run:?}"));
+        server.add_pod(namespace, name, pod_object(namespace, name, name, Some(&ip)));
+    }
+    let _noisy = pods.probe.listen(&pods.get("noisy").1, &[PORT]);
+    assert!(pods.connects("client", "noisy"), "open before its policy");
+
+    // One policy of 5000 ipBlock rules selecting the noisy pod, in the
+    // kernel: its last rule's port listed, the pod isolated.
+    let rules = 5000;
+    let before = applied(&node, &agent);
+    let created = Instant::now();
+    server.apply_network_policy(block_rules_policy("noisy", "blocks", "noisy", rules));
+    let last_port = format!("dport {}", 10_000 + rules - 1);
+    wait_for("the 5000 rules in the kernel", Duration::from_secs(120), || {
+        applied(&node, &agent) > before
+            && node
+                .run("nft", &["list", "table", "inet", netpol::TABLE])
+                .stdout
+                .contains(&last_port)
+    });
+    eprintln!(
+        "{rules} ipBlock rules: created -> listed by nft in {:?}",
+        created.elapsed()
+    );
+    assert!(
+        !pods.connects("client", "noisy"),
+        "noisy is isolated, and client is in no block"
+    );
+
+    // Another namespace denies all ingress, recorded as the ADD reads it.
+    server.apply_network_policy(json!({
+        "metadata": {"name": "deny-ingress", "namespace": "quiet"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }));
+    let on_node = netns::NetNs::open(node.netns.path()).expect("the node's namespace");
+    wait_for("quiet recorded as guarded", Duration::from_secs(30), || {
+        on_node
+            .run(|| policy_gate::guarded::has_policy("quiet"))
+            .expect("enter the node's namespace")
+            .unwrap_or(false)
+    });
+
+    // A new pod there: confirmed by its gate, and a connection made right
+    // after its ADD, before any status is posted, dropped.
+    let enforced = sample(&scrape(&node, &agent).1, ENFORCED_ADDS).unwrap_or_default();
+    let from = cni::log::utc_timestamp(SystemTime::now());
+    let started = Instant::now();
+    let (ip, add) = pods
+        .start_traced(&server, "quiet", "new", "new")
+        .unwrap_or_else(|run| panic!("{run:?}"));
+    let took = started.elapsed();
+    let to = cni::log::utc_timestamp(SystemTime::now());
+    let _listener = pods.probe.listen(&pods.get("new").1, &[PORT]);
+    let first = pods.probe.connect(&pods.get("client").1, None, &ip, PORT, None);
+    eprintln!("the new pod's ADD through the gate took {took:?}");
+    assert!(
+        !first.ok() && first.stdout.contains("timed out"),
+        "dropped from its first SYN (not refused by a closed port): {first:?}"
+    );
+    assert_eq!(
+        sample(&scrape(&node, &agent).1, ENFORCED_ADDS),
+        Some(enforced + 1.0),
+        "the gate confirmed the ADD"
+    );
+    assert!(!add.stderr.contains("not confirmed"), "{add:?}");
+
+    // The pass the ADD waited on changed a few elements, not noisy's
+    // rules.
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("not confirmed"), "{log}");
+    let while_waiting = table_changes(&log, |time| (from.as_str()..=to.as_str()).contains(&time));
+    let largest = table_changes(&log, |_| true).into_iter().max().unwrap_or(0);
+    eprintln!("table changes while the ADD waited: {while_waiting:?} ops; the run's largest: {largest} ops");
+    assert!(
+        largest >= rules,
+        "the write of the {rules} rules is in the log: {log}"
+    );
+    assert!(
+        !while_waiting.is_empty() && while_waiting.iter().all(|ops| *ops < 100),
+        "the ADD waited on a pass of a few ops: {while_waiting:?}"
+    );
 }

@@ -176,22 +176,7 @@ fn subnets(conf: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The uplink of the lab's node: a link holding the node's InternalIP,
-/// with an MTU pods must inherit (a veth: this kernel has no dummy links).
-pub(super) fn uplink(node: &Node) {
-    node.netns
-        .ip(&[
-            "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name", "uplink0p", "mtu",
-            "1450",
-        ])
-        .success();
-    node.netns
-        .ip(&["addr", "add", "10.250.0.11/24", "dev", "uplink0"])
-        .success();
-    for link in ["uplink0", "uplink0p"] {
-        node.netns.ip(&["link", "set", link, "up"]).success();
-    }
-}
+pub(super) use test_kit::node_agent::uplink;
 
 #[test]
 fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {

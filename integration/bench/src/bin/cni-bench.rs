@@ -5,6 +5,9 @@
 //! timing. The whole run happens in a private mount namespace with a fresh
 //! tmpfs on /run, so a socket or lock left on the machine is never found.
 //!
+//! SIGTERM or SIGINT stops a run at its next step with everything it made
+//! removed, and it fails.
+//!
 //! `cni-bench --update-readme README.md --from docs/bench/run.json`
 //! regenerates the README's table from a run's JSON line.
 //!
@@ -100,16 +103,30 @@ fn machine() -> String {
 }
 
 /// Runs this same command again in a private mount namespace whose /run is
-/// a fresh tmpfs, and returns its exit status.
+/// a fresh tmpfs, and returns its exit status. SIGTERM and SIGINT are
+/// passed on to it, so that it stops with everything it made removed
+/// (sent to this process alone, they would leave it running).
 fn rerun_privately() -> ExitCode {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).expect("signal handlers");
     let script = r#"mount -t tmpfs -o mode=0755 cni-bench-run /run && exec "$0" "$@""#;
-    let status = std::process::Command::new("unshare")
+    let mut inside = std::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--", "sh", "-c", script])
         .arg(std::env::current_exe().expect("the bench's own path"))
         .args(std::env::args_os().skip(1))
         .env(INSIDE, "1")
-        .status()
+        .spawn()
         .expect("unshare runs");
+    let pid = libc::pid_t::try_from(inside.id()).expect("a pid");
+    std::thread::spawn(move || {
+        for signal in signals.forever() {
+            // SAFETY: kill(2) has no memory preconditions; the pid is our
+            // child's (unshare, which execs into the run inside), reaped
+            // only right before this process exits.
+            unsafe { libc::kill(pid, signal) };
+        }
+    });
+    let status = inside.wait().expect("the bench run inside");
     ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1))
 }
 
@@ -146,6 +163,7 @@ fn main() -> ExitCode {
     if std::env::var_os(INSIDE).is_none() {
         return rerun_privately();
     }
+    cni_bench::stop_on_signals().expect("signal handlers");
     let outcome = cni_bench::run(&options);
     let figures = outcome.figures();
     let machine = machine();

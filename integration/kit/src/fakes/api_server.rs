@@ -226,6 +226,15 @@ impl ApiServer {
         self.shared.publish(state, Kind::Pod, event, pod);
     }
 
+    /// Deletes a pod at once, as a delete with a zero grace period does.
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let (code, _) = delete_pod(&self.shared, namespace, name, &Value::Null);
+        assert!(
+            code == 200 || code == 404,
+            "deleting pod {namespace}/{name}: {code}"
+        );
+    }
+
     /// The pod as the server holds it now.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
         self.shared
