@@ -448,3 +448,43 @@ fn a_table_an_older_agent_left_with_a_peer_set_per_rule_is_taken_over_in_one_pas
     }
     cluster.on_node(netpol::remove).expect("remove");
 }
+
+#[test]
+fn a_table_someone_made_into_what_no_plan_changes_back_is_made_again_whole() {
+    test_kit::require_root();
+    let cluster = Cluster::new(&[("web", "web"), ("db", "db"), ("other", "other")]);
+    let _db = cluster.listen("db");
+    let t = format!("inet {}", netpol::TABLE);
+    let isolated = cluster.compile(vec![db_from_web()]);
+    for edit in [
+        // The base chain hooked at another priority: it cannot be re-hooked.
+        vec![
+            format!("delete table {t}"),
+            format!("add table {t}"),
+            format!("add chain {t} forward {{ type filter hook forward priority -10; policy accept; }}"),
+        ],
+        // A set of ours of another type.
+        vec![
+            format!("delete table {t}"),
+            format!("add table {t}"),
+            format!("add set {t} peers-v4 {{ type ipv4_addr; }}"),
+        ],
+    ] {
+        cluster.enforce(vec![db_from_web()]);
+        let script = edit.join("\n") + "\n";
+        let file = tempfile::NamedTempFile::new().expect("a script file");
+        std::fs::write(file.path(), &script).expect("write the script");
+        cluster.nft(&["-f", &file.path().to_string_lossy()]);
+        let (_, ops) = cluster
+            .on_node(|| netpol::apply(&isolated))
+            .unwrap_or_else(|e| panic!("made again after {edit:?}: {e}"));
+        assert_eq!(ops.first(), Some(&firewall::ruleset::Op::DeleteTable), "{edit:?}");
+        assert!(
+            cluster.on_node(netpol::current).expect("read").holds(&isolated),
+            "{edit:?}"
+        );
+        assert!(cluster.connects("web", "db", DB_PORT, false), "{edit:?}");
+        assert!(!cluster.connects("other", "db", DB_PORT, false), "{edit:?}");
+    }
+    cluster.on_node(netpol::remove).expect("remove");
+}

@@ -20,13 +20,16 @@ pub fn fit_comment(mut text: String) -> String {
     text
 }
 
+/// The first 8 bytes of sha512(`text`).
+pub fn short_digest(text: &str) -> [u8; 8] {
+    let mut short = [0u8; 8];
+    short.copy_from_slice(&Sha512::digest(text.as_bytes())[..8]);
+    short
+}
+
 /// 16 hex digits of sha512(`text`): names that stay short and stable.
 pub fn short_hash(text: &str) -> String {
-    Sha512::digest(text.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    short_digest(text).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `<16 hex of sha512(network)>`: the prefix of a network's comments.

@@ -13,39 +13,96 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use firewall::conntrack::{self, Flow};
+use firewall::ruleset::Op;
 
 use crate::compile::{Compiled, Direction, PortRange};
 use crate::nft::Current;
 use crate::ranges::Interval;
 
-/// Whether going from `before` to `after` may deny a flow `before`
-/// allowed: a local address isolated anew or moved to another list, or a
-/// peer gone from a set.
-pub fn may_narrow(before: &Current, after: &Compiled) -> bool {
-    let moved = after.isolated.iter().any(|(direction, addresses)| {
-        addresses.iter().any(|(ip, chain)| {
-            let map = crate::nft::map_of(*direction, *ip);
-            before.maps.get(&map).and_then(|entries| entries.get(ip)) != Some(chain)
+/// The local pods whose verdict a pass may have narrowed: whose flows
+/// are judged again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Narrowed {
+    /// Isolated anew or moved to another list (or to a chain rewritten).
+    pub addresses: BTreeSet<IpAddr>,
+    /// A peer left a set: any isolated pod's list may have named it.
+    pub every_isolated_pod: bool,
+}
+
+impl Narrowed {
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && !self.every_isolated_pod
+    }
+
+    fn covers(&self, compiled: &Compiled, ip: IpAddr) -> bool {
+        self.addresses.contains(&ip)
+            || (self.every_isolated_pod && compiled.isolated.values().any(|m| m.contains_key(&ip)))
+    }
+}
+
+/// What the `ops` planned from `before` to `after` may deny that `before`
+/// allowed: a local address isolated anew or moved to another list, its
+/// chain written again (someone had changed it), a peer gone from a set,
+/// the table made again.
+pub fn narrowed(before: &Current, after: &Compiled, ops: &[Op]) -> Narrowed {
+    let rewritten: BTreeSet<&String> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::FlushChain(name) if before.chains.contains_key(name) => Some(name),
+            _ => None,
         })
-    });
+        .collect();
+    let mut addresses = BTreeSet::new();
+    for (direction, isolated) in &after.isolated {
+        for (ip, chain) in isolated {
+            let map = crate::nft::map_of(*direction, *ip);
+            if before.maps.get(&map).and_then(|entries| entries.get(ip)) != Some(chain)
+                || rewritten.contains(chain)
+            {
+                addresses.insert(*ip);
+            }
+        }
+    }
     let now = crate::nft::wanted_peers(after);
-    moved
+    // A table made again may have held anything before.
+    let remade = ops.contains(&Op::DeleteTable);
+    let every_isolated_pod = remade
         || before.peers.iter().any(|(name, had)| match now.get(name) {
             Some(now) => had.iter().any(|member| !now.members.contains(member)),
             None => !had.is_empty(),
-        })
+        });
+    Narrowed {
+        addresses,
+        every_isolated_pod,
+    }
 }
 
-/// Removes the flows of local isolated pods that `compiled` denies, in
-/// the calling thread's network namespace; `node` holds the node's own
+/// Removes the flows of the `narrowed` local pods that `compiled` denies,
+/// in the calling thread's network namespace; `node` holds the node's own
 /// addresses, whose connections to its pods are never judged (they leave
-/// through `output`). Returns how many went.
-pub fn cut_denied(compiled: &Compiled, node: &BTreeSet<IpAddr>) -> firewall::Result<usize> {
-    if compiled.isolated.is_empty() {
+/// through `output`). Returns how many went. One dump of the node's
+/// conntrack table (50,000 entries read in 0.23 s here).
+pub fn cut_denied(
+    compiled: &Compiled,
+    narrowed: &Narrowed,
+    node: &BTreeSet<IpAddr>,
+) -> firewall::Result<usize> {
+    if narrowed.is_empty() {
         return Ok(0);
     }
     let flows = conntrack::flows()?;
-    conntrack::remove(flows.iter().filter(|flow| !allowed(compiled, node, flow)))
+    let concerned = |flow: &&Flow| {
+        [flow.original.source, flow.reply.source]
+            .into_iter()
+            .flatten()
+            .any(|ip| narrowed.covers(compiled, ip))
+    };
+    conntrack::remove(
+        flows
+            .iter()
+            .filter(concerned)
+            .filter(|flow| !allowed(compiled, node, flow)),
+    )
 }
 
 /// Whether `compiled` lets `flow` through, as the chains judge its first
@@ -100,3 +157,6 @@ fn judged(
         peer_ok && port_ok
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -38,12 +38,25 @@ pub fn current() -> Result<Current> {
 
 /// Makes the table hold `compiled`, in one transaction against what it
 /// holds now. Returns what the table held before and the ops it ran (none:
-/// nothing differed).
+/// nothing differed). When the kernel refuses that transaction (someone
+/// made the table into what no plan changes back: a base chain hooked
+/// otherwise, a set of ours of another type, a map of theirs jumping to
+/// a chain of ours), the table is made again, in one transaction with its
+/// removal, so no packet meets it half made.
 pub fn apply(compiled: &Compiled) -> Result<(Current, Vec<Op>)> {
     let current = current()?;
     let ops = nft::plan(&current, compiled);
-    ruleset::commit(TableFamily::Inet, TABLE, &ops)?;
-    Ok((current, ops))
+    match ruleset::commit(TableFamily::Inet, TABLE, &ops) {
+        Ok(()) => Ok((current, ops)),
+        Err(firewall::Error::Refused { .. }) if current.exists => {
+            let ops: Vec<Op> = std::iter::once(Op::DeleteTable)
+                .chain(nft::plan(&Current::default(), compiled))
+                .collect();
+            ruleset::commit(TableFamily::Inet, TABLE, &ops)?;
+            Ok((current, ops))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Makes the table hold `compiled` where an [`apply`] of `previous` left

@@ -143,12 +143,7 @@ fn is_peers_set(set: &Set) -> bool {
 pub type Tag = [u8; 8];
 
 fn tag_of(base: &str) -> Tag {
-    let hex = firewall::nft::short_hash(base);
-    let mut tag = [0u8; 8];
-    for (i, byte) in tag.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0);
-    }
-    tag
+    firewall::nft::short_digest(base)
 }
 
 /// A kernel peer set and the tagged members `compiled` wants in it.

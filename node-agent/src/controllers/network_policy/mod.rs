@@ -391,7 +391,7 @@ pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>,
             due = Some(Instant::now());
         }
         let mut failed = None;
-        let mut narrowed = false;
+        let mut narrowed = netpol::conntrack::Narrowed::default();
         // Before all three watches have listed, nothing is applied: the
         // listing that completes them is a change, and sets a pass due.
         if due.is_some_and(|due| due <= Instant::now()) {
@@ -423,18 +423,21 @@ pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>,
         }
         answer_waiting(&mut waiting, &cluster, failed.as_deref(), &metrics);
         // After the answers: a new pod has no connection to cut.
-        if narrowed && let Some(compiled) = applied.clone() {
-            cut_denied(compiled).await;
+        if !narrowed.is_empty()
+            && let Some(compiled) = applied.clone()
+        {
+            cut_denied(compiled, narrowed).await;
         }
     }
 }
 
 /// Removes the tracked connections of this node's isolated pods that the
 /// policy now applied denies.
-async fn cut_denied(compiled: Compiled) {
+async fn cut_denied(compiled: Compiled, narrowed: netpol::conntrack::Narrowed) {
     let cut = changes::blocking(move || {
         let node = node_addresses();
-        netpol::conntrack::cut_denied(&compiled, &node).map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
+        netpol::conntrack::cut_denied(&compiled, &narrowed, &node)
+            .map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
     })
     .await;
     match cut {
@@ -481,8 +484,8 @@ async fn sleep_until(wake: Option<Instant>) {
 struct Pass {
     /// Ops of the transaction (0: nothing differed).
     ops: usize,
-    /// Whether it may have narrowed a local pod's verdict.
-    narrowed: bool,
+    /// The local pods whose verdict it may have narrowed.
+    narrowed: netpol::conntrack::Narrowed,
 }
 
 /// One pass: the policy computed for this node's pods and, unless it is
@@ -499,7 +502,7 @@ async fn sync(cluster: &Cluster, applied: &mut Option<Compiled>, verify: bool) -
                 compiled,
                 Pass {
                     ops: 0,
-                    narrowed: false,
+                    narrowed: netpol::conntrack::Narrowed::default(),
                 },
             ));
         }
@@ -512,7 +515,7 @@ async fn sync(cluster: &Cluster, applied: &mut Option<Compiled>, verify: bool) -
             }
             .map_err(|e| Error::Io(format!("NetworkPolicy: {e}")))
         })?;
-        let narrowed = netpol::conntrack::may_narrow(&before, &compiled);
+        let narrowed = netpol::conntrack::narrowed(&before, &compiled, &ops);
         Ok((
             compiled,
             Pass {

@@ -2,7 +2,7 @@
 //! laid out as `nft` lays out the same objects: what `nft --debug=netlink`
 //! prints for a rule is what is sent for it.
 
-use netlink_packet_core::{DefaultNla, NLA_F_NESTED, NLM_F_ACK};
+use netlink_packet_core::{DefaultNla, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE};
 use netlink_packet_netfilter::nftables::{
     Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, Expressions, Hook as HookAttribute,
     HookNumber, Immediate, InetHookNumber, ListAttribute, Lookup, Meta, MetaKey, NfTablesMessage, Operator,
@@ -17,10 +17,6 @@ use super::{AnonymousSet, BaseChain, Compare, Element, Expr, Op, Rule, Set, SetK
 use super::{TableFamily, key_len, key_type};
 use crate::Result;
 use crate::nfnl::serialize;
-
-/// Without `NLM_F_EXCL`: adding what is there already succeeds.
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
 
 /// `NFT_DATA_VERDICT`: a verdict map's data type.
 const DATA_VERDICT: u32 = 0xffff_ff00;
@@ -120,6 +116,13 @@ impl Encoder<'_> {
                     attributes: vec![TableAttribute::Name(table)],
                 }),
                 NLM_F_CREATE,
+                index,
+            ),
+            Op::DeleteTable => self.push(
+                NfTablesMessage::DeleteTable(TableMessage {
+                    attributes: vec![TableAttribute::Name(table)],
+                }),
+                0,
                 index,
             ),
             Op::AddChain { name, base } => {
@@ -303,11 +306,12 @@ fn count(n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| super::invalid(format!("{n} is too many")))
 }
 
-/// A netlink attribute's bytes: length, type, value, padded to 4.
-fn nla(kind: u16, value: &[u8]) -> Vec<u8> {
+/// A netlink attribute's bytes: length, type, value, padded to 4 (the
+/// values written here are a few bytes: a field's length).
+fn nla(kind: u16, value: &[u8; 4]) -> Vec<u8> {
     let len = 4 + value.len();
     let mut bytes = Vec::with_capacity(len.div_ceil(4) * 4);
-    bytes.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
+    bytes.extend_from_slice(&(len as u16).to_ne_bytes());
     bytes.extend_from_slice(&kind.to_ne_bytes());
     bytes.extend_from_slice(value);
     bytes.resize(len.div_ceil(4) * 4, 0);

@@ -74,14 +74,6 @@ impl Field {
             Field::Mark => 4,
         }
     }
-
-    /// The field of an address of `ip`'s family.
-    pub fn address_of(ip: IpAddr) -> Field {
-        match ip {
-            IpAddr::V4(_) => Field::Ipv4,
-            IpAddr::V6(_) => Field::Ipv6,
-        }
-    }
 }
 
 /// The longest key the kernel takes (`NFT_DATA_VALUE_MAXLEN`).
@@ -424,6 +416,8 @@ pub struct BaseChain {
 pub enum Op {
     /// The table, if it is not there.
     AddTable,
+    /// The table with everything in it.
+    DeleteTable,
     AddChain {
         name: String,
         base: Option<BaseChain>,
@@ -466,6 +460,7 @@ impl fmt::Display for Op {
         };
         match self {
             Op::AddTable => f.write_str("add table"),
+            Op::DeleteTable => f.write_str("delete table"),
             Op::AddChain { name, base: None } => write!(f, "add chain {name}"),
             Op::AddChain {
                 name,
@@ -490,10 +485,11 @@ impl fmt::Display for Op {
 /// Runs `ops` on `table` as one transaction: all of them, or none when
 /// the kernel refuses one (the error names it).
 pub fn commit(family: TableFamily, table: &str, ops: &[Op]) -> Result<()> {
-    if ops.is_empty() {
+    let batch = encode::batch(family, table, ops)?;
+    // Ops that write nothing (no elements to add) ask for no answer.
+    if batch.ops_by_sequence.is_empty() {
         return Ok(());
     }
-    let batch = encode::batch(family, table, ops)?;
     socket::Conversation::open()?.transact(&batch)
 }
 
