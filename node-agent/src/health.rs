@@ -28,7 +28,7 @@ pub struct Health {
     /// is off).
     chained: Arc<AtomicBool>,
     /// A NetworkPolicy gate is configured and does not listen: new pods'
-    /// ADDs go on unconfirmed, open until their addresses reach the agent.
+    /// ADDs are unconfirmed (refused in a namespace with a policy).
     gate_down: Arc<AtomicBool>,
 }
 

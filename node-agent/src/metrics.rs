@@ -302,7 +302,7 @@ impl Metrics {
         if families.policy_gate_configured.load(Ordering::SeqCst) {
             gate.register(
                 "cni_suite_policy_gate_up",
-                "Whether the NetworkPolicy gate listens on POLICY_SOCKET (1) or cannot (0): new pods' ADDs then go on unconfirmed",
+                "Whether the NetworkPolicy gate listens on POLICY_SOCKET (1) or cannot (0): new pods' ADDs are then unconfirmed, refused in a namespace that has a policy",
                 families.policy_gate_up.clone(),
             );
         }

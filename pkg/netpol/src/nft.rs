@@ -4,18 +4,21 @@
 //!   address to a jump into its allow list's chain;
 //! - an allow list's chain: one rule per allow, matching the peer set and
 //!   the ports, that returns; then `drop`;
-//! - peers in four sets shared by every rule, whatever their number: per
-//!   family, pods' addresses (`addr . tag`, a hash) and address blocks
-//!   (`first-last . tag`, intervals of a concatenation), where the tag is
-//!   the rule's peer set's (a 64-bit hash of its name) and the rule loads
-//!   its own tag beside the packet's address. A pod coming or going is an
-//!   element per rule naming it. The kernel finds a set by name walking
-//!   the table's sets, so a set per rule made every change cost the number
-//!   of rules: 5000 rules' sets took 16 s to write and each later change
-//!   80 ms here;
+//! - pod peers in one set a family shared by every rule, whatever their
+//!   number (`addr . tag`, a hash), where the tag is the rule's peer
+//!   set's (a 64-bit hash of its name) and the rule loads its own tag
+//!   beside the packet's address: a pod coming or going is an element per
+//!   rule naming it. The kernel finds a set by name walking the table's
+//!   sets, so a set per rule made every change cost the number of rules:
+//!   5000 rules' sets took 16 s to write and each later change 80 ms here;
+//! - a policy's address blocks in one interval set a family of its own
+//!   (`first-last . tag`), named after its content, written and deleted
+//!   whole: removing 10,000 intervals from a shared set one by one held
+//!   the node's nf_tables lock 5 to 7 s;
 //! - base chains on `forward` (pod to pod, routed or bridged through
 //!   `br_netfilter`, after kube-proxy's DNAT) and `input` (pod to node):
-//!   packets of established connections pass, then the destination's
+//!   packets of established connections pass, TCP new to conntrack
+//!   without SYN to or from an isolated pod drops, then the destination's
 //!   ingress list, then the source's egress list. The node's own traffic
 //!   to its pods (`output`) is never judged: kubelet's probes pass;
 //! - the namespaces that have a policy ([`GUARDED_NAMESPACES`]), which a

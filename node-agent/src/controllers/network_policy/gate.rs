@@ -69,8 +69,9 @@ struct Listening {
 impl Gate {
     /// Binds the socket at `path` now (see `run_socket::bind`), or says
     /// why it cannot and tries again as the controller runs: meanwhile
-    /// the bridge's ADD finds no one listening and goes on at once, and
-    /// new pods are open until the API server reports their addresses.
+    /// the bridge's ADD finds no one listening, and fails when its
+    /// namespace has a policy; a pod of another namespace starts open
+    /// until the API server reports its addresses.
     pub fn new(path: PathBuf, health: Health, metrics: Metrics) -> Gate {
         let mut gate = Gate {
             path,

@@ -4,7 +4,7 @@
 //! as a map that a restarted watch's relist replaces whole. After a change
 //! that policy reads (most Pod updates are status conditions: nothing it
 //! reads), and every [`RESYNC`], the policy is computed for this node's
-//! pods and the table brought in line by one `nft` transaction.
+//! pods and the table brought in line by one nf_tables transaction.
 //!
 //! A new pod's address reaches the API server only when kubelet posts its
 //! status, up to seconds after its containers may have started sending:
