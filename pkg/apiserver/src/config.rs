@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD;
 use cni::small_file::{self, Links, Unreadable};
 use serde::Deserialize;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 #[derive(Deserialize)]
 struct KubeConfig {

@@ -4,7 +4,7 @@
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// What is left before `deadline`, or [`Error::Timeout`].
 pub(crate) fn left(deadline: Instant) -> Result<Duration> {

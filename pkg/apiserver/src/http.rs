@@ -12,7 +12,8 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 
 use crate::config::Credentials;
 use crate::deadline::{is_timeout, left};
-use crate::{Error, Result, resolve};
+use crate::error::{Error, Result};
+use crate::resolve;
 
 /// Bodies larger than this are refused (a pod object is a few KiB).
 const MAX_RESPONSE: u64 = 8 << 20;

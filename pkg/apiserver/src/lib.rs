@@ -7,6 +7,7 @@
 
 mod config;
 mod deadline;
+mod error;
 mod http;
 pub mod resolve;
 
@@ -14,27 +15,8 @@ use std::path::Path;
 use std::time::Instant;
 
 pub use config::Credentials;
+pub use error::{Error, Result};
 use serde_json::Value;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubeconfig {path}: {reason}")]
-    Config { path: String, reason: String },
-    #[error("cannot resolve {0}")]
-    Resolve(String),
-    #[error("{0}")]
-    Connection(String),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("the API server answered {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("unreadable answer: {0}")]
-    Protocol(String),
-    #[error("no complete answer before the deadline")]
-    Timeout,
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A client for one API server, as a kubeconfig describes it.
 #[derive(Debug, Clone)]

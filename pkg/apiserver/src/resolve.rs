@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use crate::deadline::{is_timeout, left};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 const TYPE_A: u16 = 1;

@@ -10,6 +10,7 @@
 
 pub mod compile;
 pub mod conntrack;
+mod error;
 pub mod model;
 pub mod nft;
 pub mod ranges;
@@ -18,15 +19,8 @@ use firewall::nfnl::Deleted;
 use firewall::ruleset::{self, Op, TableFamily};
 
 pub use compile::{Compiled, Direction, Snapshot, compile};
+pub use error::{Error, Result};
 pub use nft::{Current, TABLE};
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Nft(#[from] firewall::Error),
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What the table in the calling thread's network namespace holds now
 /// (an absent table holds nothing).
