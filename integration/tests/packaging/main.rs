@@ -1,10 +1,13 @@
 //! The packaging tier: what ships besides the code: statically linked
 //! binaries, the example configurations (each executed unchanged), the
 //! cluster manifests (checked against the API's types, the agent and the
-//! image), and every shipping crate root's stance on `unsafe`. One module
-//! per former test file.
+//! image), every shipping crate root's stance on `unsafe`, and the docs'
+//! map of the workspace. A module per topic; what they read of the
+//! workspace in `common`.
 
+mod common;
 mod conf_examples;
+mod docs_map;
 mod manifest;
 mod static_binaries;
 mod unsafe_code;
