@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use firewall::iptables::SavedTable;
 use firewall::nfnl::{self, Deleted};
 use firewall::{Error, Family, Result, exec};
-use portmap::mapper::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
-use portmap::mapper::nft as hostport_nft;
+use portmap::rules::iptables::{DNAT_CHAIN, MASQ_CHAIN, SETMARK_CHAIN};
+use portmap::rules::nft as hostport_nft;
 
 use crate::changes::XTABLES_WAIT;
 

@@ -955,20 +955,20 @@ fn istio(out: &mut Outcome, ours: &Suite, n: usize, native_nftables: bool) {
             "sidecar.istio.io/status": status, "sidecar.istio.io/interceptionMode": "REDIRECT"}},
         "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.79.0.2/24"}]}})
     .to_string();
-    let redirect = istio_redirect::capture::Redirect::default();
+    let redirect = istio_redirect::rules::Redirect::default();
     let (metric, tool, tool_args, rules): (&str, &str, &[&str], String) = if native_nftables {
         (
             report::ISTIO_NATIVE_METRIC,
             "/usr/sbin/nft",
             &["-f", "-"],
-            istio_redirect::capture::render_nft(&redirect, false).fresh(),
+            istio_redirect::rules::render_nft(&redirect, false).fresh(),
         )
     } else {
         (
             report::ISTIO_METRIC,
             "/usr/sbin/iptables-nft-restore",
             &["--noflush"],
-            istio_redirect::capture::render(&redirect, firewall::Family::V4).restore_fresh(),
+            istio_redirect::rules::render(&redirect, firewall::Family::V4).restore_fresh(),
         )
     };
     let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=u";
@@ -1180,7 +1180,7 @@ const PORTMAP_PHASE: ChainedPhase = ChainedPhase {
     teardown: |suite, network, id, _| {
         let saved = suite.node.run("iptables-save", &["-t", "nat"]).success().stdout;
         let table = firewall::iptables::SavedTable::parse(&saved, "nat");
-        portmap::mapper::iptables::render_remove(&table, network, id).expect("rules to remove")
+        portmap::rules::iptables::render_remove(&table, network, id).expect("rules to remove")
     },
     leftovers: |suite| {
         let chains = suite.node.nat_chains().into_iter();
@@ -1199,7 +1199,7 @@ const FIREWALL_PHASE: ChainedPhase = ChainedPhase {
             .stdout;
         let filter = firewall::iptables::SavedTable::parse(&saved, "filter");
         let ip = chained_pod_address(pod).parse().expect("address");
-        firewall_plugin::forward::iptables::render_del(&filter, &[ip]).expect("rules to remove")
+        firewall_plugin::rules::iptables::render_del(&filter, &[ip]).expect("rules to remove")
     },
     leftovers: |suite| {
         let saved = suite
@@ -1227,8 +1227,7 @@ fn floors(out: &mut Outcome, n: usize) {
         trues.push(exec(&ns, Path::new("/bin/true"), &[], &[], ""));
         let id = format!("floor-{i}");
         let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
-        let setup =
-            bridge::masquerade::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
+        let setup = bridge::rules::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
         adds.push(exec(
             &ns,
             Path::new("/usr/sbin/iptables-restore"),
@@ -1238,7 +1237,7 @@ fn floors(out: &mut Outcome, n: usize) {
         ));
         let saved = node.run("iptables-save", &["-t", "nat"]).success().stdout;
         let table = firewall::iptables::SavedTable::parse(&saved, "nat");
-        let chain = bridge::masquerade::iptables::chain_name("floor", &id);
+        let chain = bridge::rules::iptables::chain_name("floor", &id);
         let teardown = firewall::iptables::render_nat_removal(&table, &[chain]).expect("rules to remove");
         dels.push(exec(
             &ns,

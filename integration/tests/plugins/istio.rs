@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use firewall::Family;
-use istio_redirect::capture::{Mode, Redirect, Selection, render, render_nft};
+use istio_redirect::rules::{Mode, Redirect, Selection, render, render_nft};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use test_kit::fakes::api_server::ApiServer;

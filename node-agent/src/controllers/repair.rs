@@ -544,7 +544,7 @@ impl RepairRequest {
         let log = self.add(&netns)?;
         let in_pod = |e: String| Error::Io(format!("reading the capture rules in {}: {e}", netns.display()));
         let ns = NetNs::open(&netns).map_err(|e| in_pod(e.to_string()))?;
-        if istio_redirect::capture::captured(&ns).map_err(|e| in_pod(e.to_string()))? {
+        if istio_redirect::rules::captured(&ns).map_err(|e| in_pod(e.to_string()))? {
             return Ok(Capture::Programmed);
         }
         Ok(Capture::PassedThrough(

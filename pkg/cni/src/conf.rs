@@ -192,6 +192,19 @@ impl NetConf {
         })
     }
 
+    /// One of the plugin's own keys, read alone: absent or `null` is
+    /// `None`; a value of the wrong type is invalid configuration (7) that
+    /// names the key. For plugins that read their keys one by one (as
+    /// their references do) rather than as one struct.
+    pub fn plugin_key<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => T::deserialize(value)
+                .map(Some)
+                .map_err(|e| Error::invalid_config(format!("invalid {key}: {e}"))),
+        }
+    }
+
     fn plugin_type_or<'a>(&'a self, fallback: &'a str) -> &'a str {
         if self.plugin_type.is_empty() {
             fallback
@@ -642,6 +655,20 @@ mod tests {
         let err = c.plugin_config::<Mine>().expect_err("wrong type");
         assert!(err.has_code(Code::InvalidConfig));
         assert!(err.msg.starts_with("invalid bridge configuration"), "{}", err.msg);
+    }
+
+    #[test]
+    fn one_plugin_key_is_read_alone() {
+        let c = conf(json!({"name":"n","type":"firewall","backend":"nftables","stateDir":null,"mtu":"big"}));
+        assert_eq!(
+            c.plugin_key::<String>("backend").expect("valid").as_deref(),
+            Some("nftables")
+        );
+        assert_eq!(c.plugin_key::<String>("stateDir").expect("null"), None);
+        assert_eq!(c.plugin_key::<String>("absent").expect("absent"), None);
+        let err = c.plugin_key::<u32>("mtu").expect_err("wrong type");
+        assert!(err.has_code(Code::InvalidConfig));
+        assert_eq!(err.msg, "invalid mtu: invalid type: string \"big\", expected u32");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod conntrack;
 pub mod exec;
 pub mod iptables;
@@ -39,6 +40,8 @@ pub enum Error {
     #[error("nf_tables refused {what}: {}", std::io::Error::from_raw_os_error(*errno))]
     Refused { what: String, errno: i32 },
 }
+
+pub use backend::Backend;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

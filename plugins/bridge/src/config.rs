@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 
 use cni::keys::{self, Shape, field, plain};
 use cni::{CniArgs, Error, NetConf, Result};
+use firewall::Backend;
 use serde::Deserialize;
 
 pub const DEFAULT_BRIDGE: &str = "cni0";
@@ -99,13 +100,6 @@ fn default_bridge() -> String {
     DEFAULT_BRIDGE.to_owned()
 }
 
-/// Which tool programs masquerade.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MasqBackend {
-    Iptables,
-    Nftables,
-}
-
 /// The checked configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeConfig {
@@ -114,7 +108,8 @@ pub struct BridgeConfig {
     pub is_default_gateway: bool,
     pub force_address: bool,
     pub ip_masq: bool,
-    pub masq_backend: MasqBackend,
+    /// Which tool programs masquerade (`ipMasqBackend`).
+    pub masq_backend: Backend,
     pub mtu: Option<u32>,
     pub hairpin: bool,
     pub promisc: bool,
@@ -177,21 +172,13 @@ pub fn collect_trunk(trunks: &[VlanTrunk]) -> Result<Vec<u16>> {
     Ok(vids.into_iter().filter_map(|v| u16::try_from(v).ok()).collect())
 }
 
-/// `iptables` unless only nftables is available, as the reference decides.
-fn default_backend(tool_exists: impl Fn(&str) -> bool) -> MasqBackend {
-    if !tool_exists("iptables-restore") && tool_exists("nft") {
-        MasqBackend::Nftables
-    } else {
-        MasqBackend::Iptables
-    }
-}
-
 impl BridgeConfig {
     pub fn load(conf: &NetConf, args: &CniArgs) -> Result<Self> {
-        BridgeConfig::load_with(conf, args, |tool| firewall::exec::find(tool).is_some())
+        BridgeConfig::load_with(conf, args, Backend::detect)
     }
 
-    fn load_with(conf: &NetConf, args: &CniArgs, tool_exists: impl Fn(&str) -> bool) -> Result<Self> {
+    /// `detect` is asked only when `ipMasqBackend` names no backend.
+    fn load_with(conf: &NetConf, args: &CniArgs, detect: impl FnOnce() -> Backend) -> Result<Self> {
         let raw: Raw = conf.plugin_config()?;
         if !(0..=4094).contains(&raw.vlan) {
             return Err(invalid(format!(
@@ -201,10 +188,10 @@ impl BridgeConfig {
         }
         let trunk = collect_trunk(raw.vlan_trunk.as_deref().unwrap_or_default())?;
         let masq_backend = match raw.ip_masq_backend.as_deref() {
-            None | Some("") => default_backend(tool_exists),
-            Some("iptables") => MasqBackend::Iptables,
-            Some("nftables") => MasqBackend::Nftables,
-            Some(other) => return Err(invalid(format!("unknown ipmasq backend {other:?}"))),
+            None | Some("") => detect(),
+            Some(name) => {
+                Backend::named(name).ok_or_else(|| invalid(format!("unknown ipmasq backend {name:?}")))?
+            }
         };
         let ipam_type = conf
             .ipam
@@ -314,8 +301,13 @@ mod tests {
         NetConf::from_document(doc, cni::Version::V1_0_0).expect("valid network conf")
     }
 
+    /// The node's detection, over the tools `tool_exists` says are here.
+    fn installed(tool_exists: impl Fn(&str) -> bool) -> impl FnOnce() -> Backend {
+        move || Backend::detect_with(tool_exists)
+    }
+
     fn load(extra: Value) -> Result<BridgeConfig> {
-        BridgeConfig::load_with(&conf(extra), &CniArgs::default(), |_| true)
+        BridgeConfig::load_with(&conf(extra), &CniArgs::default(), installed(|_| true))
     }
 
     #[test]
@@ -324,7 +316,7 @@ mod tests {
         assert_eq!(c.bridge, "cni0");
         assert!(!c.is_gateway && !c.ip_masq && !c.hairpin && !c.promisc);
         assert_eq!((c.mtu, c.vlan, c.ipam_type.as_deref()), (None, 0, None));
-        assert_eq!(c.masq_backend, MasqBackend::Iptables);
+        assert_eq!(c.masq_backend, Backend::Iptables);
         assert_eq!(c.vlan_plan(), VlanPlan::default());
     }
 
@@ -340,16 +332,17 @@ mod tests {
             load(json!({"ipMasqBackend": "nftables"}))
                 .expect("valid")
                 .masq_backend,
-            MasqBackend::Nftables
+            Backend::Nftables
         );
         let err = load(json!({"ipMasqBackend": "pf"})).expect_err("unknown");
         assert_eq!(err.msg, "unknown ipmasq backend \"pf\"");
         let only_nft =
-            BridgeConfig::load_with(&conf(json!({})), &CniArgs::default(), |t| t == "nft").expect("valid");
-        assert_eq!(only_nft.masq_backend, MasqBackend::Nftables);
-        let neither =
-            BridgeConfig::load_with(&conf(json!({})), &CniArgs::default(), |_| false).expect("valid");
-        assert_eq!(neither.masq_backend, MasqBackend::Iptables);
+            BridgeConfig::load_with(&conf(json!({})), &CniArgs::default(), installed(|t| t == "nft"))
+                .expect("valid");
+        assert_eq!(only_nft.masq_backend, Backend::Nftables);
+        let neither = BridgeConfig::load_with(&conf(json!({})), &CniArgs::default(), installed(|_| false))
+            .expect("valid");
+        assert_eq!(neither.masq_backend, Backend::Iptables);
     }
 
     #[test]
@@ -497,7 +490,7 @@ mod tests {
             let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
             let args = CniArgs::parse("IgnoreUnknown=1;MAC=c2:00:00:00:00:04;IP=10.9.0.14")?;
             Ok((
-                BridgeConfig::load_with(&conf, &args, |_| true),
+                BridgeConfig::load_with(&conf, &args, installed(|_| true)),
                 ipam_config::config::IpamConfig::load(&conf, &args).map_err(|e| e.to_string()),
                 conf.prev_result(),
                 conf.gc_valid_attachments(),
@@ -521,17 +514,17 @@ mod tests {
             json!({"runtimeConfig": {"mac": "c2:00:00:00:00:03"}, "args": {"cni": {"mac": "c2:00:00:00:00:02"}}}),
         );
         let args = CniArgs::parse("MAC=c2:00:00:00:00:01").expect("args");
-        let c = BridgeConfig::load_with(&both, &args, |_| true).expect("valid");
+        let c = BridgeConfig::load_with(&both, &args, installed(|_| true)).expect("valid");
         assert_eq!(c.mac, Some([0xc2, 0, 0, 0, 0, 3]));
-        let env_only = BridgeConfig::load_with(&conf(json!({})), &args, |_| true).expect("valid");
+        let env_only = BridgeConfig::load_with(&conf(json!({})), &args, installed(|_| true)).expect("valid");
         assert_eq!(env_only.mac, Some([0xc2, 0, 0, 0, 0, 1]));
         let bad = BridgeConfig::load_with(
             &conf(json!({"runtimeConfig": {"mac": "nope"}})),
             &CniArgs::default(),
-            |_| true,
+            installed(|_| true),
         );
         assert_eq!(bad.expect_err("bad mac").msg, "invalid MAC address \"nope\"");
         let strict = CniArgs::parse("MAC=c2:00:00:00:00:01;K8S_POD_NAME=x").expect("args");
-        assert!(BridgeConfig::load_with(&conf(json!({})), &strict, |_| true).is_err());
+        assert!(BridgeConfig::load_with(&conf(json!({})), &strict, installed(|_| true)).is_err());
     }
 }

@@ -7,9 +7,9 @@
 mod config;
 mod host;
 mod lease;
-pub mod masquerade;
 mod plugin;
 mod pod;
+pub mod rules;
 pub mod spoofcheck;
 mod undo;
 

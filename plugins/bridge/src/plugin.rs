@@ -17,8 +17,8 @@ use podnet::{check_failed, combine, firewall_error, netlink_error, state_error};
 use crate::config::BridgeConfig;
 use crate::host;
 use crate::lease;
-use crate::masquerade;
 use crate::pod::{self, Gateways};
+use crate::rules;
 use crate::undo::Undo;
 
 /// Index of the container interface in the result (bridge, host veth,
@@ -206,7 +206,7 @@ impl Plugin for Bridge {
                 // from a thread started here, in the node's namespace.
                 let masquerading = cfg.ip_masq.then(|| {
                     let (cfg, network, addresses) = (&cfg, &req.conf.name, addresses.clone());
-                    scope.spawn(move || masquerade::ensure(cfg, network, &addresses))
+                    scope.spawn(move || rules::ensure(cfg, network, &addresses))
                 });
                 pod::configure(
                     &pod_ns,
@@ -302,7 +302,7 @@ impl Plugin for Bridge {
             let families = known
                 .filter(|f| !f.is_empty())
                 .unwrap_or_else(|| vec![Family::V4, Family::V6]);
-            if let Err(e) = masquerade::teardown(&cfg, &req.conf.name, att, &families) {
+            if let Err(e) = rules::teardown(&cfg, &req.conf.name, att, &families) {
                 failures.push(e);
             }
         }
@@ -381,7 +381,7 @@ impl Plugin for Bridge {
             }
         }
         if cfg.ip_masq && !mine.is_empty() {
-            masquerade::check(&cfg, &req.conf.name, &mine)?;
+            rules::check(&cfg, &req.conf.name, &mine)?;
         }
         if cfg.macspoofchk {
             let allowed = spoofcheck::allowed_mac(&spoofcheck::reference_id(&att.container_id, &att.ifname))
@@ -406,7 +406,7 @@ impl Plugin for Bridge {
             failures.push(e);
         }
         // Rules may outlive a configuration that stopped masquerading.
-        if let Err(e) = masquerade::collect_garbage(&req.conf.name, &valid) {
+        if let Err(e) = rules::collect_garbage(&req.conf.name, &valid) {
             failures.push(e);
         }
         combine(failures)

@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 
-use crate::forward::IngressPolicy;
-use crate::forward::iptables::DEFAULT_ADMIN_CHAIN;
+use crate::rules::IngressPolicy;
+use crate::rules::iptables::DEFAULT_ADMIN_CHAIN;
 use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
-use firewall::{MAX_CHAIN_NAME, is_chain_name};
-use serde::de::DeserializeOwned;
+use firewall::{Backend, MAX_CHAIN_NAME, is_chain_name};
 use serde_json::Value;
 
 /// Where each attachment's addresses are recorded: the iptables layout's
@@ -29,15 +28,6 @@ pub const KEYS: Shape = Shape::Struct(&[
     ],
 ]);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// The reference's layout (the default: there is no firewalld to
-    /// prefer here).
-    Iptables,
-    /// Our `inet cni_firewall` table.
-    Nftables,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FirewallConfig {
     pub backend: Backend,
@@ -46,26 +36,21 @@ pub struct FirewallConfig {
     pub state_dir: PathBuf,
 }
 
-fn field<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v)
-            .map(Some)
-            .map_err(|e| Error::invalid_config(format!("invalid {key}: {e}"))),
-    }
-}
-
+/// `iptables` is the reference's layout, and the default whatever the
+/// node has (the reference prefers firewalld, which there is none of
+/// here); `nftables` is our `inet cni_firewall` table.
 fn backend(text: Option<String>) -> Result<Backend> {
     match text.as_deref() {
-        None | Some("" | "iptables") => Ok(Backend::Iptables),
-        Some("nftables") => Ok(Backend::Nftables),
+        None | Some("") => Ok(Backend::Iptables),
         Some("firewalld") => Err(Error::invalid_config(
             "backend \"firewalld\" is not supported: this plugin has no D-Bus client and no firewalld \
              to talk to; use \"iptables\" (the reference's layout) or \"nftables\"",
         )),
-        Some(other) => Err(Error::invalid_config(format!(
-            "invalid backend {other:?}: expected \"iptables\" or \"nftables\""
-        ))),
+        Some(name) => Backend::named(name).ok_or_else(|| {
+            Error::invalid_config(format!(
+                "invalid backend {name:?}: expected \"iptables\" or \"nftables\""
+            ))
+        }),
     }
 }
 
@@ -85,18 +70,18 @@ fn admin_chain(name: Option<String>) -> Result<String> {
 
 impl FirewallConfig {
     pub fn load(conf: &NetConf) -> Result<Self> {
-        let doc = conf.raw();
         // Accepted for configurations written for firewalld; nothing here
         // talks to it.
-        field::<String>(doc, "firewalldZone")?;
+        conf.plugin_key::<String>("firewalldZone")?;
         let ingress_policy =
-            IngressPolicy::parse(&field::<String>(doc, "ingressPolicy")?.unwrap_or_default())
+            IngressPolicy::parse(&conf.plugin_key::<String>("ingressPolicy")?.unwrap_or_default())
                 .map_err(Error::invalid_config)?;
         Ok(FirewallConfig {
-            backend: backend(field(doc, "backend")?)?,
-            admin_chain: admin_chain(field(doc, "iptablesAdminChainName")?)?,
+            backend: backend(conf.plugin_key("backend")?)?,
+            admin_chain: admin_chain(conf.plugin_key("iptablesAdminChainName")?)?,
             ingress_policy,
-            state_dir: field::<String>(doc, "stateDir")?
+            state_dir: conf
+                .plugin_key::<String>("stateDir")?
                 .filter(|d| !d.is_empty())
                 .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
         })

@@ -5,14 +5,14 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::forward::{FirewallBackend, IngressPolicy, Pod, PodRules, iptables, nft};
+use crate::rules::{FirewallBackend, IngressPolicy, Pod, PodRules, iptables, nft};
 use cni::{Attachment, CniResult, Code, Error, Plugin, Request, Result};
-use firewall::Family;
+use firewall::{Backend, Family};
 use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, combine, firewall_error, netlink_error};
 
-use crate::config::{Backend, FirewallConfig};
+use crate::config::FirewallConfig;
 use crate::state::{Owner, Record, Store};
 
 #[derive(Debug)]

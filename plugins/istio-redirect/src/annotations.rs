@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::capture::{ALWAYS_EXCLUDED_INBOUND, Mode, Redirect, STATUS_PORT, Selection};
+use crate::rules::{ALWAYS_EXCLUDED_INBOUND, Mode, Redirect, STATUS_PORT, Selection};
 use ipnetwork::IpNetwork;
 
 pub const INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";

@@ -6,11 +6,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::capture::apply::Backend;
+use crate::rules::apply::IptablesFlavour;
 use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
-use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 use crate::annotations::Proxy;
 
@@ -57,7 +55,8 @@ pub struct IstioConfig {
     /// Settings for pods without Kubernetes arguments (cnitool, plain
     /// containerd): annotation names without their prefixes.
     pub redirect: Option<BTreeMap<String, String>>,
-    pub backend: Option<Backend>,
+    /// `iptables_backend`: the operator's flavour; None detects it.
+    pub iptables_flavour: Option<IptablesFlavour>,
     pub api_attempts: u32,
     pub api_retry_delay: Duration,
     /// One limit for the whole pod lookup, retries included: below
@@ -66,47 +65,44 @@ pub struct IstioConfig {
     pub api_deadline: Duration,
 }
 
-fn field<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v)
-            .map(Some)
-            .map_err(|e| Error::invalid_config(format!("invalid {key}: {e}"))),
-    }
-}
-
 impl IstioConfig {
     pub fn load(conf: &NetConf) -> Result<Self> {
-        let doc = conf.raw();
-        let run_dir: String = field(doc, "cni_agent_run_dir")?.unwrap_or_else(|| DEFAULT_RUN_DIR.to_owned());
-        let kubeconfig = field::<String>(doc, "kubeconfig")?
+        let run_dir: String = conf
+            .plugin_key("cni_agent_run_dir")?
+            .unwrap_or_else(|| DEFAULT_RUN_DIR.to_owned());
+        let kubeconfig = conf
+            .plugin_key::<String>("kubeconfig")?
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(run_dir).join(KUBECONFIG_FILE));
         let defaults = Proxy::default();
-        let backend = match field::<String>(doc, "iptables_backend")? {
-            Some(text) => Backend::parse(&text)
+        let iptables_flavour = match conf.plugin_key::<String>("iptables_backend")? {
+            Some(text) => IptablesFlavour::parse(&text)
                 .map_err(|e| Error::invalid_config(format!("invalid iptables_backend: {e}")))?,
             None => None,
         };
         Ok(IstioConfig {
-            log_level: field(doc, "plugin_log_level")?,
+            log_level: conf.plugin_key("plugin_log_level")?,
             kubeconfig,
-            exclude_namespaces: field(doc, "exclude_namespaces")?.unwrap_or_default(),
-            pod_namespace: field::<String>(doc, "pod_namespace")?.filter(|s| !s.is_empty()),
-            native_nftables: field(doc, "native_nftables")?.unwrap_or(false),
+            exclude_namespaces: conf.plugin_key("exclude_namespaces")?.unwrap_or_default(),
+            pod_namespace: conf
+                .plugin_key::<String>("pod_namespace")?
+                .filter(|s| !s.is_empty()),
+            native_nftables: conf.plugin_key("native_nftables")?.unwrap_or(false),
             proxy: Proxy {
-                uid: field(doc, "proxy_uid")?.unwrap_or(defaults.uid),
-                gid: field(doc, "proxy_gid")?.unwrap_or(defaults.gid),
-                dns_capture: field(doc, "dns_capture")?.unwrap_or(defaults.dns_capture),
-                dual_stack: field(doc, "dual_stack")?.unwrap_or(defaults.dual_stack),
-                invalid_drop: field(doc, "invalid_drop")?.unwrap_or(defaults.invalid_drop),
+                uid: conf.plugin_key("proxy_uid")?.unwrap_or(defaults.uid),
+                gid: conf.plugin_key("proxy_gid")?.unwrap_or(defaults.gid),
+                dns_capture: conf.plugin_key("dns_capture")?.unwrap_or(defaults.dns_capture),
+                dual_stack: conf.plugin_key("dual_stack")?.unwrap_or(defaults.dual_stack),
+                invalid_drop: conf.plugin_key("invalid_drop")?.unwrap_or(defaults.invalid_drop),
             },
-            redirect: field(doc, "redirect")?,
-            backend,
-            api_attempts: field::<u32>(doc, "api_attempts")?.unwrap_or(30).max(1),
-            api_retry_delay: Duration::from_millis(field(doc, "api_retry_delay_ms")?.unwrap_or(1000)),
+            redirect: conf.plugin_key("redirect")?,
+            iptables_flavour,
+            api_attempts: conf.plugin_key::<u32>("api_attempts")?.unwrap_or(30).max(1),
+            api_retry_delay: Duration::from_millis(conf.plugin_key("api_retry_delay_ms")?.unwrap_or(1000)),
             api_deadline: Duration::from_millis(
-                field::<u64>(doc, "api_deadline_ms")?.unwrap_or(60_000).max(1),
+                conf.plugin_key::<u64>("api_deadline_ms")?
+                    .unwrap_or(60_000)
+                    .max(1),
             ),
         })
     }
@@ -122,7 +118,7 @@ impl IstioConfig {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -195,7 +191,7 @@ mod tests {
         .expect("valid");
         assert_eq!(c.kubeconfig, PathBuf::from("/etc/kc"));
         assert_eq!((c.proxy.uid, c.proxy.dns_capture), (1000, true));
-        assert_eq!(c.backend, Some(Backend::Nft));
+        assert_eq!(c.iptables_flavour, Some(IptablesFlavour::Nft));
         assert!(c.exclude_namespaces.is_empty());
         for (bad, key) in [
             (json!({"proxy_uid": "x"}), "proxy_uid"),

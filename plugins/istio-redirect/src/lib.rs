@@ -1,16 +1,16 @@
 //! The istio-redirect plugin: chained last, it programs Istio's sidecar
 //! traffic capture inside the pod's network namespace, so pods need no
 //! privileged `istio-init` container. The capture rules are its own
-//! ([`capture`]; the node agent's repair asks them whether a pod is
+//! ([`rules`]; the node agent's repair asks them whether a pod is
 //! captured); `firewall` (the crate) gives it the mechanism.
 
 #![forbid(unsafe_code)]
 
 mod annotations;
-pub mod capture;
 mod config;
 mod plugin;
 mod pod;
 mod pod_lookup;
+pub mod rules;
 
 pub use plugin::IstioRedirect;

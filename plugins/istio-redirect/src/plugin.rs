@@ -11,9 +11,9 @@ use netlink::Netlink;
 use netns::NetNs;
 use podnet::{check_failed, firewall_error, netlink_error};
 
-use crate::capture::apply::{Backend, IptablesCapture};
-use crate::capture::nft::NftablesCapture;
-use crate::capture::{CaptureBackend, Mode, Outcome, Redirect, TPROXY_MARK, TPROXY_TABLE};
+use crate::rules::apply::{IptablesCapture, IptablesFlavour};
+use crate::rules::nft::NftablesCapture;
+use crate::rules::{CaptureBackend, Mode, Outcome, Redirect, TPROXY_MARK, TPROXY_TABLE};
 
 use crate::annotations;
 use crate::config::IstioConfig;
@@ -117,17 +117,17 @@ struct Target {
 /// (`native_nftables`), or iptables tables in the operator's flavour or
 /// the one found in the pod. The one place the configuration picks it.
 fn capture_backend(cfg: &IstioConfig) -> &'static dyn CaptureBackend {
-    match (cfg.native_nftables, cfg.backend) {
+    match (cfg.native_nftables, cfg.iptables_flavour) {
         (true, _) => &NftablesCapture,
         (false, None) => &IptablesCapture { forced: None },
-        (false, Some(Backend::Default)) => &IptablesCapture {
-            forced: Some(Backend::Default),
+        (false, Some(IptablesFlavour::Default)) => &IptablesCapture {
+            forced: Some(IptablesFlavour::Default),
         },
-        (false, Some(Backend::Nft)) => &IptablesCapture {
-            forced: Some(Backend::Nft),
+        (false, Some(IptablesFlavour::Nft)) => &IptablesCapture {
+            forced: Some(IptablesFlavour::Nft),
         },
-        (false, Some(Backend::Legacy)) => &IptablesCapture {
-            forced: Some(Backend::Legacy),
+        (false, Some(IptablesFlavour::Legacy)) => &IptablesCapture {
+            forced: Some(IptablesFlavour::Legacy),
         },
     }
 }

@@ -176,7 +176,7 @@ impl PodInfo {
         }
     }
 
-    pub fn redirect(&self, defaults: &Proxy) -> Result<crate::capture::Redirect, String> {
+    pub fn redirect(&self, defaults: &Proxy) -> Result<crate::rules::Redirect, String> {
         annotations::redirect(&self.annotations, self.proxy_settings(defaults))
     }
 }

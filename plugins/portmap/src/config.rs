@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use crate::mapper::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
+use crate::rules::{DEFAULT_MARK_BIT, Mapping, Protocol, Settings};
 use cni::keys::{self, Shape, field, plain};
 use cni::{Error, NetConf, Result};
+use firewall::Backend;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 use crate::records::DEFAULT_STATE_DIR;
 
@@ -38,12 +38,6 @@ pub const KEYS: Shape = Shape::Struct(&[
     ],
 ]);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Iptables,
-    Nftables,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortmapConfig {
     pub backend: Backend,
@@ -52,13 +46,11 @@ pub struct PortmapConfig {
     pub state_dir: PathBuf,
 }
 
-fn read<T: DeserializeOwned>(doc: &Value, key: &str) -> Result<Option<T>> {
-    match doc.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v)
-            .map(Some)
-            .map_err(|e| Error::invalid_config(format!("failed to parse config: invalid {key}: {e}"))),
-    }
+/// One of portmap's keys, its error prefixed as the reference's decoder
+/// prefixes it.
+fn read<T: DeserializeOwned>(conf: &NetConf, key: &str) -> Result<Option<T>> {
+    conf.plugin_key(key)
+        .map_err(|e| e.context("failed to parse config"))
 }
 
 /// The reference tells an iptables condition (`-d …`, `! -s …`) from an
@@ -72,28 +64,10 @@ fn backend_of_conditions(conditions: &[String]) -> Option<Backend> {
     })
 }
 
-fn name(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Iptables => "iptables",
-        Backend::Nftables => "nftables",
-    }
-}
-
-/// iptables unless it cannot run here and nft can, as upstream decides.
-fn default_backend() -> Backend {
-    let tool = |name: &str| firewall::exec::find(name).is_some();
-    if !tool("iptables-restore") && tool("nft") {
-        Backend::Nftables
-    } else {
-        Backend::Iptables
-    }
-}
-
 impl PortmapConfig {
     pub fn load(conf: &NetConf) -> Result<Self> {
-        let doc = conf.raw();
-        let mark_bit: Option<i64> = read(doc, "markMasqBit")?;
-        let external: Option<String> = read(doc, "externalSetMarkChain")?;
+        let mark_bit: Option<i64> = read(conf, "markMasqBit")?;
+        let external: Option<String> = read(conf, "externalSetMarkChain")?;
         if let Some(chain) = external.as_deref().filter(|c| !firewall::is_chain_name(c)) {
             return Err(Error::invalid_config(format!(
                 "invalid externalSetMarkChain {chain:?}: at most {} printable characters, no quotes",
@@ -112,13 +86,14 @@ impl PortmapConfig {
                 .filter(|b| *b <= 31)
                 .ok_or_else(|| Error::invalid_config("MasqMarkBit must be between 0 and 31"))?,
         };
-        let conditions_v4: Vec<String> = read(doc, "conditionsV4")?.unwrap_or_default();
-        let conditions_v6: Vec<String> = read(doc, "conditionsV6")?.unwrap_or_default();
-        let backend = match read::<String>(doc, "backend")?.as_deref() {
-            None => default_backend(),
-            Some("iptables") => Backend::Iptables,
-            Some("nftables") => Backend::Nftables,
-            Some(other) => return Err(Error::invalid_config(format!("unrecognized backend {other:?}"))),
+        let conditions_v4: Vec<String> = read(conf, "conditionsV4")?.unwrap_or_default();
+        let conditions_v6: Vec<String> = read(conf, "conditionsV6")?.unwrap_or_default();
+        // Only an absent key means the node's default: an empty name is
+        // refused, unlike the bridge's `ipMasqBackend`.
+        let backend = match read::<String>(conf, "backend")?.as_deref() {
+            None => Backend::detect(),
+            Some(name) => Backend::named(name)
+                .ok_or_else(|| Error::invalid_config(format!("unrecognized backend {name:?}")))?,
         };
         let mut wrong = Vec::new();
         if external.is_some() && backend != Backend::Iptables {
@@ -130,30 +105,26 @@ impl PortmapConfig {
             }
         }
         if !wrong.is_empty() {
-            let other = match backend {
-                Backend::Iptables => Backend::Nftables,
-                Backend::Nftables => Backend::Iptables,
-            };
             return Err(Error::invalid_config(format!(
                 "{} backend was requested but configuration contains {}-specific options [{}]",
-                name(backend),
-                name(other),
+                backend.name(),
+                backend.other().name(),
                 wrong.join(" ")
             )));
         }
         let settings = Settings {
-            snat: read(doc, "snat")?.unwrap_or(true),
+            snat: read(conf, "snat")?.unwrap_or(true),
             mark_bit,
             external_set_mark_chain: external,
             conditions_v4,
             conditions_v6,
-            masq_all: read(doc, "masqAll")?.unwrap_or(false),
+            masq_all: read(conf, "masqAll")?.unwrap_or(false),
         };
         Ok(PortmapConfig {
             backend,
             settings,
             mappings: mappings(conf)?,
-            state_dir: read::<String>(doc, "stateDir")?
+            state_dir: read::<String>(conf, "stateDir")?
                 .filter(|dir| !dir.is_empty())
                 .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from),
         })
@@ -185,7 +156,7 @@ fn mappings(conf: &NetConf) -> Result<Vec<Mapping>> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 

@@ -5,18 +5,18 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::mapper::{self, Forward, Mapping, Pod, PortMapper, Protocol, Settings, iptables, nft};
+use crate::rules::{self, Forward, Mapping, Pod, PortMapper, Protocol, Settings, iptables, nft};
 use cni::error::{Code, plugin_codes};
 use cni::keys::Shape;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
-use firewall::Family;
 use firewall::conntrack::{self, Filter};
+use firewall::{Backend, Family};
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
 use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, combine, firewall_error, netlink_error};
 
-use crate::config::{Backend, KEYS, PortmapConfig};
+use crate::config::{KEYS, PortmapConfig};
 use crate::records::{self, Namespace, Record};
 
 #[derive(Debug)]
@@ -93,7 +93,7 @@ fn flush_removed_flows(forwards: &[Forward]) {
     let filters: Vec<Filter> = forwards
         .iter()
         .map(|f| Filter {
-            family: mapper::family_of(f.pod_ip),
+            family: rules::family_of(f.pod_ip),
             protocol: f.protocol.number(),
             port: f.host_port,
             reply_source: Some(f.pod_ip),

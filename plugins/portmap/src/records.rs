@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::mapper::{Mapping, Protocol};
+use crate::rules::{Mapping, Protocol};
 use podnet::state_file::{self, Unreadable};
 use serde::{Deserialize, Serialize};
 

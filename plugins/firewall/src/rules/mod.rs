@@ -15,13 +15,13 @@
 //! or an [`nft::Table`]) and return one `iptables-restore --noflush` input
 //! per family or one `nft -f` transaction, or nothing when nothing is
 //! missing. What the kernel holds is read in-process over nfnetlink when
-//! the rules live in nf_tables ([`rules`]), so an ADD whose rules are in
+//! the rules live in nf_tables ([`chain_dump`]), so an ADD whose rules are in
 //! place, or a DEL with nothing to remove, starts no process.
 
 pub mod backend;
+pub mod chain_dump;
 pub mod iptables;
 pub mod nft;
-pub mod rules;
 
 pub use backend::{FirewallBackend, Pod, PodRules};
 

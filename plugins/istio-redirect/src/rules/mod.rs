@@ -29,8 +29,8 @@ pub fn captured(ns: &NetNs) -> Result<bool> {
     if nft::has_istio_tables(ns)? {
         return Ok(true);
     }
-    for backend in apply::backends_to_read(ns, Family::V4)? {
-        if apply::read(ns, Family::V4, backend)?.has_istio() {
+    for flavour in apply::readable_flavours(ns, Family::V4)? {
+        if apply::read(ns, Family::V4, flavour)?.has_istio() {
             return Ok(true);
         }
     }

@@ -27,7 +27,7 @@
 use std::net::IpAddr;
 
 use super::backend::{FirewallBackend, PodRules};
-use super::rules;
+use super::chain_dump;
 use firewall::iptables::{SavedTable, quote, restore, uses_nf_tables};
 use firewall::nfnl::{Deleted, TableFamily};
 use firewall::ruleset;
@@ -239,7 +239,7 @@ pub fn read(family: Family, layout: &Layout) -> Result<SavedTable> {
     }
     let mut filter = SavedTable::default();
     for chain in chains {
-        let Some(rules) = rules::dump(table_family, "filter", chain)? else {
+        let Some(rules) = chain_dump::dump(table_family, "filter", chain)? else {
             continue;
         };
         filter.chains.insert(chain.to_owned());
@@ -311,7 +311,7 @@ pub fn del(family: Family, ips: &[IpAddr]) -> Result<bool> {
 /// The handles of every copy of `ips`' pod rules in `CNI-FORWARD`.
 fn pod_rule_handles(family: TableFamily, ips: &[IpAddr]) -> Result<Vec<u64>> {
     let wanted: Vec<String> = ips.iter().flat_map(|ip| pod_rules(*ip)).collect();
-    let rules = rules::dump(family, "filter", FORWARD_CHAIN)?.unwrap_or_default();
+    let rules = chain_dump::dump(family, "filter", FORWARD_CHAIN)?.unwrap_or_default();
     Ok(rules
         .into_iter()
         .filter(|rule| rule.spec.as_ref().is_some_and(|spec| wanted.contains(spec)))

@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::backend::{FirewallBackend, Pod, PodRules};
-use super::rules::{self, Rule};
+use super::chain_dump::{self, Rule};
 use firewall::nfnl::TableFamily;
 use firewall::nft::{fit_comment, instance_hash, network_hash};
 use firewall::{Error, Result, exec};
@@ -102,7 +102,7 @@ impl Table {
 
 /// Reads the table in-process: one netlink dump per chain.
 pub fn read(isolation: bool) -> Result<Table> {
-    let dump = |chain| rules::dump(TableFamily::Inet, TABLE, chain);
+    let dump = |chain| chain_dump::dump(TableFamily::Inet, TABLE, chain);
     let forward = dump(FORWARD)?;
     if forward.is_none() && !isolation {
         return Ok(Table::default());

@@ -8,12 +8,12 @@ use std::collections::BTreeSet;
 
 use cni::conf::GcAttachment;
 use cni::{Attachment, Error, Result};
-use firewall::Family;
+use firewall::{Backend, Family};
 use ipnetwork::IpNetwork;
 use netns::{NetNs, NetNsLock};
 use podnet::{check_failed, firewall_error};
 
-use crate::config::{BridgeConfig, MasqBackend};
+use crate::config::BridgeConfig;
 
 pub mod backend;
 pub mod iptables;
@@ -28,8 +28,8 @@ pub const MASQUERADE_BACKENDS: [&dyn MasqueradeBackend; 2] = [&iptables::Iptable
 /// configuration picks a backend.
 fn backends(cfg: &BridgeConfig) -> [&'static dyn MasqueradeBackend; 2] {
     match cfg.masq_backend {
-        MasqBackend::Iptables => [&iptables::Iptables, &nft::Nftables],
-        MasqBackend::Nftables => [&nft::Nftables, &iptables::Iptables],
+        Backend::Iptables => [&iptables::Iptables, &nft::Nftables],
+        Backend::Nftables => [&nft::Nftables, &iptables::Iptables],
     }
 }
 

@@ -17,23 +17,27 @@ use super::backend::{CaptureBackend, Outcome};
 use super::redirect::Redirect;
 use super::render::{IstioRules, render};
 
-/// Which iptables flavour programs the pod.
+/// Which iptables flavour programs the pod. Not [`firewall::Backend`]:
+/// these are always iptables rules (Istio's nftables are
+/// `native_nftables`, [`super::nft`]), and the question is which iptables
+/// binary, answered inside each pod's namespace rather than once per
+/// process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub enum IptablesFlavour {
     Legacy,
     Nft,
     /// Whatever `iptables-restore` is on the node.
     Default,
 }
 
-impl Backend {
+impl IptablesFlavour {
     /// An operator's override (Istio's `FORCE_IPTABLES_BINARY`); `auto`
     /// (or nothing) means detect.
-    pub fn parse(text: &str) -> Result<Option<Backend>> {
+    pub fn parse(text: &str) -> Result<Option<IptablesFlavour>> {
         match text {
             "" | "auto" => Ok(None),
-            "legacy" => Ok(Some(Backend::Legacy)),
-            "nft" => Ok(Some(Backend::Nft)),
+            "legacy" => Ok(Some(IptablesFlavour::Legacy)),
+            "nft" => Ok(Some(IptablesFlavour::Nft)),
             other => Err(Error::Invalid(format!(
                 "unknown iptables backend {other:?}: expected auto, legacy or nft"
             ))),
@@ -46,9 +50,9 @@ impl Backend {
             Family::V6 => "ip6tables",
         };
         match self {
-            Backend::Legacy => format!("{base}-legacy-{action}"),
-            Backend::Nft => format!("{base}-nft-{action}"),
-            Backend::Default => format!("{base}-{action}"),
+            IptablesFlavour::Legacy => format!("{base}-legacy-{action}"),
+            IptablesFlavour::Nft => format!("{base}-nft-{action}"),
+            IptablesFlavour::Default => format!("{base}-{action}"),
         }
     }
 }
@@ -58,13 +62,13 @@ impl Backend {
 /// else iptables-nft when installed, else plain iptables. The legacy test
 /// reads `/proc/thread-self/net/ip*_tables_names` instead of running
 /// `iptables-legacy-save`: no process on the ADD path.
-pub fn detect(family: Family) -> Backend {
-    if legacy_in_use(family) && exec::find(&Backend::Legacy.tool(family, "restore")).is_some() {
-        Backend::Legacy
-    } else if exec::find(&Backend::Nft.tool(family, "restore")).is_some() {
-        Backend::Nft
+pub fn detect(family: Family) -> IptablesFlavour {
+    if legacy_in_use(family) && exec::find(&IptablesFlavour::Legacy.tool(family, "restore")).is_some() {
+        IptablesFlavour::Legacy
+    } else if exec::find(&IptablesFlavour::Nft.tool(family, "restore")).is_some() {
+        IptablesFlavour::Nft
     } else {
-        Backend::Default
+        IptablesFlavour::Default
     }
 }
 
@@ -84,26 +88,29 @@ fn legacy_in_use(family: Family) -> bool {
 /// could have picked there. Legacy only where its tables exist (programming
 /// legacy rules makes them exist); iptables-nft, or plain iptables where
 /// iptables-nft is not installed (the agent's image has only the latter).
-pub fn backends_to_read(ns: &NetNs, family: Family) -> Result<Vec<Backend>> {
+pub fn readable_flavours(ns: &NetNs, family: Family) -> Result<Vec<IptablesFlavour>> {
     let legacy = ns
         .run(|| legacy_in_use(family))
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    Ok(flavours_to_read(legacy, |backend| {
-        exec::find(&backend.tool(family, "save")).is_some()
+    Ok(flavours_to_read(legacy, |flavour| {
+        exec::find(&flavour.tool(family, "save")).is_some()
     }))
 }
 
-fn flavours_to_read(legacy_in_use: bool, installed: impl Fn(Backend) -> bool) -> Vec<Backend> {
-    let mut backends = Vec::new();
-    if legacy_in_use && installed(Backend::Legacy) {
-        backends.push(Backend::Legacy);
+fn flavours_to_read(
+    legacy_in_use: bool,
+    installed: impl Fn(IptablesFlavour) -> bool,
+) -> Vec<IptablesFlavour> {
+    let mut flavours = Vec::new();
+    if legacy_in_use && installed(IptablesFlavour::Legacy) {
+        flavours.push(IptablesFlavour::Legacy);
     }
-    if installed(Backend::Nft) {
-        backends.push(Backend::Nft);
-    } else if installed(Backend::Default) {
-        backends.push(Backend::Default);
+    if installed(IptablesFlavour::Nft) {
+        flavours.push(IptablesFlavour::Nft);
+    } else if installed(IptablesFlavour::Default) {
+        flavours.push(IptablesFlavour::Default);
     }
-    backends
+    flavours
 }
 
 /// A pod's tables as `iptables-save` shows them.
@@ -256,9 +263,9 @@ impl Saved {
 
 /// Istio scopes the legacy xtables lock to the pod (the node's lock is
 /// contended by kube-proxy); iptables-nft takes none.
-fn lock_env(backend: Backend, ns: &NetNs) -> Vec<(&'static str, String)> {
-    match backend {
-        Backend::Legacy => vec![("XTABLES_LOCKFILE", ns.path().display().to_string())],
+fn lock_env(flavour: IptablesFlavour, ns: &NetNs) -> Vec<(&'static str, String)> {
+    match flavour {
+        IptablesFlavour::Legacy => vec![("XTABLES_LOCKFILE", ns.path().display().to_string())],
         _ => Vec::new(),
     }
 }
@@ -275,28 +282,28 @@ fn run(
     exec::run_with(program, args, input, &env, true)
 }
 
-fn restore_args(backend: Backend) -> Vec<&'static str> {
-    match backend {
-        Backend::Legacy => vec!["--noflush", "--wait"],
+fn restore_args(flavour: IptablesFlavour) -> Vec<&'static str> {
+    match flavour {
+        IptablesFlavour::Legacy => vec!["--noflush", "--wait"],
         _ => vec!["--noflush"],
     }
 }
 
 /// Reads the pod's tables.
-pub fn read(ns: &NetNs, family: Family, backend: Backend) -> Result<Saved> {
-    run(ns, &backend.tool(family, "save"), &[], "", &lock_env(backend, ns)).map(|text| Saved::parse(&text))
+pub fn read(ns: &NetNs, family: Family, flavour: IptablesFlavour) -> Result<Saved> {
+    run(ns, &flavour.tool(family, "save"), &[], "", &lock_env(flavour, ns)).map(|text| Saved::parse(&text))
 }
 
 /// Programs `rules` for one family (see the module docs).
-pub fn apply(ns: &NetNs, family: Family, rules: &IstioRules, backend: Backend) -> Result<Outcome> {
-    let env = lock_env(backend, ns);
-    let restore = backend.tool(family, "restore");
-    let args = restore_args(backend);
+pub fn apply(ns: &NetNs, family: Family, rules: &IstioRules, flavour: IptablesFlavour) -> Result<Outcome> {
+    let env = lock_env(flavour, ns);
+    let restore = flavour.tool(family, "restore");
+    let args = restore_args(flavour);
     let first = match run(ns, &restore, &args, &rules.restore_fresh(), &env) {
         Ok(_) => return Ok(Outcome::Applied),
         Err(e) => e,
     };
-    let current = read(ns, family, backend)?;
+    let current = read(ns, family, flavour)?;
     if !current.has_istio() {
         return Err(first);
     }
@@ -306,10 +313,10 @@ pub fn apply(ns: &NetNs, family: Family, rules: &IstioRules, backend: Backend) -
     run(ns, &restore, &args, &current.replacement(rules), &env).map(|_| Outcome::Replaced)
 }
 
-/// Picks the backend for a family, entering the pod's namespace to look.
-pub fn backend_for(ns: &NetNs, family: Family, forced: Option<Backend>) -> Result<Backend> {
-    if let Some(backend) = forced {
-        return Ok(backend);
+/// Picks the flavour for a family, entering the pod's namespace to look.
+pub fn flavour_for(ns: &NetNs, family: Family, forced: Option<IptablesFlavour>) -> Result<IptablesFlavour> {
+    if let Some(flavour) = forced {
+        return Ok(flavour);
     }
     ns.run(|| detect(family))
         .map_err(|e| Error::Invalid(e.to_string()))
@@ -319,7 +326,7 @@ pub fn backend_for(ns: &NetNs, family: Family, forced: Option<Backend>) -> Resul
 #[derive(Debug, Clone, Copy)]
 pub struct IptablesCapture {
     /// The operator's flavour; None: the one found in the pod.
-    pub forced: Option<Backend>,
+    pub forced: Option<IptablesFlavour>,
 }
 
 impl CaptureBackend for IptablesCapture {
@@ -331,10 +338,10 @@ impl CaptureBackend for IptablesCapture {
     ) -> Result<Vec<(String, Outcome)>> {
         let mut outcomes = Vec::new();
         for family in families {
-            let backend = backend_for(ns, *family, self.forced)?;
+            let flavour = flavour_for(ns, *family, self.forced)?;
             outcomes.push((
                 format!("{family:?}"),
-                apply(ns, *family, &render(redirect, *family), backend)?,
+                apply(ns, *family, &render(redirect, *family), flavour)?,
             ));
             cni::fault::pause("istio-redirect:first-family");
         }
@@ -345,7 +352,7 @@ impl CaptureBackend for IptablesCapture {
         let mut missing = Vec::new();
         for family in families {
             let rules = render(redirect, *family);
-            let saved = read(ns, *family, backend_for(ns, *family, self.forced)?)?;
+            let saved = read(ns, *family, flavour_for(ns, *family, self.forced)?)?;
             missing.extend(saved.missing(&rules).into_iter().map(str::to_owned));
         }
         Ok(missing)
@@ -355,7 +362,7 @@ impl CaptureBackend for IptablesCapture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::{Mode, Redirect, render};
+    use crate::rules::{Mode, Redirect, render};
 
     fn saved_from(rules: &IstioRules) -> String {
         let mut out = String::new();
@@ -427,23 +434,29 @@ mod tests {
 
     #[test]
     fn rules_are_looked_for_wherever_the_plugin_could_have_put_them() {
-        let all = |_: Backend| true;
-        assert_eq!(flavours_to_read(false, all), [Backend::Nft]);
-        assert_eq!(flavours_to_read(true, all), [Backend::Legacy, Backend::Nft]);
-        let plain_only = |backend: Backend| backend == Backend::Default;
-        assert_eq!(flavours_to_read(true, plain_only), [Backend::Default]);
+        let all = |_: IptablesFlavour| true;
+        assert_eq!(flavours_to_read(false, all), [IptablesFlavour::Nft]);
+        assert_eq!(
+            flavours_to_read(true, all),
+            [IptablesFlavour::Legacy, IptablesFlavour::Nft]
+        );
+        let plain_only = |flavour: IptablesFlavour| flavour == IptablesFlavour::Default;
+        assert_eq!(flavours_to_read(true, plain_only), [IptablesFlavour::Default]);
         assert!(flavours_to_read(true, |_| false).is_empty());
     }
 
     #[test]
     fn backend_overrides() {
-        assert_eq!(Backend::parse("auto").expect("valid"), None);
-        assert_eq!(Backend::parse("legacy").expect("valid"), Some(Backend::Legacy));
-        assert!(Backend::parse("nope").is_err());
+        assert_eq!(IptablesFlavour::parse("auto").expect("valid"), None);
         assert_eq!(
-            Backend::Legacy.tool(Family::V6, "restore"),
+            IptablesFlavour::parse("legacy").expect("valid"),
+            Some(IptablesFlavour::Legacy)
+        );
+        assert!(IptablesFlavour::parse("nope").is_err());
+        assert_eq!(
+            IptablesFlavour::Legacy.tool(Family::V6, "restore"),
             "ip6tables-legacy-restore"
         );
-        assert_eq!(Backend::Default.tool(Family::V4, "save"), "iptables-save");
+        assert_eq!(IptablesFlavour::Default.tool(Family::V4, "save"), "iptables-save");
     }
 }
