@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use cni::log::socket::Record;
+use agent_wire::log::Record;
 use serde_json::{Value, json};
 
 #[derive(Debug)]

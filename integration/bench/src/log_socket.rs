@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cni::log::socket::Record;
+use agent_wire::log::Record;
 use node_agent::controllers::conflist::{self, NodeNetwork};
 use node_agent::controllers::plugin_logs::{self, PluginLogs};
 use serde_json::{Value, json};

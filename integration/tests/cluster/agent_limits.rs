@@ -11,7 +11,7 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::Duration;
 
-use policy_gate::{Admission, Answer};
+use agent_wire::policy::{Admission, Answer};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, lab_node, node_object, probe};
@@ -57,7 +57,7 @@ fn admitted(socket: &Path, name: &str, ip: &str) -> std::io::Result<Answer> {
         container_id: format!("container-{name}"),
         ips: vec![ip.parse().expect("an address")],
     };
-    policy_gate::ask(socket, &admission, policy_gate::WAIT)
+    agent_wire::policy::ask(socket, &admission, agent_wire::policy::WAIT)
 }
 
 /// What can be in the way at the gate's path, none of it the agent's to

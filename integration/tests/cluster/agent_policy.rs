@@ -689,7 +689,7 @@ fn five_thousand_block_rules_in_one_namespace_leave_a_new_pod_elsewhere_confirme
     let on_node = netns::NetNs::open(node.netns.path()).expect("the node's namespace");
     wait_for("quiet recorded as guarded", Duration::from_secs(30), || {
         on_node
-            .run(|| policy_gate::guarded::has_policy("quiet"))
+            .run(|| agent_wire::policy::guarded::has_policy("quiet"))
             .expect("enter the node's namespace")
             .unwrap_or(false)
     });

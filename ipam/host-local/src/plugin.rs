@@ -39,7 +39,6 @@ impl HostLocal {
 impl Plugin for HostLocal {
     const NAME: &'static str = "host-local";
     const KEYS: cni::keys::Shape = ipam_config::config::KEYS;
-    const IPAM: bool = true;
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let checks::Add { cfg, dns } = checks::add(req)?;
@@ -134,7 +133,7 @@ struct BeforeStore;
 impl Plugin for BeforeStore {
     const NAME: &'static str = HostLocal::NAME;
     const KEYS: cni::keys::Shape = HostLocal::KEYS;
-    const IPAM: bool = HostLocal::IPAM;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = HostLocal::LOG_SOCKET;
 
     fn add(&self, req: &Request, _: &Attachment) -> Result<CniResult> {
         checks::before_store(Command::Add, req).map(|()| CniResult::default())

@@ -1,5 +1,5 @@
 //! The plugins' log records in the agent's log: the plugins the agent's
-//! entries name send their records (`logSocket`, see `cni::log::socket`)
+//! entries name send their records (`logSocket`, see `agent_wire::log`)
 //! as datagrams to a Unix socket in the agent's run directory, as Istio's
 //! plugin sends its records to its agent's `log.sock`; the agent writes
 //! each as one of its own lines (`logging::plugin_record`), so `kubectl
@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cni::log::socket::{MAX_DATAGRAM, Record};
+use agent_wire::log::{MAX_DATAGRAM, Record};
 
 use crate::logging;
 use crate::run_socket;
@@ -227,7 +227,7 @@ mod tests {
     use super::*;
 
     fn record(msg: &str) -> Vec<u8> {
-        let invocation = cni::log::socket::Invocation {
+        let invocation = cni::env::Invocation {
             verb: "ADD".into(),
             ..Default::default()
         };

@@ -24,13 +24,13 @@ pub const LEGACY_ATTACHMENTS_KEY: &str = "cni.dev/attachments";
 /// the pod's annotations.
 pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
 /// The suite's own key naming the Unix datagram socket a plugin also sends
-/// its log records to (the node agent's; see [`crate::log::socket`]). The
+/// its log records to (the node agent's; the wire is `agent_wire::log`). The
 /// reference plugins ignore a key they do not know, so an entry carrying
 /// it works with them unchanged.
 pub const LOG_SOCKET_KEY: &str = "logSocket";
 /// The suite's own key naming the node agent's NetworkPolicy gate, a Unix
 /// stream socket an ADD waits on until the agent holds the pod's policy in
-/// the kernel (the `policy-gate` crate). Ignored by the reference
+/// the kernel (`agent_wire::policy`). Ignored by the reference
 /// plugins, as [`LOG_SOCKET_KEY`] is.
 pub const POLICY_SOCKET_KEY: &str = "policySocket";
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::args::CniArgs;
+use crate::args::{CniArgs, lenient_value};
 use crate::error::{Error, Result};
 
 pub const CNI_COMMAND: &str = "CNI_COMMAND";
@@ -156,6 +156,31 @@ impl Environment {
     }
 }
 
+/// What one invocation's records are about: the verb, the container, and
+/// the pod when the runtime names it (Kubernetes' `CNI_ARGS`). The labels
+/// of its log records and of what it tells the node agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Invocation {
+    pub verb: String,
+    pub container_id: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+}
+
+impl Invocation {
+    /// From the checked environment. The pod is read leniently from
+    /// `CNI_ARGS` (see [`lenient_value`]): labels must never fail a call.
+    pub fn of(env: &Environment) -> Invocation {
+        let arg = |key| lenient_value(&env.raw_args, key).unwrap_or_default().to_owned();
+        Invocation {
+            verb: env.command.as_str().to_owned(),
+            container_id: env.container_id.clone().unwrap_or_default(),
+            pod_namespace: arg("K8S_POD_NAMESPACE"),
+            pod_name: arg("K8S_POD_NAME"),
+        }
+    }
+}
+
 /// `CNI_PATH` entries, in order, without empty ones.
 pub fn split_path(raw: &str) -> Vec<PathBuf> {
     raw.split(':')
@@ -225,6 +250,51 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    fn loaded(pairs: &[(&str, &str)]) -> Environment {
+        Environment::load(&env(pairs)).expect("valid").expect("a command")
+    }
+
+    #[test]
+    fn an_invocation_names_its_verb_container_and_pod() {
+        let add = loaded(&[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "1a2b3c4d5e6f7a8b"),
+            ("CNI_NETNS", "/run/netns/p"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1;K8S_POD_INFRA_CONTAINER_ID=1a2b",
+            ),
+        ]);
+        assert_eq!(
+            Invocation::of(&add),
+            Invocation {
+                verb: "ADD".into(),
+                container_id: "1a2b3c4d5e6f7a8b".into(),
+                pod_namespace: "default".into(),
+                pod_name: "web-1".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_malformed_cni_args_still_names_what_it_can() {
+        let gc = loaded(&[
+            ("CNI_COMMAND", "GC"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            ("CNI_ARGS", "garbage;K8S_POD_NAME=web-2;=;"),
+        ]);
+        assert_eq!(
+            Invocation::of(&gc),
+            Invocation {
+                verb: "GC".into(),
+                pod_name: "web-2".into(),
+                ..Invocation::default()
+            }
+        );
     }
 
     fn full(command: &str) -> BTreeMap<String, String> {

@@ -7,7 +7,8 @@
 //! - [`error`]: the spec's error document and codes.
 //! - [`skel`]: the plugin skeleton; [`exec`]: running other plugins.
 //! - [`log`]: logging to stderr or a configured file, never stdout, and to
-//!   the node agent's socket when the configuration names one.
+//!   the node agent's socket when the configuration names one (through
+//!   the sending end the plugin gives it; the wire is `agent-wire`'s).
 //! - [`small_file`]: reading a small file where others may put anything.
 
 #![forbid(unsafe_code)]

@@ -1,7 +1,9 @@
 //! Plugin logging: never stdout. Records go to stderr (which libcni passes on
 //! to the runtime's log) or, when the configuration names one, to `logFile`;
-//! and, when it names the node agent's socket (`logSocket`), also there
-//! (see [`socket`]).
+//! and, when it names the node agent's socket (`logSocket`), also there,
+//! through the [`Sink`] the plugin opens for it ([`OpenSink`],
+//! [`crate::skel::Plugin::LOG_SOCKET`]; the wire itself is the
+//! `agent-wire` crate's, which this crate does not know).
 //!
 //! The socket has a level of its own: `info` (or the configuration's
 //! `logLevel` when that asks for more), so the agent's log shows every
@@ -11,20 +13,48 @@
 //! listens, or the listener's queue is full): nothing logged for the
 //! agent is lost when the agent is not there.
 
-pub mod socket;
-
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
+use crate::env::Invocation;
 use crate::error::{Error, Result};
-use socket::{Invocation, LogSocket};
+
+/// One record for the agent's socket: its labels and its message.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    /// The plugin's binary name.
+    pub plugin: &'a str,
+    pub level: Level,
+    pub invocation: &'a Invocation,
+    /// When the plugin logged it, `2026-11-22T04:01:43.123Z`.
+    pub time: String,
+    pub msg: String,
+}
+
+/// The sending end of the agent's socket: sends one record, encoded as
+/// its wire has it, without waiting. Whether the listener took it: what
+/// it did not take (nobody listens, its queue is full) goes to stderr or
+/// `logFile` instead.
+pub trait Sink: Send {
+    fn send(&mut self, entry: Entry<'_>) -> bool;
+}
+
+/// Opens the sending end to the socket at a path, as the plugin has it
+/// (see [`crate::skel::Plugin::LOG_SOCKET`]).
+pub type OpenSink = fn(&Path) -> Box<dyn Sink>;
+
+/// The agent's socket a process sends to: its path and its sending end.
+struct Socket {
+    path: PathBuf,
+    sink: Box<dyn Sink>,
+}
 
 struct Logger {
     state: Mutex<State>,
@@ -40,7 +70,7 @@ struct State {
     /// its [`outcome`].
     invocation: Option<Invocation>,
     /// The agent's socket, when the configuration names one.
-    socket: Option<LogSocket>,
+    socket: Option<Socket>,
 }
 
 impl State {
@@ -62,14 +92,13 @@ impl State {
         let (Some(socket), Some(invocation)) = (self.socket.as_mut(), self.invocation.as_ref()) else {
             return false;
         };
-        let record = socket::Record::new(
-            self.plugin,
+        socket.sink.send(Entry {
+            plugin: self.plugin,
             level,
             invocation,
-            utc_timestamp(SystemTime::now()),
+            time: utc_timestamp(SystemTime::now()),
             msg,
-        );
-        socket.send(&record.encode()).is_ok()
+        })
     }
 }
 
@@ -184,9 +213,9 @@ pub fn configure(file: Option<&Path>, level: Option<&str>) -> Result<()> {
 
 /// Starts the process's one invocation, once its environment is checked
 /// and its configuration parsed: its labels, and the agent's socket when
-/// the configuration names one. Nothing in a process with its own
-/// settings (see [`keep_own_settings`]).
-pub fn begin(invocation: Invocation, socket: Option<&Path>) {
+/// the configuration names one (its path, and how the plugin opens it).
+/// Nothing in a process with its own settings (see [`keep_own_settings`]).
+pub fn begin(invocation: Invocation, socket: Option<(&Path, OpenSink)>) {
     if OWN_SETTINGS.load(Ordering::Relaxed) {
         return;
     }
@@ -194,9 +223,12 @@ pub fn begin(invocation: Invocation, socket: Option<&Path>) {
         return;
     };
     state.invocation = Some(invocation);
-    let same = state.socket.as_ref().map(LogSocket::path) == socket;
+    let same = state.socket.as_ref().map(|s| s.path.as_path()) == socket.map(|(path, _)| path);
     if !same {
-        state.socket = socket.map(LogSocket::new);
+        state.socket = socket.map(|(path, open)| Socket {
+            path: path.to_owned(),
+            sink: open(path),
+        });
     }
     log::set_max_level(state.widest());
 }
@@ -334,7 +366,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::time::Duration;
 
     use super::*;
@@ -346,64 +377,6 @@ mod tests {
         assert_eq!(utc_timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(utc_timestamp(leap), "2000-02-29T00:00:00.000Z");
-    }
-
-    /// A process's logging state as a plugin's would be after [`begin`],
-    /// writing its lines into a file.
-    fn state_with(socket: &Path, file: &Path) -> State {
-        State {
-            plugin: "bridge",
-            level: LevelFilter::Warn,
-            file: Some(File::create(file).expect("log file")),
-            invocation: Some(Invocation {
-                verb: "ADD".into(),
-                container_id: "c1".into(),
-                pod_namespace: "default".into(),
-                pod_name: "web-1".into(),
-            }),
-            socket: Some(LogSocket::new(socket)),
-        }
-    }
-
-    #[test]
-    fn the_socket_takes_info_and_what_it_does_not_take_goes_to_the_file() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (socket, file) = (dir.path().join("log.sock"), dir.path().join("plugin.log"));
-        let listener = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let mut state = state_with(&socket, &file);
-        assert_eq!(state.widest(), LevelFilter::Info);
-        state.write(Level::Info, "ok, 10.0.0.2/24".into(), "ADD ok, 10.0.0.2/24");
-        state.write(Level::Warn, "odd".into(), "odd");
-        state.write(Level::Debug, "chatter".into(), "chatter");
-        let mut buf = vec![0; socket::MAX_DATAGRAM];
-        let mut received = Vec::new();
-        while let Ok(n) = listener.recv(&mut buf) {
-            let record = socket::Record::decode(&buf[..n]).expect("a record");
-            received.push(format!(
-                "{} {} {}/{}",
-                record.level, record.msg, record.pod_namespace, record.pod_name
-            ));
-        }
-        assert_eq!(
-            received,
-            ["info ok, 10.0.0.2/24 default/web-1", "warn odd default/web-1"]
-        );
-        let lines = std::fs::read_to_string(&file).expect("read");
-        assert!(
-            !lines.contains("ADD ok") && lines.contains("WARN  bridge["),
-            "{lines}"
-        );
-
-        // The listener gone: the file gets the record the socket was for.
-        drop(listener);
-        state.write(Level::Info, "ok".into(), "DEL ok");
-        let lines = std::fs::read_to_string(&file).expect("read");
-        assert!(
-            lines.contains("INFO  bridge[") && lines.contains("]: DEL ok"),
-            "{lines}"
-        );
-        assert!(!lines.contains("chatter"), "{lines}");
     }
 
     #[test]

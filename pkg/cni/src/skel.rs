@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use crate::conf::{NetConf, config_version, parse_document};
-use crate::env::{Command, EnvSource, Environment, ProcessEnv};
+use crate::env::{Command, EnvSource, Environment, Invocation, ProcessEnv};
 use crate::error::{Code, Error, Result};
 use crate::keys::{self, Shape};
-use crate::log::socket::Invocation;
+use crate::log::OpenSink;
 use crate::result::CniResult;
 use crate::version::Version;
 
@@ -30,14 +30,17 @@ pub trait Plugin {
     /// anything reads the document. A plugin reads its own keys from
     /// [`Request::conf`].
     const KEYS: Shape;
-    /// An IPAM plugin, run by the plugin whose `ipam` names it and not by
-    /// a runtime: it sends nothing to the agent's `logSocket`, whose
-    /// records are one per plugin of the list. The plugin that ran it
-    /// logs the outcome, with its addresses or its error, and the ADD
+    /// How the plugin opens the node agent's `logSocket` when its
+    /// configuration names one (`agent_wire::log::open`); the skeleton
+    /// reaches the socket only through it. None sends nothing there, as
+    /// an IPAM plugin does: run by the plugin whose `ipam` names it and
+    /// not by a runtime, it sends nothing to the agent's `logSocket`,
+    /// whose records are one per plugin of the list. The plugin that ran
+    /// it logs the outcome, with its addresses or its error, and the ADD
     /// costs one send less (each costs about 30 µs: a socket and a send).
     /// Its own `info` records (host-local's GC count) go nowhere, as
     /// without the key.
-    const IPAM: bool = false;
+    const LOG_SOCKET: Option<OpenSink> = None;
 
     fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult>;
     fn check(&self, req: &Request, attachment: &Attachment) -> Result<()>;
@@ -220,8 +223,11 @@ pub fn dispatch<P: Plugin>(
     // As soon as the socket can be known, so the outcome of a call refused
     // for its version or its shared keys reaches the agent too; a wrong
     // `logSocket` is refused with the other shared keys, below.
-    let socket = crate::conf::log_socket(&doc).ok().flatten().filter(|_| !P::IPAM);
-    crate::log::begin(Invocation::of(&env), socket.as_deref());
+    let socket = P::LOG_SOCKET.and_then(|open| Some((crate::conf::log_socket(&doc).ok().flatten()?, open)));
+    crate::log::begin(
+        Invocation::of(&env),
+        socket.as_ref().map(|(path, open)| (path.as_path(), *open)),
+    );
     let version = match config_version(&doc) {
         Ok(version) => version,
         Err(e) => return Reply::Failed(e, Version::LATEST),

@@ -44,10 +44,10 @@ use crate::compile::{Allow, AllowList, BLOCK_SET_PREFIX, Compiled, Direction, PO
 use crate::ranges::{Family, Interval};
 
 /// The table's name, in the `inet` family.
-pub const TABLE: &str = policy_gate::guarded::TABLE;
+pub const TABLE: &str = agent_wire::policy::guarded::TABLE;
 
 /// The set of the names of the namespaces that have a NetworkPolicy.
-pub const GUARDED_NAMESPACES: &str = policy_gate::guarded::SET;
+pub const GUARDED_NAMESPACES: &str = agent_wire::policy::guarded::SET;
 
 /// The comment every base rule carries, for whoever lists the table.
 const BASE_TAG: &str = "cni-suite netpol v3";

@@ -123,7 +123,7 @@ fn configured_dns(conf: &NetConf) -> Option<cni::result::Dns> {
 /// Waits, when the entry names the node agent's NetworkPolicy gate, until
 /// the agent holds the pod's policy in the kernel; a pod the agent cannot
 /// confirm and a policy may isolate is refused (try again later), and its
-/// ADD undone, rather than started open (`policy-gate`).
+/// ADD undone, rather than started open (`agent_wire::policy`).
 fn admitted_by_policy(req: &Request, result: &CniResult) -> Result<()> {
     let Some(socket) = req.conf.policy_socket.as_deref() else {
         return Ok(());
@@ -132,13 +132,15 @@ fn admitted_by_policy(req: &Request, result: &CniResult) -> Result<()> {
     // per family), once the result is known to print.
     let version = req.conf.cni_version;
     result.to_value(version)?;
-    let invocation = cni::log::socket::Invocation::of(&req.env);
-    policy_gate::admit(socket, &invocation, result.printed_addresses(version)).map_err(Error::try_again_later)
+    let invocation = cni::env::Invocation::of(&req.env);
+    agent_wire::policy::admit(socket, &invocation, result.printed_addresses(version))
+        .map_err(Error::try_again_later)
 }
 
 impl Plugin for Bridge {
     const NAME: &'static str = "bridge";
     const KEYS: cni::keys::Shape = crate::config::KEYS;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = Some(agent_wire::log::open);
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;

@@ -163,6 +163,7 @@ fn del_iptables(store: &Store, owner: &Owner, ips: &[IpAddr]) -> Result<()> {
 impl Plugin for Firewall {
     const NAME: &'static str = "firewall";
     const KEYS: cni::keys::Shape = crate::config::KEYS;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = Some(agent_wire::log::open);
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = FirewallConfig::load(&req.conf)?;

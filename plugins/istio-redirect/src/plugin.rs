@@ -219,6 +219,7 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
 impl Plugin for IstioRedirect {
     const NAME: &'static str = "istio-redirect";
     const KEYS: cni::keys::Shape = crate::config::KEYS;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = Some(agent_wire::log::open);
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = IstioConfig::load(&req.conf)?;

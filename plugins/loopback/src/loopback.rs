@@ -17,6 +17,7 @@ pub struct Loopback;
 impl Plugin for Loopback {
     const NAME: &'static str = "loopback";
     const KEYS: cni::keys::Shape = cni::keys::PLAIN_PLUGIN;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = Some(agent_wire::log::open);
 
     fn add(&self, req: &Request, attachment: &Attachment) -> Result<CniResult> {
         let sandbox = netns_path(attachment)?;

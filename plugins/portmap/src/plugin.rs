@@ -209,6 +209,7 @@ fn settle_conflicts(cfg: &PortmapConfig, network: &str, container_id: &str, node
 impl Plugin for Portmap {
     const NAME: &'static str = "portmap";
     const KEYS: Shape = KEYS;
+    const LOG_SOCKET: Option<cni::log::OpenSink> = Some(agent_wire::log::open);
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = PortmapConfig::load(&req.conf)?;

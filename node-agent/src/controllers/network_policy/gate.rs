@@ -1,5 +1,5 @@
 //! The NetworkPolicy gate's socket (`POLICY_SOCKET`, the bridge entry's
-//! `policySocket`; see the `policy-gate` crate): a pod's ADD tells the agent
+//! `policySocket`; see `agent_wire::policy`): a pod's ADD tells the agent
 //! the addresses it gave the pod and waits until the kernel holds the
 //! pod's policy. Each connection carries one [`Admission`] in and one
 //! [`Answer`] out; the controller decides the answer, this side only
@@ -19,7 +19,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use policy_gate::{Admission, Answer, MAX_LINE, WAIT};
+use agent_wire::policy::{Admission, Answer, MAX_LINE, WAIT};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};

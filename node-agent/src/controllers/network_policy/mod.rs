@@ -20,7 +20,7 @@
 //! an agent left at its stop (it stays in the kernel) keeps every pod's
 //! policy until the new agent knows the whole state, and is then
 //! reconciled, not rebuilt. A pod whose ADD no agent confirms fails when
-//! its namespace has a policy (`policy-gate`); one of another namespace
+//! its namespace has a policy (`agent_wire::policy`); one of another namespace
 //! starts open. After a pass that may narrow a local pod's verdict, the
 //! connections the policy now denies are cut (`netpol::conntrack`), so
 //! what was let through before the pod was isolated does not outlive it.
@@ -46,9 +46,9 @@ use crate::error::Error;
 use crate::metrics::{Metrics, Outcome};
 use crate::settings::Settings;
 
+use agent_wire::policy::Answer;
 use gate::Asked;
 pub use gate::Gate;
-use policy_gate::Answer;
 
 /// How long changes arriving together are gathered into one transaction
 /// (a Deployment's pods, a namespace's policies applied at once).

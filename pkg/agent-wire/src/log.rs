@@ -1,4 +1,4 @@
-//! The node agent's log socket (`logSocket`, [`crate::conf::LOG_SOCKET_KEY`]):
+//! The node agent's log socket (`logSocket`, [`cni::conf::LOG_SOCKET_KEY`]):
 //! besides stderr or `logFile`, a plugin sends each record as one JSON
 //! datagram ([`Record`]) to the Unix datagram socket the key names, where
 //! the agent reads them into its own log, as Istio's plugin sends its
@@ -9,6 +9,11 @@
 //! `ECONNREFUSED`; that record then goes to stderr or `logFile`. The cost
 //! is one `socket()` per process, opened on the first record, and one
 //! `sendto` per record.
+//!
+//! `cni::log` decides what goes to the socket and what to stderr or
+//! `logFile`; it reaches the socket only through the [`Sink`] a plugin
+//! gives it ([`cni::skel::Plugin::LOG_SOCKET`], set to [`open`]), so the
+//! protocol crate knows nothing of this wire.
 
 use std::io;
 use std::os::unix::net::UnixDatagram;
@@ -16,32 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::args::lenient_value;
-use crate::env::Environment;
-
-/// What one invocation's records are about: the verb, the container, and
-/// the pod when the runtime names it (Kubernetes' `CNI_ARGS`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Invocation {
-    pub verb: String,
-    pub container_id: String,
-    pub pod_namespace: String,
-    pub pod_name: String,
-}
-
-impl Invocation {
-    /// From the checked environment. The pod is read leniently from
-    /// `CNI_ARGS` (see [`lenient_value`]): labels must never fail a call.
-    pub fn of(env: &Environment) -> Invocation {
-        let arg = |key| lenient_value(&env.raw_args, key).unwrap_or_default().to_owned();
-        Invocation {
-            verb: env.command.as_str().to_owned(),
-            container_id: env.container_id.clone().unwrap_or_default(),
-            pod_namespace: arg("K8S_POD_NAMESPACE"),
-            pod_name: arg("K8S_POD_NAME"),
-        }
-    }
-}
+use cni::env::Invocation;
+use cni::log::{Entry, Sink};
 
 /// One record as it goes over the socket. Labels the invocation lacks
 /// (GC and STATUS have no container; runtimes other than a kubelet's name
@@ -173,7 +154,9 @@ impl LogSocket {
     /// not take it: `WouldBlock` (its queue is full), `NotFound` or
     /// `ConnectionRefused` (nobody listens), or any other reason.
     pub fn send(&mut self, datagram: &[u8]) -> io::Result<()> {
-        let socket = self.socket.get_or_insert_with(|| open().map_err(|e| e.kind()));
+        let socket = self
+            .socket
+            .get_or_insert_with(|| nonblocking_socket().map_err(|e| e.kind()));
         match socket {
             Ok(socket) => socket.send_to(datagram, &self.path).map(drop),
             Err(kind) => Err(io::Error::from(*kind)),
@@ -181,10 +164,23 @@ impl LogSocket {
     }
 }
 
+impl Sink for LogSocket {
+    fn send(&mut self, entry: Entry<'_>) -> bool {
+        let record = Record::new(entry.plugin, entry.level, entry.invocation, entry.time, entry.msg);
+        LogSocket::send(self, &record.encode()).is_ok()
+    }
+}
+
+/// The plugin's [`cni::log::OpenSink`]: the sending end to the agent's
+/// socket at `path`, opened on its first record.
+pub fn open(path: &Path) -> Box<dyn Sink> {
+    Box::new(LogSocket::new(path))
+}
+
 /// An unbound datagram socket whose sends never wait (`O_NONBLOCK`, what
 /// `MSG_DONTWAIT` gives a single send: std has no send with flags, and
 /// the crate has no `unsafe` for libc's).
-fn open() -> io::Result<UnixDatagram> {
+fn nonblocking_socket() -> io::Result<UnixDatagram> {
     let socket = UnixDatagram::unbound()?;
     socket.set_nonblocking(true)?;
     Ok(socket)
@@ -195,7 +191,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::env::EnvSource;
+    use cni::env::{EnvSource, Environment};
 
     struct Vars(&'static [(&'static str, &'static str)]);
 
@@ -232,36 +228,6 @@ mod tests {
             "2026-11-22T04:01:43.123Z".into(),
             msg.into(),
         )
-    }
-
-    #[test]
-    fn an_invocation_names_its_verb_container_and_pod() {
-        assert_eq!(
-            Invocation::of(&env(ADD)),
-            Invocation {
-                verb: "ADD".into(),
-                container_id: "1a2b3c4d5e6f7a8b".into(),
-                pod_namespace: "default".into(),
-                pod_name: "web-1".into(),
-            }
-        );
-    }
-
-    #[test]
-    fn a_malformed_cni_args_still_names_what_it_can() {
-        let gc = env(&[
-            ("CNI_COMMAND", "GC"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            ("CNI_ARGS", "garbage;K8S_POD_NAME=web-2;=;"),
-        ]);
-        assert_eq!(
-            Invocation::of(&gc),
-            Invocation {
-                verb: "GC".into(),
-                pod_name: "web-2".into(),
-                ..Invocation::default()
-            }
-        );
     }
 
     #[test]

@@ -21,8 +21,6 @@
 //! The wire: one JSON line each way over a Unix stream socket ([`Admission`]
 //! then [`Answer`]); the agent closes after answering.
 
-#![forbid(unsafe_code)]
-
 pub mod guarded;
 
 use std::io::{self, Read, Write};
@@ -33,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use cni::log::socket::Invocation;
+use cni::env::Invocation;
 
 /// The most an ADD waits for the agent's answer.
 pub const WAIT: Duration = Duration::from_secs(3);
