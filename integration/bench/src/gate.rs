@@ -31,7 +31,7 @@
 //!
 //! Everything is in the node's and the pods' namespaces and the node's
 //! directory, removed when the phase ends, fails, or is stopped by SIGTERM
-//! or SIGINT ([`crate::stopping`], looked at before each step).
+//! or SIGINT ([`crate::stop::stopping`], looked at before each step).
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -49,9 +49,11 @@ use test_kit::node_agent::{
 };
 use test_kit::{Netns, Node};
 
-use super::measure::{Call, exec, ms, process_cpu};
-use super::policy_path::Helper;
-use super::{Outcome, Side, stopping};
+use crate::measure::{Call, exec, ms, process_cpu};
+use crate::outcome::Outcome;
+use crate::policy_path::Helper;
+use crate::setup::Side;
+use crate::stop::stopping;
 
 /// The phase's name for `--only`.
 pub const PHASE: &str = "gate";

@@ -32,8 +32,10 @@ use node_agent::controllers::plugin_logs::{self, PluginLogs};
 use serde_json::{Value, json};
 use test_kit::Netns;
 
-use super::measure::{Call, exec};
-use super::{Outcome, Side, Suite, check_calls, check_leaks, interleaved};
+use crate::measure::{Call, exec};
+use crate::outcome::{Outcome, check_calls};
+use crate::setup::Side;
+use crate::suite::{Suite, check_leaks, interleaved};
 
 /// The chain's ADD with a socket the agent reads, against none.
 pub const LISTENED_METRIC: &str = "log socket chain ADD";
@@ -329,7 +331,7 @@ fn add_batch(
 ) -> Vec<Vec<(Netns, Value, Call)>> {
     let mut pods: Vec<std::vec::IntoIter<Netns>> = lists
         .iter()
-        .map(|_| super::pods(batch, "logsock").into_iter())
+        .map(|_| crate::suite::pods(batch, "logsock").into_iter())
         .collect();
     // The first call of a batch is slower than any other: one untimed,
     // naming no socket, goes first.

@@ -43,8 +43,9 @@ use netpol::model::{Peer, PodView, Policy, PortSpec, Protocol, Rule, Selector};
 use serde_json::json;
 use test_kit::{Netns, Node};
 
-use super::measure::median;
-use super::{Outcome, Side};
+use crate::measure::median;
+use crate::outcome::Outcome;
+use crate::setup::Side;
 
 /// The phase's name for `--only`.
 pub const PHASE: &str = "policy-path";
@@ -611,7 +612,7 @@ fn turn(
         return Err(e);
     }
     let retransmitted_before = syn_retransmits(&bed.client);
-    let timed = super::scale::connect_times(&bed.client, target, WARM_UP + count);
+    let timed = crate::connect::connect_times(&bed.client, target, WARM_UP + count);
     // A SYN sent again (its first one lost) is still conntrack NEW: it
     // goes to the queue again.
     let retransmitted = syn_retransmits(&bed.client).saturating_sub(retransmitted_before);

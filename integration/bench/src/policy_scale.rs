@@ -23,26 +23,15 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::measure::{ms, quantile, wait_until_quiet};
-use super::outcome::ScaleOutcome;
-use super::scale::{
-    Api, BenchNode, FakeNodes, LIMIT, PREFIX, connect_times, cpu_ms, daemonset_agents, fake_node,
-    lines_as_read, memory_mib, pod_netns,
+use crate::bench_cluster::{
+    Api, BenchNode, FakeNodes, LIMIT, PREFIX, PolicyOptions, cpu_ms, daemonset_agents, fake_node,
+    lines_as_read, memory_mib,
 };
+use crate::connect::{connect_times, pod_netns};
+use crate::measure::{ms, quantile, wait_until_quiet};
+use crate::outcome::ScaleOutcome;
 use test_kit::Netns;
 use test_kit::cluster::{AGNHOST, Cluster, Namespace, PAUSE};
-
-#[derive(Debug, Clone)]
-pub struct PolicyOptions {
-    /// Pod objects on bench Nodes.
-    pub pods: usize,
-    /// Policy counts the changes are timed at, smallest first.
-    pub sizes: Vec<usize>,
-    /// Policies created (and deleted) one at a time at each size.
-    pub trials: usize,
-    /// New connections timed per variant.
-    pub connects: usize,
-}
 
 /// Pods per bench Node: a /24 holds them.
 const PODS_PER_NODE: usize = 250;
@@ -306,7 +295,7 @@ impl<'a> Queued<'a> {
             let _ = reader.wait();
             return Err("the NFQUEUE reader has no stdout".into());
         };
-        let rule = super::nfqueue::forward_rule(&["-d", address, "-p", "tcp", "--dport", port], QUEUE);
+        let rule = crate::nfqueue::forward_rule(&["-d", address, "-p", "tcp", "--dport", port], QUEUE);
         let mut queued = Queued {
             cluster,
             node: node.to_owned(),

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value, json};
 
-use super::{Options, Outcome, SERVICE_PREFIX, STARTED_PREFIX, Side};
+use crate::options::Options;
+use crate::outcome::Outcome;
+use crate::setup::{SERVICE_PREFIX, STARTED_PREFIX, Side};
 
 /// What a target accepts instead of its ratio, where the design has a
 /// floor no plugin can go below.
@@ -201,13 +203,13 @@ fn cell(value: Option<f64>) -> String {
 
 fn display_name(metric: &str) -> String {
     let log_socket = [
-        super::log_socket::LISTENED_METRIC,
-        super::log_socket::UNREAD_METRIC,
-        super::log_socket::CONTROL_METRIC,
+        crate::log_socket::LISTENED_METRIC,
+        crate::log_socket::UNREAD_METRIC,
+        crate::log_socket::CONTROL_METRIC,
     ];
-    if metric.starts_with(super::gate::ADD_PREFIX) {
+    if metric.starts_with(crate::gate::ADD_PREFIX) {
         format!("{metric} (reference: the same ADD, no policySocket)")
-    } else if metric.starts_with(super::gate::BESIDE_PREFIX) {
+    } else if metric.starts_with(crate::gate::BESIDE_PREFIX) {
         format!("{metric} (reference: one without policySocket started with it)")
     } else if log_socket.iter().any(|m| metric.starts_with(m)) {
         format!("{metric} (reference: the same chain, no logSocket)")
@@ -403,7 +405,7 @@ pub fn readme_table(figures: &Figures, doc: &Value) -> String {
 
 /// The gate phase's rows in the README, in the order they read best.
 fn gate_rows() -> Vec<String> {
-    use super::gate::{
+    use crate::gate::{
         CHANGES, RULE_COUNTS, add_metric, beside_metric, change_metric, change_pass_metric,
         unconfirmed_metric, waited_ops_metric, written_ops_metric,
     };
@@ -479,7 +481,7 @@ pub fn svg(outcome: &Outcome) -> String {
                     x(*v)
                 );
             }
-            let m = super::measure::median(values);
+            let m = crate::measure::median(values);
             let _ = writeln!(
                 out,
                 "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{0:.1}\" y2=\"{2:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>",

@@ -24,8 +24,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
-use super::measure::{interrupt, quantile, wait_until_quiet};
-use super::outcome::ScaleOutcome;
+use crate::measure::{interrupt, quantile, wait_until_quiet};
+use crate::outcome::ScaleOutcome;
 use test_kit::cluster::{Cluster, Namespace, try_poll};
 
 /// The conflist the suite's agent writes.

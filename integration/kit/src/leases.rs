@@ -93,6 +93,16 @@ pub fn v4_conf(ipam: &Ipam, version: &str, subnet: &str) -> String {
     ipam.conf(version, json!({"subnet": subnet}))
 }
 
+/// Every address of a result's `ips`, as it has them (`a.b.c.d/len`).
+pub fn addresses(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str().map(str::to_owned))
+        .collect()
+}
+
 pub fn address(result: &Value) -> String {
     result["ips"][0]["address"]
         .as_str()

@@ -6,6 +6,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use test_kit::leases::addresses;
 use test_kit::probe::Probe;
 use test_kit::{Netns, Node, bin, run, run_in};
 
@@ -65,15 +66,6 @@ impl Chain<'_> {
     fn del(&self, pod: &Netns) {
         self.run(&["del", NETWORK, pod.path_str()]).success();
     }
-}
-
-fn addresses(result: &Value) -> Vec<String> {
-    result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| ip["address"].as_str().map(str::to_owned))
-        .collect()
 }
 
 fn host_veth(result: &Value) -> String {

@@ -5,21 +5,13 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use test_kit::leases::addresses;
 use test_kit::{Netns, Node, Run, cnitool_container_id, run_in};
 
 const VERSION: &str = "1.0.0";
 
 fn cnitool(node: &Node, verb: &str, network: &str, pod: &Netns) -> Run {
     node.cnitool(&[verb, network, pod.path_str()], &[])
-}
-
-fn addresses(result: &Value) -> Vec<String> {
-    result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| ip["address"].as_str().map(str::to_owned))
-        .collect()
 }
 
 fn ping(from: &Netns, to: &str) -> Run {

@@ -21,8 +21,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use cni_bench::bench_cluster::PolicyOptions;
+use cni_bench::connect;
 use cni_bench::outcome::ScaleOutcome;
-use cni_bench::policy_scale::{self, PolicyOptions};
+use cni_bench::policy_scale;
 use cni_bench::report;
 use cni_bench::sandbox::{self, BurstOptions};
 use cni_bench::scale::{self, ScaleOptions};
@@ -172,7 +174,7 @@ fn main() -> ExitCode {
         let (Some(target), Some(count)) = (args.get(1), args.get(2).and_then(|c| c.parse().ok())) else {
             usage()
         };
-        return match scale::connect_loop(target, count) {
+        return match connect::connect_loop(target, count) {
             Ok(times) => {
                 let _ = writeln!(std::io::stdout().lock(), "{times}");
                 ExitCode::SUCCESS

@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cni_bench::{Options, nfqueue, policy_path, report, scale};
+use cni_bench::{Options, connect, nfqueue, policy_path, report};
 
 /// Set in the re-executed bench, inside its private mount namespace.
 const INSIDE: &str = "CNI_BENCH_PRIVATE_RUN";
@@ -80,7 +80,7 @@ fn helper(args: &[String]) -> Option<ExitCode> {
     let result = match args.first().map(String::as_str)? {
         "--connect" => {
             let count = argument(2).parse().unwrap_or_else(|_| usage());
-            scale::connect_loop(argument(1), count)
+            connect::connect_loop(argument(1), count)
                 .and_then(|times| writeln!(std::io::stdout().lock(), "{times}").map_err(|e| e.to_string()))
         }
         "--accept" => policy_path::accept_loop(argument(1)),
