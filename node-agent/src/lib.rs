@@ -1,5 +1,5 @@
 //! The node agent `cni-node-agent` as a library; `main.rs`, its binary,
-//! only parses the settings and wires the controllers. See
+//! only parses the settings and runs the agent ([`agent`]) until a signal. See
 //! node-agent/README.md.
 //!
 //! Layers, each importing only from those below it (and no two modules
@@ -28,7 +28,9 @@
 //!    (`node_watch`); the plugins' install, Istio's chained install
 //!    (`istio_chain`), the repair of pods that raced it, the lease
 //!    service, and the plugins' log records (`plugin_logs`).
-//! 4. [`uninstall`]: each controller's removal, in order, at stop.
+//! 4. [`uninstall`]: what uninstall removes, one function per step.
+//! 5. [`agent`]: the lifecycle, the controllers started in order and the
+//!    stop and uninstall orders, each stated once.
 //!
 //! The controllers are a folder of their own, one file each, or a folder
 //! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
@@ -65,3 +67,5 @@ pub mod run_socket;
 pub mod controllers;
 
 pub mod uninstall;
+
+pub mod agent;
