@@ -9,6 +9,7 @@
 
 use tokio::task::JoinHandle;
 
+use crate::cluster::pods::PodWatch;
 use crate::controllers::conflist::{self, Conflist};
 use crate::controllers::egress::{self, Egress};
 use crate::controllers::install::{self, Installer};
@@ -179,12 +180,15 @@ impl Agent {
             health.clone(),
             lease_service.as_ref().map(LeaseService::restarter),
         ))];
+        let mut pod_watch = PodWatch::default();
         if let Some(entry) = istio_entry.filter(|_| repair_options.mode != RepairMode::Off) {
+            let pods = pod_watch.pods_of(&repair_options.node_name);
             tasks.push(tokio::spawn(repair::run(
                 client.clone(),
                 repair_options,
                 entry,
                 metrics.clone(),
+                pods,
             )));
         }
         if let Some(istio) = istio.clone() {
@@ -212,7 +216,12 @@ impl Agent {
                 options,
                 gate,
                 metrics.clone(),
+                pod_watch.every_pod(),
             )));
+        }
+        // After its readers, so none misses the first list.
+        if let Some(watching) = pod_watch.run(client.clone()) {
+            tasks.push(tokio::spawn(watching));
         }
         let network = if settings.own_network {
             log::info!(
