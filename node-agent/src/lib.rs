@@ -8,7 +8,9 @@
 //! 1. The bottom: [`error`] (the one error type), [`settings`] (every
 //!    flag and mode the agent is told) and [`cluster`] (the cluster as the
 //!    agent sees it: the API server's client configuration, what it reads
-//!    of the Nodes, the cluster's pod range).
+//!    of the Nodes, the cluster's pod range, a watched kind as a
+//!    controller keeps it (`watched`) and the one Pod watch its readers
+//!    share (`pods`)).
 //! 2. The node's shared facilities, used by several controllers:
 //!    [`atomic`] (whole-file writes, bounded reads, the bin directory's
 //!    lock), [`changes`] (no change once uninstall has begun, uninstall
