@@ -48,7 +48,8 @@ pub enum Error {
     Listen { address: SocketAddr, source: io::Error },
     #[error("cannot handle SIGTERM: {0}")]
     Signal(#[source] io::Error),
-    /// Work on a blocking thread ended without an outcome.
+    /// Work on a blocking thread or a task of its own ended without an
+    /// outcome.
     #[error("{what}: {source}")]
     Task {
         what: &'static str,

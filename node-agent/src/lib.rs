@@ -1,5 +1,5 @@
 //! The node agent `cni-node-agent` as a library; `main.rs`, its binary,
-//! only parses the settings and wires the controllers. See
+//! only parses the settings and runs the agent ([`agent`]) until a signal. See
 //! node-agent/README.md.
 //!
 //! Layers, each importing only from those below it (and no two modules
@@ -8,7 +8,9 @@
 //! 1. The bottom: [`error`] (the one error type), [`settings`] (every
 //!    flag and mode the agent is told) and [`cluster`] (the cluster as the
 //!    agent sees it: the API server's client configuration, what it reads
-//!    of the Nodes, the cluster's pod range).
+//!    of the Nodes, the cluster's pod range, a watched kind as a
+//!    controller keeps it (`watched`) and the one Pod watch its readers
+//!    share (`pods`)).
 //! 2. The node's shared facilities, used by several controllers:
 //!    [`atomic`] (whole-file writes, bounded reads, the bin directory's
 //!    lock), [`changes`] (no change once uninstall has begun, uninstall
@@ -28,7 +30,9 @@
 //!    (`node_watch`); the plugins' install, Istio's chained install
 //!    (`istio_chain`), the repair of pods that raced it, the lease
 //!    service, and the plugins' log records (`plugin_logs`).
-//! 4. [`uninstall`]: each controller's removal, in order, at stop.
+//! 4. [`uninstall`]: what uninstall removes, one function per step.
+//! 5. [`agent`]: the lifecycle, the controllers started in order and the
+//!    stop and uninstall orders, each stated once.
 //!
 //! The controllers are a folder of their own, one file each, or a folder
 //! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
@@ -65,3 +69,5 @@ pub mod run_socket;
 pub mod controllers;
 
 pub mod uninstall;
+
+pub mod agent;

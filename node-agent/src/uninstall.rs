@@ -1,14 +1,15 @@
-//! Leaving the node as it was before the agent came (`UNINSTALL_ON_STOP`),
-//! once the controllers have stopped and the conflist is gone: each
-//! controller's removal, in an order that keeps pods' DELs working. Also
-//! what that needs recorded before the agent's first change: the node's
-//! nat tables.
+//! What uninstall (`UNINSTALL_ON_STOP`) removes of the agent's things on
+//! the node, one function per step of [`crate::agent::UNINSTALL`] (which
+//! states their order), and what that needs recorded before the agent's
+//! first change: the node's nat tables. Each step logs what it did and
+//! what failed, and never stops the next.
 
 use std::path::PathBuf;
 
 use crate::conf_dir;
 use crate::controllers::install::bin_dir::BinDir;
-use crate::controllers::{conflist, lease_service, routes};
+use crate::controllers::lease_service::{self, LeaseDir};
+use crate::controllers::{conflist, routes};
 use crate::error::Error;
 use crate::record::Record;
 use crate::settings::Settings;
@@ -48,25 +49,27 @@ pub async fn remember_firewall(record: &Record) {
     }
 }
 
-/// Leaves the node as it was before the agent came, once its conflist is
-/// gone: its routes and rules, the lease service a plugin may have started
-/// and the lease directory; then, unless pods are still there (their
-/// leases held: their DELs need the plugins and the bridge), the bridge
-/// and the binaries, the originals put back. Nothing else is touched, and
-/// each step is tried whatever the one before it did.
-pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
+/// The node agent's routes to other nodes' pods.
+pub fn remove_routes() {
     match routes::remove_all() {
         Ok(count) => log::info!("removed {count} routes"),
         Err(e) => log::error!("{e}"),
     }
+}
+
+/// The masquerade of traffic leaving the cluster.
+pub fn remove_masquerade() {
     match crate::controllers::egress::rules::remove() {
         Ok(families) if !families.is_empty() => log::info!("removed the masquerade rules ({families:?})"),
         Ok(_) => {}
         Err(e) => log::error!("masquerade: {e}"),
     }
-    // After the masquerade, whose jumps kept nat base chains in use.
-    let record = Record::new(&options.cni_bin_dir);
-    let firewall_failed = match record.remove_unused_firewall() {
+}
+
+/// What the suite left in the nat tables that nothing uses, as the record
+/// taken before its first change tells; whether some of it could not go.
+pub fn remove_unused_firewall(record: &Record) -> bool {
+    match record.remove_unused_firewall() {
         Ok(Some(removal)) => {
             for what in &removal.removed {
                 log::info!("removed {what}");
@@ -86,7 +89,11 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
             log::error!("{e}");
             true
         }
-    };
+    }
+}
+
+/// The lease service a plugin started while no agent ran.
+pub fn stop_leftover_lease_service(options: &Options) {
     match lease_service::stop_remaining(&options.lease_dir) {
         Ok(true) => log::info!(
             "stopped the lease service left on {}",
@@ -95,6 +102,11 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
         Ok(false) => {}
         Err(e) => log::error!("{e}"),
     }
+}
+
+/// The lease directory, unless pods still hold leases (then it answers
+/// [`LeaseDir::Kept`], as it does when the leases cannot be listed).
+pub fn remove_lease_dir(options: &Options) -> LeaseDir {
     let leases = options
         .tools
         .clone()
@@ -102,32 +114,33 @@ pub fn run(options: &Options, bin_dir: &BinDir, conflist_was_ours: bool) {
         .and_then(|tools| lease_service::remove_unused(&options.lease_dir, &tools))
         .unwrap_or_else(|e| {
             log::error!("{e}");
-            lease_service::LeaseDir::Kept
+            LeaseDir::Kept
         });
     match leases {
-        lease_service::LeaseDir::Removed => log::info!("removed {}", options.lease_dir.display()),
-        lease_service::LeaseDir::Absent => {}
-        lease_service::LeaseDir::Kept => {
-            log::warn!("pods still hold leases: the bridge and the plugins stay for their DELs");
-            return;
+        LeaseDir::Removed => log::info!("removed {}", options.lease_dir.display()),
+        LeaseDir::Absent => {}
+        LeaseDir::Kept => {
+            log::warn!("pods still hold leases: the bridge and the plugins stay for their DELs")
         }
     }
-    // No pod is left to publish a host port: the record of the nat tables
-    // is done with, unless what it found unused could not all go (the
-    // next uninstall of this boot tries again).
-    if !firewall_failed && let Err(e) = record.forget_firewall() {
+    leases
+}
+
+/// The record of the node's nat tables, done with once no pod is left to
+/// publish a host port.
+pub fn forget_firewall(record: &Record) {
+    if let Err(e) = record.forget_firewall() {
         log::error!("{e}");
     }
-    // A bridge of that name the agent's conflist did not name may be
-    // another network's.
-    if conflist_was_ours {
-        match conflist::remove_bridge_if_unused(&options.bridge) {
-            Ok(true) => log::info!("removed the bridge {}", options.bridge),
-            Ok(false) => {}
-            Err(e) => log::error!("{e}"),
-        }
+}
+
+/// The bridge, once no link is its port.
+pub fn remove_bridge(options: &Options) {
+    match conflist::remove_bridge_if_unused(&options.bridge) {
+        Ok(true) => log::info!("removed the bridge {}", options.bridge),
+        Ok(false) => {}
+        Err(e) => log::error!("{e}"),
     }
-    remove_binaries(options, bin_dir);
 }
 
 /// Removes the installed binaries no configuration on the node names any

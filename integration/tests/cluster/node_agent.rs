@@ -1465,25 +1465,40 @@ fn event_reasons(server: &ApiServer, pod: &str) -> Vec<String> {
 
 #[test]
 fn a_pod_that_started_before_the_chain_is_repaired_where_it_runs_and_then_captures_traffic() {
-    repaired_where_it_runs(false);
+    repaired_where_it_runs(false, false);
+}
+
+/// With NetworkPolicy on too, repair reads this node's pods from the
+/// agent's one Pod watch, which lists every pod for the policy: the
+/// pod on another node is still left alone.
+#[test]
+fn with_network_policy_on_repair_shares_the_agents_one_pod_watch() {
+    repaired_where_it_runs(false, true);
 }
 
 /// The same with Istio's CNI alone (`deploy/istio-cni.yaml`), beside
 /// kindnet's configuration.
 #[test]
 fn with_istios_cni_alone_a_pod_that_started_before_the_chain_is_repaired_where_it_runs() {
-    repaired_where_it_runs(true);
+    repaired_where_it_runs(true, false);
 }
 
-fn repaired_where_it_runs(istio_only: bool) {
+fn repaired_where_it_runs(istio_only: bool, network_policy: bool) {
     require_root();
     // Addresses of this variant alone: the agent searches every process of
     // the machine, and the two variants run side by side.
-    let subnet = if istio_only { "10.199.21" } else { "10.199.7" };
+    let subnet = match (istio_only, network_policy) {
+        (true, _) => "10.199.21",
+        (false, false) => "10.199.7",
+        (false, true) => "10.199.23",
+    };
     let (host_ip, pod_ip) = (format!("{subnet}.1"), format!("{subnet}.5"));
     let node = lab_node();
     uplink(&node);
     let mut settings = vec![("ISTIO_CHAINED", "true")];
+    if network_policy {
+        settings.push(("NETWORK_POLICY", "true"));
+    }
     if istio_only {
         std::fs::write(
             node.conf_dir().join("10-kindnet.conflist"),
@@ -1567,6 +1582,7 @@ fn repaired_where_it_runs(istio_only: bool) {
     probe.connect(&pod, None, &host_ip, 8080, None).success();
     envoy.wait_for(&format!("tcp 15001 {host_ip}:8080"));
     assert_eq!(event_reasons(&server, "racer"), ["Normal RepairBrokenPod"]);
+    assert_eq!(server.pod_lists(), 1, "one Pod watch, listed once");
 
     // The kubelet restarts the validation container: the pod changes,
     // and is not programmed again.

@@ -1,11 +1,9 @@
 //! The cluster's Nodes as the agent follows them: one watch on all Nodes
-//! (this node's for its configuration, the others' for routes), kept as a
-//! map that a restarted watch's relist replaces whole; after every change,
+//! (this node's for its configuration, the others' for routes), kept as
+//! [`Watched`] keeps a kind; after every change,
 //! and every [`RESYNC`], the controllers made from the Nodes (the
 //! conflist, the routes, the masquerade) bring the node in line, in that
 //! order.
-
-use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -16,6 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use crate::changes::RESYNC;
 use crate::cluster::node::{NodeInfo, Nodes};
 use crate::cluster::pod_range::{self, PodRange};
+use crate::cluster::watched::Watched;
 use crate::controllers::conflist::Conflist;
 use crate::controllers::egress::Egress;
 use crate::controllers::routes::Routes;
@@ -55,9 +54,10 @@ pub async fn run(client: kube::Client, mut controllers: Controllers, health: Hea
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    let mut nodes: Nodes = BTreeMap::new();
-    let mut relisted: Option<Nodes> = None;
-    let mut listed_once = false;
+    // Most updates are heartbeats, conditions and taints: what the agent
+    // reads is the same, no change, and nothing is looked at (no netlink,
+    // no iptables, no file) until the resync.
+    let mut nodes: Watched<String, NodeInfo> = Watched::default();
     let mut pod_range = pod_range::Reader::new(client.clone(), controllers.egress.range_is_set());
     let mut resync = tokio::time::interval(RESYNC);
     loop {
@@ -72,9 +72,9 @@ pub async fn run(client: kube::Client, mut controllers: Controllers, health: Hea
                 // While the watch is down or relisting, from the last
                 // list the agent had.
                 controllers.forget();
-                if listed_once {
+                if nodes.listed_once() {
                     let range = pod_range.current().await;
-                    controllers.sync(range, &nodes, &health).await;
+                    controllers.sync(range, nodes.known(), &health).await;
                 }
                 continue;
             }
@@ -86,43 +86,14 @@ pub async fn run(client: kube::Client, mut controllers: Controllers, health: Hea
             Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
         ));
         match event {
-            Ok(Event::Init) => relisted = Some(BTreeMap::new()),
-            Ok(Event::InitApply(node)) => {
-                if let (Some(list), Some(info)) = (relisted.as_mut(), NodeInfo::from_node(&node)) {
-                    list.insert(info.name.clone(), info);
-                }
+            Ok(event) if nodes.take(&event, NodeInfo::from_node) => {
+                controllers
+                    .sync(pod_range.current().await, nodes.known(), &health)
+                    .await;
             }
-            Ok(Event::InitDone) => {
-                nodes = relisted.take().unwrap_or_default();
-                listed_once = true;
-            }
-            Ok(Event::Apply(node)) => {
-                let Some(info) = NodeInfo::from_node(&node) else {
-                    continue;
-                };
-                // Most updates are heartbeats, conditions and taints: what
-                // the agent reads is the same, and nothing is looked at
-                // (no netlink, no iptables, no file) until the resync.
-                if nodes.get(&info.name) == Some(&info) {
-                    continue;
-                }
-                nodes.insert(info.name.clone(), info);
-            }
-            Ok(Event::Delete(node)) => {
-                let known = node.metadata.name.and_then(|name| nodes.remove(&name));
-                if known.is_none() {
-                    continue;
-                }
-            }
-            Err(e) => {
-                log::warn!("watching Nodes: {e}; retrying");
-                continue;
-            }
+            Ok(_) => {}
+            Err(e) => log::warn!("watching Nodes: {e}; retrying"),
         }
-        if relisted.is_some() {
-            continue;
-        }
-        controllers.sync(pod_range.current().await, &nodes, &health).await;
     }
     Err(Error::Watch("the Node watch ended".into()))
 }

@@ -21,11 +21,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event as KubeEvent, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use netns::NetNs;
 use serde_json::{Value, json};
 
+use crate::cluster::pods::PodEvents;
+use crate::cluster::watched::{Key as _, Watched};
 use crate::error::Error;
 use crate::metrics::{Metrics, Outcome};
 use crate::settings::{RepairMode as Mode, Settings};
@@ -140,10 +141,6 @@ impl Options {
 
 type Key = (String, String);
 
-fn key_of(pod: &Pod) -> Option<Key> {
-    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
-}
-
 /// The controller's state: its node's pods and what it did to them.
 struct Controller {
     client: kube::Client,
@@ -163,25 +160,27 @@ struct Controller {
     metrics: Metrics,
 }
 
-/// Follows this node's pods until the task is aborted (watch errors are
-/// retried with backoff); `entry` is istio-redirect's chain entry.
-pub async fn run(client: kube::Client, options: Options, entry: Value, metrics: Metrics) {
+/// Follows this node's pods (`pods`, read from the agent's one Pod
+/// watch) until the task is aborted or the watch ends; `entry` is
+/// istio-redirect's chain entry.
+pub async fn run(
+    client: kube::Client,
+    options: Options,
+    entry: Value,
+    metrics: Metrics,
+    mut pods: PodEvents,
+) {
     let mode = options.mode;
     let mut controller = Controller {
-        client: client.clone(),
+        client,
         options,
         entry,
         acted: HashMap::new(),
         failures: HashMap::new(),
         metrics,
     };
-    let selector = format!("spec.nodeName={}", controller.options.node_name);
-    let pods: Api<Pod> = Api::all(client);
-    let mut stream = watcher::watcher(pods, watcher::Config::default().fields(&selector))
-        .default_backoff()
-        .boxed();
-    let mut known: BTreeMap<Key, Pod> = BTreeMap::new();
-    let mut relisted: Option<BTreeMap<Key, Pod>> = None;
+    // Whole pods: whether one is broken is read from its container statuses.
+    let mut known: Watched<Key, Pod> = Watched::default();
     let mut retry = tokio::time::interval(RETRY);
     log::info!(
         "repairing pods of node {} whose {} failed ({mode:?})",
@@ -190,7 +189,7 @@ pub async fn run(client: kube::Client, options: Options, entry: Value, metrics: 
     );
     loop {
         let event = tokio::select! {
-            event = stream.next() => match event {
+            event = pods.next() => match event {
                 Some(event) => event,
                 None => {
                     log::error!("the Pod watch ended: no more repairs");
@@ -198,39 +197,25 @@ pub async fn run(client: kube::Client, options: Options, entry: Value, metrics: 
                 }
             },
             _ = retry.tick() => {
-                for pod in known.values() {
+                for pod in known.known().values() {
                     controller.reconcile(pod).await;
                 }
                 continue;
             }
         };
-        match event {
-            Ok(Event::Init) => relisted = Some(BTreeMap::new()),
-            Ok(Event::InitApply(pod)) => {
-                if let (Some(list), Some(key)) = (relisted.as_mut(), key_of(&pod)) {
-                    list.insert(key, pod);
-                }
-            }
-            Ok(Event::InitDone) => {
-                known = relisted.take().unwrap_or_default();
-                controller.forget_except(&known);
-                for pod in known.values() {
+        if !known.take(&event, |pod| Some(pod.clone())) {
+            continue;
+        }
+        match &*event {
+            Event::InitDone => {
+                controller.forget_except(known.known());
+                for pod in known.known().values() {
                     controller.reconcile(pod).await;
                 }
             }
-            Ok(Event::Apply(pod)) => {
-                if let Some(key) = key_of(&pod) {
-                    controller.reconcile(&pod).await;
-                    known.insert(key, pod);
-                }
-            }
-            Ok(Event::Delete(pod)) => {
-                if let Some(key) = key_of(&pod) {
-                    known.remove(&key);
-                    controller.forget_except(&known);
-                }
-            }
-            Err(e) => log::warn!("watching Pods: {e}; retrying"),
+            Event::Apply(pod) => controller.reconcile(pod).await,
+            Event::Delete(_) => controller.forget_except(known.known()),
+            Event::Init | Event::InitApply(_) => {}
         }
     }
 }
@@ -243,7 +228,7 @@ impl Controller {
     }
 
     async fn reconcile(&mut self, pod: &Pod) {
-        let Some(key) = key_of(pod) else {
+        let Some(key) = Key::of(&pod.metadata) else {
             return;
         };
         if pod.metadata.deletion_timestamp.is_some() || !self.options.criteria.is_broken(pod) {

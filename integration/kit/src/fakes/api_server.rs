@@ -77,6 +77,8 @@ struct State {
     /// Bumped to end every open watch abruptly.
     drops: u64,
     lists: usize,
+    /// Of those, the LISTs of Pods: one per Pod watch of a client.
+    pod_lists: usize,
     writes: Vec<Written>,
     events: Vec<Value>,
 }
@@ -146,6 +148,11 @@ impl ApiServer {
     /// LIST requests served so far (a watcher lists again after a 410).
     pub fn lists(&self) -> usize {
         self.shared.lock().lists
+    }
+
+    /// Of those, the LISTs of Pods.
+    pub fn pod_lists(&self) -> usize {
+        self.shared.lock().pod_lists
     }
 }
 
@@ -683,6 +690,9 @@ fn merge(target: &mut Value, patch: &Value) {
 fn list<T: Write>(tls: &mut T, shared: &Shared, kind: Kind, target: &Target) -> std::io::Result<()> {
     let mut state = shared.lock();
     state.lists += 1;
+    if matches!(kind, Kind::Pod) {
+        state.pod_lists += 1;
+    }
     let list = json!({
         "kind": format!("{}List", kind.name()),
         "apiVersion": kind.api_version(),

@@ -42,12 +42,17 @@ use netpol::model::{NamespaceView, PodView, Policy};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::changes::{self, RESYNC};
+use crate::cluster::pods::{PodEvent, PodEvents};
+use crate::cluster::watched::{Key as _, Watched};
 use crate::error::Error;
 use crate::metrics::{Metrics, Outcome};
 use crate::settings::Settings;
 
 use agent_wire::policy::Answer;
 use gate::Asked;
+
+/// Objects are kept by namespace and name.
+type Key = (String, String);
 pub use gate::Gate;
 
 /// How long changes arriving together are gathered into one transaction
@@ -83,79 +88,10 @@ impl Options {
     }
 }
 
-/// One watched kind, as policy reads it: objects by namespace and name.
-struct Watched<V> {
-    known: BTreeMap<(String, String), V>,
-    relisted: Option<BTreeMap<(String, String), V>>,
-    listed_once: bool,
-}
-
-impl<V: PartialEq> Watched<V> {
-    fn new() -> Self {
-        Watched {
-            known: BTreeMap::new(),
-            relisted: None,
-            listed_once: false,
-        }
-    }
-
-    /// Takes one event in; whether what policy reads changed.
-    fn take<K: kube::Resource>(
-        &mut self,
-        event: Result<Event<K>, watcher::Error>,
-        view: impl Fn(&K) -> Option<V>,
-        what: &str,
-    ) -> bool {
-        match event {
-            Ok(Event::Init) => {
-                self.relisted = Some(BTreeMap::new());
-                false
-            }
-            Ok(Event::InitApply(object)) => {
-                if let (Some(list), Some(v)) = (self.relisted.as_mut(), view(&object)) {
-                    list.insert(key_of(&object), v);
-                }
-                false
-            }
-            Ok(Event::InitDone) => {
-                self.known = self.relisted.take().unwrap_or_default();
-                self.listed_once = true;
-                true
-            }
-            Ok(Event::Apply(object)) => {
-                let k = key_of(&object);
-                match view(&object) {
-                    Some(v) if self.known.get(&k) == Some(&v) => false,
-                    Some(v) => {
-                        self.known.insert(k, v);
-                        true
-                    }
-                    // A pod that finished: no longer selected, no longer
-                    // a peer.
-                    None => self.known.remove(&k).is_some(),
-                }
-            }
-            Ok(Event::Delete(object)) => self.known.remove(&key_of(&object)).is_some(),
-            Err(e) => {
-                log::warn!("watching {what}: {e}; retrying");
-                false
-            }
-        }
-    }
-}
-
-/// An object's namespace and name, what the watched maps are keyed by.
-fn key_of<K: kube::Resource>(object: &K) -> (String, String) {
-    let meta = object.meta();
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-/// An event of one of the three watches (a Pod is large: boxed).
+/// An event of one of the three watches (the Pods' is the agent's one
+/// Pod watch, whose errors it logs itself).
 enum Watch {
-    Pod(Box<Result<Event<Pod>, watcher::Error>>),
+    Pod(PodEvent),
     Namespace(Result<Event<Namespace>, watcher::Error>),
     Policy(Result<Event<NetworkPolicy>, watcher::Error>),
 }
@@ -164,9 +100,9 @@ enum Watch {
 struct Cluster {
     /// This node's name: only its pods' reports count.
     node: String,
-    pods: Watched<PodView>,
-    namespaces: Watched<NamespaceView>,
-    policies: Watched<Policy>,
+    pods: Watched<Key, PodView>,
+    namespaces: Watched<Key, NamespaceView>,
+    policies: Watched<Key, Policy>,
     /// Addresses pods' ADDs reported, by pod, until their status has them
     /// and no other pod's does; with when they are forgotten anyway.
     admitted: BTreeMap<(String, String), (Vec<IpAddr>, Instant)>,
@@ -176,9 +112,9 @@ impl Cluster {
     fn new(node: &str) -> Cluster {
         Cluster {
             node: node.to_owned(),
-            pods: Watched::new(),
-            namespaces: Watched::new(),
-            policies: Watched::new(),
+            pods: Watched::default(),
+            namespaces: Watched::default(),
+            policies: Watched::default(),
             admitted: BTreeMap::new(),
         }
     }
@@ -189,7 +125,7 @@ impl Cluster {
     /// from the pods whose status holds them).
     fn bound_here(&self, pod: &(String, String)) -> bool {
         self.pods
-            .known
+            .known()
             .get(pod)
             .is_some_and(|p| p.node.as_deref() == Some(self.node.as_str()))
     }
@@ -198,22 +134,28 @@ impl Cluster {
     fn take(&mut self, event: Watch) -> bool {
         match event {
             Watch::Pod(event) => {
-                if let Ok(Event::Delete(pod)) = event.as_ref() {
+                if let Event::Delete(pod) = &*event {
                     self.retract(pod);
                 }
-                let changed = self.pods.take(*event, PodView::from_pod, "Pods");
+                let changed = self.pods.take(&event, PodView::from_pod);
                 if changed {
                     self.settle_admitted();
                 }
                 changed
             }
-            Watch::Namespace(event) => {
-                self.namespaces
-                    .take(event, |n| Some(NamespaceView::from_namespace(n)), "Namespaces")
+            Watch::Namespace(Ok(event)) => self
+                .namespaces
+                .take(&event, |n| Some(NamespaceView::from_namespace(n))),
+            Watch::Policy(Ok(event)) => self
+                .policies
+                .take(&event, |p| Some(Policy::from_network_policy(p))),
+            Watch::Namespace(Err(e)) => {
+                log::warn!("watching Namespaces: {e}; retrying");
+                false
             }
-            Watch::Policy(event) => {
-                self.policies
-                    .take(event, |p| Some(Policy::from_network_policy(p)), "NetworkPolicies")
+            Watch::Policy(Err(e)) => {
+                log::warn!("watching NetworkPolicies: {e}; retrying");
+                false
             }
         }
     }
@@ -230,7 +172,9 @@ impl Cluster {
     /// claim with other addresses is a later pod's of the same name (a
     /// watch behind the gate), kept until it settles.
     fn retract(&mut self, pod: &Pod) {
-        let key = key_of(pod);
+        let Some(key) = Key::of(&pod.metadata) else {
+            return;
+        };
         let mut ips = netpol::model::status_ips(pod);
         ips.sort();
         if self
@@ -249,7 +193,7 @@ impl Cluster {
         if self.admitted.is_empty() {
             return;
         }
-        let pods = &self.pods.known;
+        let pods = self.pods.known();
         let mut holders: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for ip in pods.values().flat_map(|pod| &pod.ips) {
             *holders.entry(*ip).or_default() += 1;
@@ -266,7 +210,7 @@ impl Cluster {
     }
 
     fn listed(&self) -> bool {
-        self.pods.listed_once && self.namespaces.listed_once && self.policies.listed_once
+        self.pods.listed_once() && self.namespaces.listed_once() && self.policies.listed_once()
     }
 
     fn snapshot(&self) -> netpol::Snapshot {
@@ -279,7 +223,7 @@ impl Cluster {
         let claimed: BTreeSet<IpAddr> = standing.values().copied().flatten().copied().collect();
         let pods = self
             .pods
-            .known
+            .known()
             .iter()
             .map(|(key, pod)| {
                 let mut pod = pod.clone();
@@ -292,8 +236,8 @@ impl Cluster {
             .collect();
         netpol::Snapshot {
             pods,
-            namespaces: self.namespaces.known.values().cloned().collect(),
-            policies: self.policies.known.values().cloned().collect(),
+            namespaces: self.namespaces.known().values().cloned().collect(),
+            policies: self.policies.known().values().cloned().collect(),
         }
     }
 }
@@ -323,10 +267,16 @@ where
 
 /// Enforces policy until the task is aborted (watch errors are retried
 /// with backoff), answering the pods' ADDs at `gate`.
-pub async fn run(client: kube::Client, options: Options, mut gate: Option<Gate>, metrics: Metrics) {
+pub async fn run(
+    client: kube::Client,
+    options: Options,
+    mut gate: Option<Gate>,
+    metrics: Metrics,
+    pods: PodEvents,
+) {
     let mut events = stream::select(
         stream::select(
-            watch::<Pod>(&client).map(|event| Watch::Pod(Box::new(event))),
+            pods.map(Watch::Pod),
             watch::<Namespace>(&client).map(Watch::Namespace),
         ),
         watch::<NetworkPolicy>(&client).map(Watch::Policy),
@@ -626,9 +576,12 @@ mod tests {
     #[test]
     fn addresses_an_add_reported_are_the_pods_until_its_status_has_them() {
         let mut cluster = Cluster::new("n1");
-        cluster.pods.known.insert(key("new"), pod("new", &[]));
+        cluster.pods.known_mut().insert(key("new"), pod("new", &[]));
         // A former pod whose object outlived its sandbox, and its address.
-        cluster.pods.known.insert(key("old"), pod("old", &["10.244.1.5"]));
+        cluster
+            .pods
+            .known_mut()
+            .insert(key("old"), pod("old", &["10.244.1.5"]));
         cluster.admit(
             key("new"),
             vec!["fd00::5".parse().expect("ip"), "10.244.1.5".parse().expect("ip")],
@@ -641,19 +594,22 @@ mod tests {
         );
 
         // A status with one family only has not caught up.
-        cluster.pods.known.insert(key("new"), pod("new", &["10.244.1.5"]));
+        cluster
+            .pods
+            .known_mut()
+            .insert(key("new"), pod("new", &["10.244.1.5"]));
         cluster.settle_admitted();
         assert_eq!(cluster.admitted.len(), 1);
         cluster
             .pods
-            .known
+            .known_mut()
             .insert(key("new"), pod("new", &["fd00::5", "10.244.1.5"]));
         cluster.settle_admitted();
         assert!(
             !cluster.admitted.is_empty(),
             "the former pod's status still shows the address"
         );
-        cluster.pods.known.insert(key("old"), pod("old", &[]));
+        cluster.pods.known_mut().insert(key("old"), pod("old", &[]));
         cluster.settle_admitted();
         assert!(
             cluster.admitted.is_empty(),
@@ -677,8 +633,11 @@ mod tests {
         // The real web, on another node, and a pod isolated here.
         let mut web = pod("web", &["10.244.2.7"]);
         web.node = Some("n2".into());
-        cluster.pods.known.insert(key("web"), web);
-        cluster.pods.known.insert(key("db"), pod("db", &["10.244.1.9"]));
+        cluster.pods.known_mut().insert(key("web"), web);
+        cluster
+            .pods
+            .known_mut()
+            .insert(key("db"), pod("db", &["10.244.1.9"]));
         let before = cluster.snapshot();
 
         // A report naming the web bound elsewhere, with an address of ours.
@@ -699,7 +658,7 @@ mod tests {
         assert_eq!(after.pods, before.pods);
 
         // The ghost's object comes, bound here: its report stands now.
-        cluster.pods.known.insert(key("ghost"), pod("ghost", &[]));
+        cluster.pods.known_mut().insert(key("ghost"), pod("ghost", &[]));
         let now = cluster.snapshot();
         assert_eq!(ips_of(&now, "ghost"), ["10.244.1.9"]);
         assert!(
@@ -712,7 +671,7 @@ mod tests {
     #[test]
     fn a_deleted_pods_claim_goes_with_it_unless_a_later_pod_of_its_name_made_it() {
         use k8s_openapi::api::core::v1::{Pod, PodIP, PodStatus};
-        let deleted = |ips: &[&str]| -> Box<Result<Event<Pod>, watcher::Error>> {
+        let deleted = |ips: &[&str]| -> PodEvent {
             let mut pod = Pod::default();
             pod.metadata.namespace = Some("a".into());
             pod.metadata.name = Some("web".into());
@@ -720,7 +679,7 @@ mod tests {
                 pod_ips: Some(ips.iter().map(|ip| PodIP { ip: (*ip).into() }).collect()),
                 ..PodStatus::default()
             });
-            Box::new(Ok(Event::Delete(pod)))
+            std::sync::Arc::new(Event::Delete(pod))
         };
         let mut cluster = Cluster::new("n1");
         let claim = |cluster: &mut Cluster| {
@@ -763,10 +722,13 @@ mod tests {
             "not listed"
         );
 
-        cluster.pods.listed_once = true;
-        cluster.namespaces.listed_once = true;
-        cluster.policies.listed_once = true;
-        cluster.pods.known.insert(key("web"), pod("web", &["10.244.1.5"]));
+        cluster.pods.mark_listed();
+        cluster.namespaces.mark_listed();
+        cluster.policies.mark_listed();
+        cluster
+            .pods
+            .known_mut()
+            .insert(key("web"), pod("web", &["10.244.1.5"]));
         let (unsynced, mut unsynced_rx) = waiting("web", false, later);
         let (unseen, mut unseen_rx) = waiting("unseen", true, later);
         let (synced, mut synced_rx) = waiting("web", true, later);
@@ -786,7 +748,7 @@ mod tests {
         // to answer for.
         let mut elsewhere = pod("moved", &["10.244.1.7"]);
         elsewhere.node = Some("n2".into());
-        cluster.pods.known.insert(key("moved"), elsewhere);
+        cluster.pods.known_mut().insert(key("moved"), elsewhere);
         let (moved, mut moved_rx) = waiting("moved", true, later);
         let mut list = vec![moved];
         answer_waiting(&mut list, &cluster, None, &metrics);
@@ -794,7 +756,7 @@ mod tests {
             moved_rx.try_recv().is_err() && list.len() == 1,
             "waits for its binding"
         );
-        if let Some(pod) = cluster.pods.known.get_mut(&key("moved")) {
+        if let Some(pod) = cluster.pods.known_mut().get_mut(&key("moved")) {
             pod.node = Some("n1".into());
         }
         answer_waiting(&mut list, &cluster, None, &metrics);
