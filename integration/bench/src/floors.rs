@@ -23,8 +23,7 @@ pub(crate) fn floors(out: &mut Outcome, n: usize) {
         trues.push(exec(&ns, Path::new("/bin/true"), &[], &[], ""));
         let id = format!("floor-{i}");
         let address: ipnetwork::IpNetwork = format!("10.78.0.{}/16", i % 250 + 2).parse().expect("address");
-        let setup =
-            bridge::rules::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
+        let setup = bridge::rules::iptables::render_setup(firewall::Family::V4, "floor", &id, &[address]);
         adds.push(exec(
             &ns,
             Path::new("/usr/sbin/iptables-restore"),
