@@ -150,7 +150,7 @@ integration: build fault-bin cnitool
 check-install: build
 	integration/tools/check-install.sh
 
-# The suite and Debian's reference plugins side by side (see README):
+# The suite and Debian's reference plugins side by side (see docs/bench/README.md):
 # medians, ratios, a chart and a report under bench-results/. Fails on a
 # failure, duplicate address or leak, never on a timing.
 # perf is best effort: Debian calls it linux-perf; elsewhere it may not
@@ -178,17 +178,17 @@ bench-cluster: image kubernetes
 	$(CLUSTER_KUBECTL) wait --for=condition=Ready node --all --timeout=180s && \
 	CNI_SUITE_BIN_DIR=$(CURDIR)/$(RELEASE_DIR) target/release/cluster-bench --out bench-results $(CLUSTER_BENCH_ARGS)
 
-# The README's bench tables, generated from the runs they show: `make
-# bench`, then this, which keeps those runs' reports, chart and JSON in
-# docs/bench.
+# docs/bench/README.md's bench tables, generated from the runs they show:
+# `make bench`, then this, which keeps those runs' reports, chart and JSON
+# in docs/bench (run from there, so the tables link their JSON beside them).
 bench-readme:
 	cargo build --release --locked -p cni-bench --bin cni-bench --bin cluster-bench
 	install -d docs/bench
 	cp bench-results/run.json bench-results/report.md bench-results/latency.svg docs/bench/
 	cp bench-results/cluster.json bench-results/cluster.md docs/bench/
-	target/release/cni-bench --update-readme README.md --from docs/bench/run.json
-	target/release/cluster-bench --update-readme README.md --from docs/bench/cluster.json \
-		$(if $(wildcard docs/bench/cluster-policy.json),--from docs/bench/cluster-policy.json)
+	cd docs/bench && ../../target/release/cni-bench --update-readme README.md --from run.json
+	cd docs/bench && ../../target/release/cluster-bench --update-readme README.md --from cluster.json \
+		$(if $(wildcard docs/bench/cluster-policy.json),--from cluster-policy.json)
 
 # The same program, tiny, so the bench keeps working (no timing is judged).
 bench-smoke: build

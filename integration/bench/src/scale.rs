@@ -858,7 +858,7 @@ pub fn json(
     })
 }
 
-/// The rows of a run's JSON document, for the README.
+/// The rows of a run's JSON document, for docs/bench/README.md.
 pub fn rows_from_json(doc: &Value) -> Result<Vec<Row>, String> {
     let rows = doc["rows"].as_array().ok_or("no rows in the run's JSON")?;
     rows.iter()

@@ -7,8 +7,8 @@
 //! table, writes `cluster.md` and `cluster.json` under `--out`; exits
 //! non-zero when a step fails, never on a timing.
 //!
-//! `cluster-bench --update-readme README.md --from docs/bench/cluster.json`
-//! regenerates the README's cluster table from a run's JSON; a second
+//! `cluster-bench --update-readme docs/bench/README.md --from docs/bench/cluster.json`
+//! regenerates docs/bench/README.md's cluster table from a run's JSON; a second
 //! `--from` adds a phase run alone afterwards (`--only policy`).
 //! `cluster-bench --connect ADDRESS:PORT COUNT` is the bench itself, run
 //! inside a pod's namespace: COUNT new connections, each one's time.
@@ -39,7 +39,7 @@ const WIDE_POD_CIDRS: &str = "10.224.0.0/11,fd00:10:224::/48";
 fn usage() -> ! {
     eprintln!(
         "usage: cluster-bench [--only sandbox|scale|policy] [--burst-pods N] [--burst-rounds N]\n                     [--nodes N] [--additions N] [--no-op-updates N] [--connects N]\n                     [--policy-pods N] [--policy-sizes N,N] [--policy-trials N] [--out DIR]\n       \
-         cluster-bench --update-readme README.md --from RUN.json [--from RUN.json]\n       \
+         cluster-bench --update-readme docs/bench/README.md --from RUN.json [--from RUN.json]\n       \
          cluster-bench --connect ADDRESS:PORT COUNT\n       \
          cluster-bench --probe ADDRESS:PORT open|closed\n       \
          cluster-bench --nfqueue-reader QUEUE"

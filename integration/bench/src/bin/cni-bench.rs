@@ -8,8 +8,10 @@
 //! SIGTERM or SIGINT stops a run at its next step with everything it made
 //! removed, and it fails.
 //!
-//! `cni-bench --update-readme README.md --from docs/bench/run.json`
-//! regenerates the README's table from a run's JSON line.
+//! `cni-bench --update-readme docs/bench/README.md --from docs/bench/run.json`
+//! regenerates docs/bench/README.md's table from a run's JSON line
+//! (`make bench-readme` runs it in docs/bench, where the table's link to
+//! `run.json` resolves).
 //!
 //! The policy-path phase runs this same program inside its namespaces:
 //! `--connect ADDRESS:PORT COUNT` (timed connections from a pod),
@@ -31,7 +33,7 @@ const README_END: &str = "<!-- bench-table:end -->";
 fn usage() -> ! {
     eprintln!(
         "usage: cni-bench [--pods N] [--repeats N] [--full-leases N] [--only PHASE] [--out DIR]\n       \
-         cni-bench --update-readme README.md --from RUN.json\n       \
+         cni-bench --update-readme docs/bench/README.md --from RUN.json\n       \
          cni-bench --connect ADDRESS:PORT COUNT | --accept ADDRESS:PORT | --nfqueue-reader QUEUE"
     );
     std::process::exit(2)
