@@ -359,3 +359,66 @@ pub fn egress_returns(nat_rules: &str) -> Vec<String> {
         .filter_map(|l| l.split_whitespace().nth(3).map(str::to_owned))
         .collect()
 }
+
+/// A lab node with the agent of its Node object `n1` ready: the API test
+/// server in the node's namespace serving `n1` (pod CIDR 10.244.1.0/24,
+/// InternalIP 10.250.0.11 on the [`uplink`], or the node's loopback without
+/// one), and the agent reaching it on the loopback. Fields drop in order:
+/// the agent (SIGTERMed), the server, then the node.
+#[derive(Debug)]
+pub struct ReadyNode {
+    pub agent: Agent,
+    pub server: ApiServer,
+    pub node: Node,
+}
+
+/// Builds a [`ReadyNode`]: `AgentFixture::new(token).uplink().settings(&[...]).start()`.
+#[derive(Debug)]
+pub struct AgentFixture<'a> {
+    token: &'a str,
+    uplink: bool,
+    settings: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> AgentFixture<'a> {
+    /// A node without an uplink (`n1`'s InternalIP its loopback), the agent
+    /// with the default settings, the service account holding `token`.
+    pub fn new(token: &'a str) -> Self {
+        AgentFixture {
+            token,
+            uplink: false,
+            settings: Vec::new(),
+        }
+    }
+
+    /// The node has its [`uplink`], `n1`'s InternalIP on it.
+    pub fn uplink(mut self) -> Self {
+        self.uplink = true;
+        self
+    }
+
+    /// Settings the agent adds or overrides (as [`agent_env`]'s `extra`).
+    pub fn settings(mut self, settings: &[(&'a str, &'a str)]) -> Self {
+        self.settings.extend_from_slice(settings);
+        self
+    }
+
+    /// The node, the server with `n1` applied, and the agent, once ready
+    /// (within 20 s).
+    pub fn start(self) -> ReadyNode {
+        let node = lab_node();
+        let internal_ip = if self.uplink {
+            uplink(&node);
+            "10.250.0.11"
+        } else {
+            "127.0.0.1"
+        };
+        let server = ApiServer::start(node.netns.path(), self.token);
+        server.apply_node(node_object("n1", &["10.244.1.0/24"], &[internal_ip]));
+        let agent = Agent::start(&node, "n1", &server, "127.0.0.1", self.token, &self.settings);
+        crate::wait_for("readiness", std::time::Duration::from_secs(20), || {
+            agent.ready(&node)
+        });
+        ReadyNode { agent, server, node }
+    }
+}

@@ -14,11 +14,10 @@ use std::time::Duration;
 use agent_wire::policy::{Admission, Answer};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, lab_node, node_object, probe};
+use test_kit::node_agent::{Agent, lab_node, node_object, probe, uplink};
 use test_kit::{Node, require_root, wait_for};
 
-use super::agent_metrics::{sample, scrape};
-use super::node_agent::uplink;
+use crate::common::{sample, scrape};
 
 const TOKEN: &str = "limits-token";
 const POLICY_ON: (&str, &str) = ("NETWORK_POLICY", "true");

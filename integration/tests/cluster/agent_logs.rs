@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{
-    Agent, host_bin, host_conflist, host_log_socket, kind_node, kindnet_conflist, lab_node, node_object,
+    Agent, AgentFixture, ReadyNode, host_bin, host_conflist, host_log_socket, kind_node, kindnet_conflist,
+    node_object,
 };
-
-use crate::node_agent::uplink;
 use test_kit::{Node, require_root, wait_for};
 
 const TOKEN: &str = "agent-token";
@@ -56,12 +55,11 @@ fn outcome_of<'a>(lines: &'a [Value], plugin: &str, verb: &str, container: &str,
 #[test]
 fn the_agents_log_shows_each_add_and_del_with_its_pod_and_outcome() {
     require_root();
-    let node = lab_node();
-    uplink(&node);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[]);
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode {
+        node,
+        server: _server,
+        mut agent,
+    } = AgentFixture::new(TOKEN).uplink().start();
     let socket = host_log_socket(&node);
     let conflist: Value =
         serde_json::from_str(&std::fs::read_to_string(host_conflist(&node)).expect("conflist"))

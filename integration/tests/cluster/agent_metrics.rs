@@ -5,49 +5,16 @@
 //! the lease service's included (it counts what it answers and tells the
 //! agent on each scrape).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{Agent, host_bin, host_leases, lab_node, node_object};
-use test_kit::{Node, require_root, wait_for};
+use test_kit::node_agent::{Agent, AgentFixture, ReadyNode, host_bin, host_leases, lab_node, node_object};
+use test_kit::{require_root, wait_for};
 
-use super::node_agent::uplink;
+use crate::common::{sample, scrape};
 
 const TOKEN: &str = "metrics-token";
-
-/// GET /metrics of `agent`: the Content-Type and the body.
-pub(crate) fn scrape(node: &Node, agent: &Agent) -> (String, String) {
-    let ns = netns::NetNs::open(node.netns.path()).expect("netns");
-    let mut stream = ns
-        .run(|| TcpStream::connect(("127.0.0.1", agent.health)))
-        .expect("enter")
-        .expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("request");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    let content_type = head
-        .lines()
-        .find_map(|line| line.strip_prefix("Content-Type: "))
-        .expect("a Content-Type")
-        .to_owned();
-    (content_type, body.to_owned())
-}
-
-/// The value of the sample `series` (a name with its labels, as the
-/// exposition writes them), if there is one.
-pub(crate) fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
-}
 
 /// [`sample`], which must be there.
 fn value(exposition: &str, series: &str) -> f64 {
@@ -57,13 +24,12 @@ fn value(exposition: &str, series: &str) -> f64 {
 #[test]
 fn the_agents_metrics_count_its_install_syncs_and_the_leases_its_service_answered() {
     require_root();
-    let node = lab_node();
     // The pods' bridge takes its MTU (the loopback's would be refused).
-    uplink(&node);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &[]);
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode {
+        node,
+        server: _server,
+        agent,
+    } = AgentFixture::new(TOKEN).uplink().start();
     // The agent's child serves the lease directory: the pods' leases are
     // its to count.
     wait_for("the lease service", Duration::from_secs(10), || {

@@ -10,13 +10,12 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{
-    Agent, block_rules_policy, host_bin, host_conflist, host_policy_socket, lab_node, node_object,
+    Agent, block_rules_policy, host_bin, host_conflist, host_policy_socket, lab_node, node_object, uplink,
 };
 use test_kit::probe::{Held, Probe};
 use test_kit::{Netns, Node, Run, require_root, wait_for};
 
-use super::agent_metrics::{sample, scrape};
-use super::node_agent::uplink;
+use crate::common::{sample, scrape};
 
 const TOKEN: &str = "policy-token";
 const PORT: u16 = 5432;

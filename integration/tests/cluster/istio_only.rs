@@ -17,8 +17,7 @@ use test_kit::node_agent::{
 };
 use test_kit::{Node, require_root, wait_for};
 
-use crate::agent_metrics::sample;
-use crate::node_agent::{bare_conf, bin_dir_snapshot, plugin_types};
+use crate::common::{bare_conf, bin_dir_snapshot, plugin_types, sample};
 
 const TOKEN: &str = "istio-token";
 

@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use test_kit::cluster::{AGENT, Cluster, Namespace, condition_of, deploy_dir, poll};
 
-use crate::agent_metrics::sample;
-use crate::node_agent::plugin_types_in;
-use crate::real_cluster::{
-    Reinstalled, agent_of, injected_pod, installed, patch_settings, rolling_update_with_churn, settled,
-    validating_pod, validation_failed, validation_runs,
+use crate::common::{
+    Reinstalled, agent_of, injected_pod, installed, patch_settings, plugin_types_in,
+    rolling_update_with_churn, sample, settled, validating_pod, validation_failed, validation_runs,
 };
 
 const ISTIO_ONLY: &str = "istio-cni.yaml";
