@@ -621,9 +621,23 @@ pub fn services_under(dir: &Path) -> Vec<u32> {
     services(|_, socket| socket.starts_with(dir))
 }
 
+/// The mount points at or below `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut under: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(1))
+        .map(PathBuf::from)
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    under.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    under
+}
+
 /// Services a plugin started on this node end with it: those in its
 /// network namespace (plugins run there, and so do the services they
 /// start, whatever mount namespace they see their data directory in).
+/// So does what was mounted under its directory.
 impl Drop for Node {
     fn drop(&mut self) {
         use std::os::unix::fs::MetadataExt;
@@ -636,6 +650,12 @@ impl Drop for Node {
         };
         for pid in services(in_node) {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        // A filesystem a test mounted under the node's directory (a small
+        // tmpfs to fill) may outlive the node when declared before it: its
+        // mount would keep the directory from being removed.
+        for mount_point in mounts_under(self.dir.path()) {
+            let _ = Command::new("umount").arg("-l").arg(&mount_point).status();
         }
     }
 }
