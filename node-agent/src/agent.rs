@@ -325,7 +325,9 @@ impl Running {
             }
             Step::StopPluginLogs => {
                 if let Some(plugin_logs) = self.plugin_logs.take() {
-                    blocking(move || plugin_logs.stop()).await.unwrap_or_default();
+                    blocking_as(STOPPING_PLUGIN_LOGS, move || plugin_logs.stop())
+                        .await
+                        .unwrap_or_default();
                 }
             }
             Step::RemoveRoutes => blocking(uninstall::remove_routes).await.unwrap_or_default(),
@@ -382,13 +384,23 @@ enum Flow {
     Done,
 }
 
-/// Runs a step that blocks on a thread of its own; None (logged) when
-/// the thread panicked.
+/// How a failed step is logged: every step but one is uninstall's; the
+/// plugins' log socket also stops on a plain stop.
+const UNINSTALLING: &str = "uninstalling";
+const STOPPING_PLUGIN_LOGS: &str = "stopping the plugins' log records";
+
+/// Runs an uninstall step that blocks on a thread of its own; None
+/// (logged) when the thread panicked.
 async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    blocking_as(UNINSTALLING, step).await
+}
+
+/// [`blocking`], its failure logged as `what`.
+async fn blocking_as<T: Send + 'static>(what: &str, step: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     match tokio::task::spawn_blocking(step).await {
         Ok(done) => Some(done),
         Err(e) => {
-            log::error!("uninstalling: {e}");
+            log::error!("{what}: {e}");
             None
         }
     }
