@@ -56,7 +56,7 @@ pub enum Verb {
 #[derive(Debug, Args)]
 pub struct Ipam {
     /// host-local's dataDir.
-    #[arg(long, global = true, default_value = lease::DEFAULT_DATA_DIR)]
+    #[arg(long, global = true, default_value = ipam_config::lease_settings::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// A lease service to ask before the data directory's own
     /// (<dataDir>/.sled/.service.sock), which is asked whenever one runs.

@@ -168,7 +168,8 @@ pub fn run(cli: &Cli) -> Result<Report, Failure> {
 /// opens the database directly under the network's lock.
 fn run_ipam(args: &Ipam) -> Result<Report, Failure> {
     use cni::skel::Reply;
-    use lease::{AdminOp, Call, Route, SocketSetting};
+    use ipam_config::lease_settings::SocketSetting;
+    use lease::{AdminOp, Call, Route};
     let fail = |e: cni::Error| Failure::new(libcni::Error::Invalid(e), None);
     let (kind, network, op) = match &args.command {
         IpamCommand::Ls { network } => (IpamKind::List, network, AdminOp::List),

@@ -142,7 +142,7 @@ impl Agent {
         let metrics = Metrics::new(
             settings
                 .own_network
-                .then(|| lease::data_dir_socket(&settings.lease_dir)),
+                .then(|| ipam_config::lease_settings::data_dir_socket(&settings.lease_dir)),
         );
         let probes = health::serve(settings.health_listen, health.clone(), metrics.clone()).await?;
         // Settings that cannot work fail the start before anything is changed.

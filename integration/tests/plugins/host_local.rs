@@ -792,7 +792,7 @@ fn the_service_accepts_a_socket_from_the_service_manager() {
 fn systemds_socket_at_the_data_directory_serves_it() {
     let node = Node::new();
     let data_dir = node.path("data");
-    let socket = lease::data_dir_socket(&data_dir);
+    let socket = ipam_config::lease_settings::data_dir_socket(&data_dir);
     let parent = socket.parent().expect("in .sled");
     fs::DirBuilder::new()
         .recursive(true)

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use cni::skel::{Reply, dispatch};
 use ipam::store::{ClaimHook, Stores};
+use ipam_config::lease_settings::{DEFAULT_DATA_DIR, data_dir_socket};
+use lease::Call;
 use lease::server::{self, Claimer, Handler, Service, Stopper, Unclaimed};
-use lease::{Call, DEFAULT_DATA_DIR};
 
 use crate::plugin::HostLocal;
 
@@ -77,7 +78,7 @@ const USAGE: &str = "usage: host-local serve [--socket PATH] [--idle-exit SECOND
     --idle-exit  exit after this long without a request, detached from whoever started it";
 
 pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
-    let mut socket = lease::data_dir_socket(Path::new(DEFAULT_DATA_DIR));
+    let mut socket = data_dir_socket(Path::new(DEFAULT_DATA_DIR));
     let mut idle_exit = None;
     while let Some(arg) = args.next() {
         match arg.to_str() {

@@ -83,17 +83,30 @@ pub fn gc(req: &Request) -> Result<Gc> {
     Ok(Gc { cfg, valid })
 }
 
-/// Everything `command` checks before it needs the store, the store's
-/// directories included ([`Paths::check_place`]): what a caller runs
-/// before it starts or asks a lease service.
-pub fn before_store(command: Command, req: &Request) -> Result<()> {
-    let cfg = match command {
-        Command::Add => add(req)?.cfg,
-        Command::Check => check(req)?.cfg,
-        Command::Gc => gc(req)?.cfg,
-        Command::Del | Command::Status => configuration(req)?,
-        Command::Version => return Ok(()),
-    };
+/// The configuration as `command` checks it before the store: ADD, CHECK
+/// and GC with what else they read, DEL, STATUS and VERSION alone.
+pub fn verb(command: Command, req: &Request) -> Result<IpamConfig> {
+    match command {
+        Command::Add => Ok(add(req)?.cfg),
+        Command::Check => Ok(check(req)?.cfg),
+        Command::Gc => Ok(gc(req)?.cfg),
+        Command::Del | Command::Status | Command::Version => configuration(req),
+    }
+}
+
+/// Where the store's directories are or would be made
+/// ([`Paths::check_place`]), for a configuration already checked.
+pub fn store_place(cfg: &IpamConfig) -> Result<()> {
     Paths::new(&cfg.data_dir, &cfg.network)?.check_place()?;
     Ok(())
+}
+
+/// Everything `command` checks before it needs the store, the store's
+/// directories included: what a caller runs before it starts or asks a
+/// lease service.
+pub fn before_store(command: Command, req: &Request) -> Result<()> {
+    if command == Command::Version {
+        return Ok(());
+    }
+    store_place(&verb(command, req)?)
 }

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::Error;
 use crate::range::{RangeConf, RangeSet};
 
-use lease::DEFAULT_DATA_DIR;
+use crate::lease_settings::{DEFAULT_DATA_DIR, SocketSetting};
 
 /// The reference's `Range`: a range set's entries, and the legacy keys of
 /// `ipam` itself (Go embeds it in `IPAMConfig`).
@@ -69,6 +69,8 @@ pub struct IpamConfig {
     pub range_sets: Vec<RangeSet>,
     pub routes: Vec<Route>,
     pub data_dir: PathBuf,
+    /// The lease service the operator named, if any (`socket`).
+    pub socket: SocketSetting,
     pub resolv_conf: Option<PathBuf>,
     /// Requested addresses from the first source that names any.
     pub requested: Vec<IpAddr>,
@@ -87,9 +89,8 @@ struct IpamSection {
     data_dir: String,
     #[serde(default)]
     resolv_conf: String,
-    /// Read by `lease::LeaseSettings`; here only checked to be a string.
-    #[serde(default, rename = "socket")]
-    _socket: Option<String>,
+    #[serde(default)]
+    socket: Option<String>,
 }
 
 fn config_error(msg: impl Into<String>) -> Error {
@@ -161,6 +162,7 @@ impl IpamConfig {
             } else {
                 &section.data_dir
             }),
+            socket: SocketSetting::parse(section.socket.as_deref()),
             resolv_conf: (!section.resolv_conf.is_empty()).then(|| PathBuf::from(section.resolv_conf)),
             requested: requested_addresses(conf, cni_args)?,
         })
@@ -223,7 +225,7 @@ pub fn parse_resolv_conf(text: &str) -> Dns {
 
 #[cfg(test)]
 mod tests {
-    use lease::LeaseSettings;
+    use crate::lease_settings::LeaseSettings;
     use serde_json::json;
 
     use super::*;
@@ -255,6 +257,7 @@ mod tests {
         assert_eq!(c.range_sets.len(), 1);
         assert_eq!(c.range_sets[0].0[0].gateway, ip("10.1.0.1"));
         assert!(c.requested.is_empty() && c.routes.is_empty() && c.resolv_conf.is_none());
+        assert_eq!(c.socket, SocketSetting::Unset);
     }
 
     #[test]
@@ -274,6 +277,7 @@ mod tests {
         assert_eq!(c.range_sets[1].0[0].gateway, ip("10.1.0.254"));
         assert_eq!(c.routes[1].priority, 5);
         assert_eq!(c.data_dir, PathBuf::from("/run/ipam"));
+        assert_eq!(c.socket, SocketSetting::Off);
     }
 
     #[test]

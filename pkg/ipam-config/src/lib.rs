@@ -6,8 +6,11 @@
 //! - [`config`]: the reference plugin's keys, checks and messages.
 //! - [`range`]: ranges, range sets, the round-robin walk, and which set a
 //!   requested address goes to.
-//! - [`paths`]: where a network's state lives, and whether that place is
-//!   trusted.
+//! - [`lease_settings`]: which lease service and data directory a
+//!   configuration names, read from raw stdin by a caller that routes a
+//!   request before it parses it.
+//! - [`paths`]: where a network's state lives, and [`trust`]: whether a
+//!   directory may be used.
 //! - [`checks`]: every check of a verb that needs no lease, run before a
 //!   lease service is started or asked and before the store makes anything.
 
@@ -15,8 +18,10 @@
 
 pub mod checks;
 pub mod config;
+pub mod lease_settings;
 pub mod paths;
 pub mod range;
+pub mod trust;
 
 use cni::error::plugin_codes;
 

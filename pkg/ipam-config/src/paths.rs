@@ -1,6 +1,6 @@
 //! Where a network's state lives under the data directory, and whether
 //! that place may be used: the store's directories are made only where
-//! nobody but root and this user can change them (see [`lease::trust`]),
+//! nobody but root and this user can change them (see [`crate::trust`]),
 //! never through a symlink. Judged before the store opens anything, by the
 //! store and by every caller that checks an invocation first.
 
@@ -8,7 +8,7 @@ use std::fs::DirBuilder;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use lease::trust::{self, Refusal};
+use crate::trust::{self, Refusal};
 
 use crate::Error;
 
@@ -279,12 +279,12 @@ mod tests {
     use super::*;
 
     /// The data directory's service listens among the databases it keeps
-    /// open (`lease` names its socket without knowing the store).
+    /// open (named without knowing the store).
     #[test]
     fn the_services_socket_is_in_the_stores_directory() {
         let data_dir = Path::new("/var/lib/cni/networks");
         assert_eq!(
-            lease::data_dir_socket(data_dir).parent(),
+            crate::lease_settings::data_dir_socket(data_dir).parent(),
             Some(sled_dir(data_dir).as_path())
         );
     }

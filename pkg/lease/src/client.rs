@@ -31,10 +31,10 @@ use std::time::{Duration, Instant};
 use cni::skel::Reply;
 
 use crate::served::Served;
-use crate::settings::{LeaseSettings, SocketSetting, data_dir_socket};
 use crate::socket::{self, FileId};
-use crate::trust::Refusal;
 use crate::wire::{Call, Request, Response, ServiceQuery, is_busy};
+use ipam_config::lease_settings::{LeaseSettings, SocketSetting, data_dir_socket};
+use ipam_config::trust::Refusal;
 
 /// How long a request may take along the lease path, waits for answers and
 /// for a database held elsewhere included: far more than a burst of ADDs

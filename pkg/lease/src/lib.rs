@@ -3,31 +3,27 @@
 //! its own (the store is `ipam`'s, wired in by host-local as a
 //! [`server::Handler`]).
 //!
-//! - [`settings`]: which service and data directory a configuration names.
 //! - [`wire`]: what is asked ([`Call`]) and, private, how it travels.
 //! - [`client`]: the one path a call takes ([`ask`] along a [`Route`]).
 //! - [`server`]: the service process, generic over what answers, and
 //!   [`start`]: starting one on demand, detached.
 //! - [`served`]: what a service has answered, counted by the service and
 //!   asked for by the node agent ([`client::served`]).
-//! - [`trust`] and [`socket`]: which directories, sockets and peers are
-//!   trusted.
+//! - [`socket`]: which sockets and peers are trusted (the directories:
+//!   [`ipam_config::trust`]).
 
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod served;
 pub mod server;
-pub mod settings;
 pub mod socket;
 pub mod start;
-pub mod trust;
 pub mod wire;
 
 use std::path::Path;
 
 pub use client::{PATIENCE, Route, ask};
-pub use settings::{DEFAULT_DATA_DIR, LeaseSettings, SocketSetting, data_dir_socket};
 pub use wire::{AdminOp, Call, admin_reply};
 
 /// Who serves at `socket`: the process id of a trusted service listening

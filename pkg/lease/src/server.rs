@@ -39,9 +39,9 @@ use cni::skel::Reply;
 
 use crate::client::{self, Route};
 use crate::served::{self, Tally};
-use crate::settings::data_dir_socket;
 use crate::socket::{self, open_lock_file, trusted_socket_dir};
 use crate::wire::{Call, Request, Response, ServiceQuery};
+use ipam_config::lease_settings::data_dir_socket;
 
 /// How long the service waits for a client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! Unix sockets of the lease path, on both sides: a socket is used only in
 //! a directory that nobody but root and this user can change
-//! ([`crate::trust`]), and only with a peer that is root or this user.
+//! ([`ipam_config::trust`]), and only with a peer that is root or this user.
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
@@ -10,7 +10,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
-use crate::trust::{Refusal, trusted_dir, trusted_owner};
+use ipam_config::trust::{Refusal, trusted_dir, trusted_owner};
 
 /// Longest path `sun_path` holds, its terminating NUL aside.
 const SUN_PATH_MAX: usize = 107;

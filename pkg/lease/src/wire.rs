@@ -13,7 +13,7 @@ use cni::{Code, Command, Error as CniError, Version};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::settings::LeaseSettings;
+use ipam_config::lease_settings::LeaseSettings;
 
 /// The CNI variables a plugin call carries.
 const FORWARDED_ENV: [&str; 7] = [

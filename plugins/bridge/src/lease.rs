@@ -8,7 +8,8 @@
 //! addresses. Certain means the configuration names the service
 //! (`"socket": "<path>"`: the operator says so), or, with no `socket` key,
 //! the service's process runs the very file CNI_PATH finds. `"socket": ""`
-//! always executes.
+//! always executes. host-local's configuration is parsed and checked once
+//! in this process ([`Ipam`]) and that value carried to each call of it.
 
 use std::cell::RefCell;
 use std::os::unix::fs::MetadataExt;
@@ -17,19 +18,18 @@ use std::path::PathBuf;
 use cni::exec::{delegate, find_plugin};
 use cni::skel::Reply;
 use cni::{CniResult, Command, Request, Result};
-use lease::{Call, LeaseSettings, Route, SocketSetting};
+use ipam_config::checks;
+use ipam_config::config::IpamConfig;
+use ipam_config::lease_settings::SocketSetting;
+use lease::{Call, Route};
 
 const HOST_LOCAL: &str = "host-local";
 
-/// The lease path, when a service may answer instead of the host-local
-/// process (see the module docs).
-fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Route> {
-    if ipam_type != HOST_LOCAL {
-        return None;
-    }
-    let settings = LeaseSettings::read(stdin)?;
-    let route = Route::new(&settings.socket, &settings.data_dir);
-    match settings.socket {
+/// The lease path for a checked host-local configuration, when a service
+/// may answer instead of the host-local process (see the module docs).
+fn lease_route(cfg: &IpamConfig, cni_path: &[PathBuf]) -> Option<Route> {
+    let route = Route::new(&cfg.socket, &cfg.data_dir);
+    match cfg.socket {
         SocketSetting::Named(_) => Some(route),
         SocketSetting::Off => None,
         SocketSetting::Unset => {
@@ -39,39 +39,91 @@ fn lease_route(ipam_type: &str, stdin: &[u8], cni_path: &[PathBuf]) -> Option<Ro
     }
 }
 
-/// host-local's ADD, checked in-process before ADD changes anything
-/// (`ipam_config::checks::add`: the configuration, CNI_ARGS, the network's name
-/// as a file name, resolvConf, requested addresses against the ranges): a
-/// bad range or CNI_ARGS then leaves no bridge or veth behind, with
-/// host-local's own error. Where the store's directories are is left to
-/// the host-local that runs: the one in CNI_PATH may be the reference's,
-/// which keeps none of ours. Other IPAM plugins check theirs when they run
-/// (dhcp needs the pod's interface to exist first).
-pub fn validate(ipam_type: Option<&str>, req: &Request) -> Result<()> {
-    if ipam_type == Some(HOST_LOCAL) {
-        ipam_config::checks::add(req)?;
-    }
-    Ok(())
+/// The bridge's IPAM plugin for one invocation, with host-local's
+/// configuration checked once and carried to each call of it.
+pub struct Ipam<'a> {
+    plugin: &'a str,
+    /// host-local's configuration as its checks passed it; None for
+    /// another plugin, or for a call those checks refused (host-local is
+    /// then executed and answers it, as it answers one without a service).
+    host_local: Option<IpamConfig>,
 }
 
-/// Runs `command` on the IPAM plugin; returns what it printed.
-/// A service gets the variables this process would pass to host-local:
-/// its own, with CNI_COMMAND set. A call host-local would refuse before
-/// its store (`ipam_config::checks::before_store`) asks no service: host-local is
-/// executed and answers it, as it answers one without a service.
-pub fn call(ipam_type: &str, command: Command, req: &Request) -> Result<Vec<u8>> {
-    let execute = || delegate(ipam_type, command, &req.stdin, &req.env.path);
-    let Some(route) = lease_route(ipam_type, &req.stdin, &req.env.path) else {
-        return execute();
-    };
-    if let Err(refused) = ipam_config::checks::before_store(command, req) {
-        log::debug!("host-local answers this {} itself: {refused}", command.as_str());
-        return execute();
+impl<'a> Ipam<'a> {
+    /// For ADD, checked in-process before ADD changes anything
+    /// (`checks::add`: the configuration, CNI_ARGS, the network's name as a
+    /// file name, resolvConf, requested addresses against the ranges): a
+    /// bad range or CNI_ARGS then leaves no bridge or veth behind, with
+    /// host-local's own error. Where the store's directories are is left to
+    /// the host-local that runs: the one in CNI_PATH may be the
+    /// reference's, which keeps none of ours. Other IPAM plugins check
+    /// theirs when they run (dhcp needs the pod's interface to exist
+    /// first).
+    pub fn validate(plugin: &'a str, req: &Request) -> Result<Self> {
+        let host_local = match plugin {
+            HOST_LOCAL => Some(checks::add(req)?.cfg),
+            _ => None,
+        };
+        Ok(Ipam { plugin, host_local })
     }
+
+    /// For any other verb: a configuration host-local refuses is its to
+    /// answer.
+    fn for_verb(plugin: &'a str, command: Command, req: &Request) -> Self {
+        let host_local = (plugin == HOST_LOCAL)
+            .then(|| checks::verb(command, req))
+            .and_then(|checked| {
+                checked
+                    .inspect_err(|refused| {
+                        log::debug!("host-local answers this {} itself: {refused}", command.as_str());
+                    })
+                    .ok()
+            });
+        Ipam { plugin, host_local }
+    }
+
+    /// Runs `command` on the IPAM plugin; returns what it printed. A
+    /// service gets the variables this process would pass to host-local:
+    /// its own, with CNI_COMMAND set. A call whose store directories
+    /// host-local would refuse (`checks::store_place`) asks no service.
+    pub fn call(&self, command: Command, req: &Request) -> Result<Vec<u8>> {
+        let execute = || delegate(self.plugin, command, &req.stdin, &req.env.path);
+        let Some(cfg) = &self.host_local else {
+            return execute();
+        };
+        let Some(route) = lease_route(cfg, &req.env.path) else {
+            return execute();
+        };
+        if let Err(refused) = checks::store_place(cfg) {
+            log::debug!("host-local answers this {} itself: {refused}", command.as_str());
+            return execute();
+        }
+        ask(&route, command, req, &execute)
+    }
+
+    /// ADD: the IPAM result, read whatever version it was printed in.
+    pub fn add(&self, req: &Request) -> Result<CniResult> {
+        let stdout = self.call(Command::Add, req)?;
+        CniResult::from_slice(&stdout).map_err(|e| e.context(format!("result of {}", self.plugin)))
+    }
+}
+
+/// Runs `command` on the IPAM plugin `plugin` (see [`Ipam::call`]).
+pub fn call(plugin: &str, command: Command, req: &Request) -> Result<Vec<u8>> {
+    Ipam::for_verb(plugin, command, req).call(command, req)
+}
+
+/// `command` along `route`, with executing host-local as its last place.
+fn ask(
+    route: &Route,
+    command: Command,
+    req: &Request,
+    execute: &dyn Fn() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
     let call = Call::plugin_from_env(command, &req.stdin);
     // What an executed host-local printed, passed on as it is.
     let executed = RefCell::new(None);
-    let reply = lease::ask(&route, &call, &|_: &Call| match execute() {
+    let reply = lease::ask(route, &call, &|_: &Call| match execute() {
         Ok(stdout) => {
             executed.replace(Some(stdout));
             Reply::Done
@@ -96,7 +148,7 @@ pub fn call(ipam_type: &str, command: Command, req: &Request) -> Result<Vec<u8>>
 /// both. A lease that was handed out but never taken (the ADD failed
 /// before it needed it) is released when this is dropped.
 pub struct Pending<'scope, 'env> {
-    ipam_type: &'env str,
+    ipam: &'env Ipam<'env>,
     req: &'env Request,
     running: Option<std::thread::ScopedJoinHandle<'scope, Result<CniResult>>>,
 }
@@ -104,13 +156,13 @@ pub struct Pending<'scope, 'env> {
 impl<'scope, 'env> Pending<'scope, 'env> {
     pub fn start(
         scope: &'scope std::thread::Scope<'scope, 'env>,
-        ipam_type: &'env str,
+        ipam: &'env Ipam<'env>,
         req: &'env Request,
     ) -> Self {
         Pending {
-            ipam_type,
+            ipam,
             req,
-            running: Some(scope.spawn(move || add(ipam_type, req))),
+            running: Some(scope.spawn(move || ipam.add(req))),
         }
     }
 
@@ -134,17 +186,11 @@ impl Drop for Pending<'_, '_> {
             return;
         };
         if let Ok(Ok(_)) = handle.join()
-            && let Err(e) = call(self.ipam_type, Command::Del, self.req)
+            && let Err(e) = self.ipam.call(Command::Del, self.req)
         {
             log::warn!("rollback: could not release the IPAM lease: {e}");
         }
     }
-}
-
-/// ADD: the IPAM result, read whatever version it was printed in.
-pub fn add(ipam_type: &str, req: &Request) -> Result<CniResult> {
-    let stdout = call(ipam_type, Command::Add, req)?;
-    CniResult::from_slice(&stdout).map_err(|e| e.context(format!("result of {ipam_type}")))
 }
 
 #[cfg(test)]
@@ -159,31 +205,31 @@ mod tests {
         std::fs::set_permissions(&host_local, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .expect("chmod");
         let path = [dir.path().to_path_buf()];
-        let named = br#"{"ipam": {"type": "host-local", "socket": "/run/x.sock", "dataDir": "/d"}}"#;
-        let route = |ipam_type, stdin: &[u8], cni_path: &[PathBuf]| {
-            lease_route(ipam_type, stdin, cni_path).map(|r| format!("{r:?}"))
+        let route = |ipam: serde_json::Value, cni_path: &[PathBuf]| {
+            let mut ipam = ipam;
+            ipam["subnet"] = "10.0.0.0/24".into();
+            let doc = serde_json::json!({"cniVersion": "1.0.0", "name": "net", "ipam": ipam});
+            let conf = cni::NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf");
+            let cfg = IpamConfig::load(&conf, &cni::CniArgs::default()).expect("checked");
+            lease_route(&cfg, cni_path).map(|r| format!("{r:?}"))
         };
-        let named_route = route("host-local", named, &path).expect("named");
+        let named = serde_json::json!({"socket": "/run/x.sock", "dataDir": "/d"});
+        let named_route = route(named, &path).expect("named");
         assert!(
             named_route.contains("/run/x.sock") && !named_route.contains("binary: Some"),
             "{named_route}"
         );
-        assert_eq!(route("dhcp", named, &path), None);
         assert_eq!(
-            route(
-                "host-local",
-                br#"{"ipam": {"socket": "", "dataDir": "/d"}}"#,
-                &path
-            ),
+            route(serde_json::json!({"socket": "", "dataDir": "/d"}), &path),
             None
         );
-        let unset = route("host-local", br#"{"ipam": {"dataDir": "/d"}}"#, &path).expect("unset");
+        let unset = route(serde_json::json!({"dataDir": "/d"}), &path).expect("unset");
         assert!(
             unset.contains("binary: Some"),
             "only a service run from CNI_PATH's file: {unset}"
         );
         assert_eq!(
-            route("host-local", br#"{"ipam": {}}"#, &[]),
+            route(serde_json::json!({}), &[]),
             None,
             "no host-local to compare with"
         );

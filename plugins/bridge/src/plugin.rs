@@ -144,7 +144,11 @@ impl Plugin for Bridge {
 
     fn add(&self, req: &Request, att: &Attachment) -> Result<CniResult> {
         let cfg = BridgeConfig::load(&req.conf, &req.env.args()?)?;
-        lease::validate(cfg.ipam_type.as_deref(), req)?;
+        let ipam = cfg
+            .ipam_type
+            .as_deref()
+            .map(|plugin| lease::Ipam::validate(plugin, req))
+            .transpose()?;
         let netns_path = podnet::netns_path(att)?;
         let (pod_ns, sandbox) = (podnet::open_netns(netns_path)?, netns_path.display().to_string());
         let host_nl = Netlink::connect().map_err(netlink_error)?;
@@ -159,9 +163,8 @@ impl Plugin for Bridge {
         std::thread::scope(|scope| {
             // Started before the links are made (and from this thread, in
             // the node's namespace); taken when the addresses are needed.
-            let mut pending = cfg
-                .ipam_type
-                .as_deref()
+            let mut pending = ipam
+                .as_ref()
                 .map(|ipam| (ipam, lease::Pending::start(scope, ipam, req)));
             // The bridge is shared by every pod of the node and is never undone.
             let bridge = host::pin_mac(&host_nl, host::ensure_bridge(&host_nl, &cfg)?)?;
@@ -190,9 +193,7 @@ impl Plugin for Bridge {
             if let Some((ipam, running)) = pending.take() {
                 let leased = running.wait()?;
                 undo.push("the IPAM lease", || {
-                    lease::call(ipam, Command::Del, req)
-                        .map(drop)
-                        .map_err(|e| e.to_string())
+                    ipam.call(Command::Del, req).map(drop).map_err(|e| e.to_string())
                 });
                 fault::pause("bridge:leased");
                 if leased.ips.is_empty() {

@@ -47,7 +47,7 @@ impl LeaseService {
     pub fn start(bin_dir: &Path, lease_dir: &Path) -> LeaseService {
         let (orders, mut received) = watch::channel(Order::Run(0));
         let exe = bin_dir.join("host-local");
-        let socket = lease::data_dir_socket(lease_dir);
+        let socket = ipam_config::lease_settings::data_dir_socket(lease_dir);
         let task = tokio::spawn(async move {
             let mut said_taken = false;
             loop {
@@ -142,7 +142,7 @@ impl Restarter {
 /// that one otherwise: it has no idle exit). Only a root process named
 /// `host-local` is signalled. True when there was one.
 pub fn stop_remaining(lease_dir: &Path) -> Result<bool, Error> {
-    let socket = lease::data_dir_socket(lease_dir);
+    let socket = ipam_config::lease_settings::data_dir_socket(lease_dir);
     let Some(pid) = lease::serving_pid(&socket) else {
         return Ok(false);
     };

@@ -1,9 +1,11 @@
 //! What a configuration says about the lease path: which service an
 //! operator named (`ipam.socket`) and which data directory the leases are
-//! in (`ipam.dataDir`, whose own service is asked in any case), read from the raw configuration before anything else
-//! is checked (the request is sent before it is parsed properly), as Go's
-//! decoder matches keys (case-insensitively, the last one winning, `null`
-//! as absent).
+//! in (`ipam.dataDir`, whose own service is asked in any case). A checked
+//! [`IpamConfig`](crate::config::IpamConfig) carries both; [`LeaseSettings`]
+//! reads them from the raw configuration for a caller that sends a request
+//! before it is parsed properly (host-local's process, a lease service
+//! passing a call on), as Go's decoder matches keys (case-insensitively,
+//! the last one winning, `null` as absent).
 
 use std::path::{Path, PathBuf};
 
