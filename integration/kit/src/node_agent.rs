@@ -372,12 +372,15 @@ pub struct ReadyNode {
     pub node: Node,
 }
 
-/// Builds a [`ReadyNode`]: `AgentFixture::new(token).uplink().settings(&[...]).start()`.
+/// Builds a [`ReadyNode`]: `AgentFixture::new(token).uplink().settings(&[...]).start()`,
+/// or `.on(node)` for a node the test prepared before the agent starts
+/// (another network's file written, a pod set up).
 #[derive(Debug)]
 pub struct AgentFixture<'a> {
     token: &'a str,
     uplink: bool,
     settings: Vec<(&'a str, &'a str)>,
+    node: Option<Node>,
 }
 
 impl<'a> AgentFixture<'a> {
@@ -388,7 +391,15 @@ impl<'a> AgentFixture<'a> {
             token,
             uplink: false,
             settings: Vec::new(),
+            node: None,
         }
+    }
+
+    /// The agent runs on `node`, made by [`lab_node`] and prepared by the
+    /// test, rather than on a new one.
+    pub fn on(mut self, node: Node) -> Self {
+        self.node = Some(node);
+        self
     }
 
     /// The node has its [`uplink`], `n1`'s InternalIP on it.
@@ -406,7 +417,7 @@ impl<'a> AgentFixture<'a> {
     /// The node, the server with `n1` applied, and the agent, once ready
     /// (within 20 s).
     pub fn start(self) -> ReadyNode {
-        let node = lab_node();
+        let node = self.node.unwrap_or_else(lab_node);
         let internal_ip = if self.uplink {
             uplink(&node);
             "10.250.0.11"

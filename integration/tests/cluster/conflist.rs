@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::node_agent::{agent_routes, host_bin, lab_node, node_object, uplink};
+use test_kit::node_agent::{AgentFixture, ReadyNode, agent_routes, host_bin, lab_node, node_object, uplink};
 use test_kit::{require_root, wait_for};
 
 use crate::common::{TOKEN, agent_of_n1, conflist, plugin_types, read_conflist};
@@ -98,15 +98,11 @@ fn the_agent_writes_its_nodes_configuration_and_follows_the_node() {
 fn the_first_conflist_chains_the_portmap_the_agent_installs_and_a_restart_changes_nothing() {
     require_root();
     let node = lab_node();
-    uplink(&node);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     assert!(
         !host_bin(&node).join("portmap").exists(),
         "a node without portmap"
     );
-    let agent = agent_of_n1(&node, &server, TOKEN, &[]);
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode { node, server, agent } = AgentFixture::new(TOKEN).on(node).uplink().start();
     assert_eq!(
         plugin_types(&conflist(&node)),
         ["bridge", "portmap"],

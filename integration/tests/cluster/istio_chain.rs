@@ -15,23 +15,22 @@ use crate::common::{TOKEN, agent_of_n1, bare_conf, conflist, kindnet_conflist, p
 fn istio_redirect_is_chained_last_into_another_cnis_file_and_put_back() {
     require_root();
     let node = lab_node();
-    uplink(&node);
     let kindnet = node.conf_dir().join("10-kindnet.conflist");
     std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("kindnet's file");
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    let mut agent = agent_of_n1(
-        &node,
-        &server,
-        TOKEN,
-        &[
+    let ReadyNode {
+        node: _node,
+        server: _server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&[
             ("ISTIO_CHAINED", "true"),
             // Sorts after kindnet's: kindnet's stays the primary file.
             ("CNI_CONF_NAME", "90-cni-suite.conflist"),
             ("UNINSTALL_ON_STOP", "true"),
-        ],
-    );
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+        ])
+        .start();
     assert_eq!(plugin_types(&kindnet), ["ptp", "portmap", "istio-redirect"]);
 
     // kindnetd writes its file again: the entry is back within 2 s.
@@ -143,7 +142,6 @@ fn pod_address(run: test_kit::Run) -> String {
 fn an_istio_wrap_keeps_the_confs_network_so_new_pods_get_free_addresses_and_uninstall_puts_it_back() {
     require_root();
     let node = lab_node();
-    uplink(&node);
     let leases = node.path("mynet-leases");
     let bare = bare_conf(&leases);
     let conf_path = node.conf_dir().join("10-mynet.conf");
@@ -153,8 +151,6 @@ fn an_istio_wrap_keeps_the_confs_network_so_new_pods_get_free_addresses_and_unin
     let first = node.pod("first");
     let first_address = pod_address(node.cnictl_env(&["--json", "add", &network, first.path_str()], &[]));
 
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
     let settings = [
         ("ISTIO_CHAINED", "true"),
@@ -162,8 +158,15 @@ fn an_istio_wrap_keeps_the_confs_network_so_new_pods_get_free_addresses_and_unin
         // Sorts after the .conf: that stays the file the runtime uses.
         ("CNI_CONF_NAME", "90-cni-suite.conflist"),
     ];
-    let mut agent = agent_of_n1(&node, &server, TOKEN, &settings);
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode {
+        node,
+        server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&settings)
+        .start();
     let list_path = node.conf_dir().join("10-mynet.conflist");
     assert_eq!(plugin_types(&list_path), ["bridge", "istio-redirect"]);
     assert!(!conf_path.exists(), "the .conf is replaced by its list");
@@ -207,25 +210,24 @@ fn an_istio_wrap_keeps_the_confs_network_so_new_pods_get_free_addresses_and_unin
 fn istio_cni_conf_file_naming_a_conf_is_followed_to_its_list_until_uninstall() {
     require_root();
     let node = lab_node();
-    uplink(&node);
     let conf_path = node.conf_dir().join("10-mynet.conf");
     let bare = bare_conf(&node.path("mynet-leases"));
     std::fs::write(&conf_path, &bare).expect("the node's own .conf");
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
-    let mut agent = agent_of_n1(
-        &node,
-        &server,
-        TOKEN,
-        &[
+    let ReadyNode {
+        node,
+        server: _server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&[
             ("ISTIO_CHAINED", "true"),
             ("ISTIO_CNI_CONF_FILE", "10-mynet.conf"),
             ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
             ("UNINSTALL_ON_STOP", "true"),
-        ],
-    );
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+        ])
+        .start();
     let list_path = node.conf_dir().join("10-mynet.conflist");
     assert_eq!(plugin_types(&list_path), ["bridge", "istio-redirect"]);
     // Checked every 500 ms: still ready after several checks, and the
@@ -257,27 +259,26 @@ fn istio_cni_conf_file_naming_a_conf_is_followed_to_its_list_until_uninstall() {
 fn the_agent_chains_the_file_the_runtime_uses_and_unchains_every_file_it_chained() {
     require_root();
     let node = lab_node();
-    uplink(&node);
     let kindnet = node.conf_dir().join("10-kindnet.conflist");
     std::fs::write(&kindnet, kindnet_conflist().to_string()).expect("kindnet's file");
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
     let kubeconfig = ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8"));
 
     // The agent's own conflist sorts first: that is the file the runtime
     // uses, and kindnet's is never touched.
-    let mut agent = agent_of_n1(
-        &node,
-        &server,
-        TOKEN,
-        &[
+    let ReadyNode {
+        node,
+        server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&[
             ("ISTIO_CHAINED", "true"),
             kubeconfig,
             ("UNINSTALL_ON_STOP", "true"),
-        ],
-    );
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+        ])
+        .start();
     assert_eq!(
         plugin_types(&kindnet),
         ["ptp", "portmap"],
@@ -385,7 +386,6 @@ fn fifos_where_the_agent_reads_never_hang_it() {
 fn an_entry_an_earlier_release_chained_without_a_record_is_unchained_too() {
     require_root();
     let node = lab_node();
-    uplink(&node);
     // What a release before the record left: kindnet's file chained with
     // the agent's entry, the agent's own conflist sorting first.
     let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
@@ -397,15 +397,15 @@ fn an_entry_an_earlier_release_chained_without_a_record_is_unchained_too() {
     chained["plugins"].as_array_mut().expect("plugins").push(entry);
     let kindnet = node.conf_dir().join("10-kindnet.conflist");
     std::fs::write(&kindnet, chained.to_string()).expect("kindnet's file");
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    let mut agent = agent_of_n1(
-        &node,
-        &server,
-        TOKEN,
-        &[("ISTIO_CHAINED", "true"), ("UNINSTALL_ON_STOP", "true")],
-    );
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode {
+        node,
+        server: _server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&[("ISTIO_CHAINED", "true"), ("UNINSTALL_ON_STOP", "true")])
+        .start();
     let (status, log) = agent.stop();
     assert!(status.success(), "{log}");
     let left: Value = serde_json::from_str(&std::fs::read_to_string(&kindnet).expect("kept")).expect("JSON");
@@ -417,10 +417,21 @@ fn an_entry_an_earlier_release_chained_without_a_record_is_unchained_too() {
 fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
     require_root();
     let node = lab_node();
-    uplink(&node);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["10.250.0.11"]));
-    // An injected pod, as the API server serves it.
+    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
+    let ReadyNode {
+        node,
+        server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .uplink()
+        .settings(&[
+            ("ISTIO_CHAINED", "true"),
+            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
+            ("UNINSTALL_ON_STOP", "true"),
+        ])
+        .start();
+    // An injected pod, as the API server serves it (read by the plugin).
     server.add_pod(
         "default",
         "web-0",
@@ -430,18 +441,6 @@ fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
                "spec": {"initContainers": [{"name": "istio-validation"}],
                         "containers": [{"name": "app"}, {"name": "istio-proxy", "args": ["proxy", "sidecar"]}]}}),
     );
-    let kubeconfig = node.path("run/istio-cni/istio-cni-kubeconfig");
-    let mut agent = agent_of_n1(
-        &node,
-        &server,
-        TOKEN,
-        &[
-            ("ISTIO_CHAINED", "true"),
-            ("ISTIO_KUBECONFIG", kubeconfig.to_str().expect("UTF-8")),
-            ("UNINSTALL_ON_STOP", "true"),
-        ],
-    );
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&kubeconfig).expect("written").permissions(),
     );

@@ -173,10 +173,14 @@ fn uninstall_puts_a_k3s_style_bin_dir_of_relative_links_back_exactly() {
     }
     symlink("gone", bin.join("firewall")).expect("dangling link");
     let before = bin_dir_snapshot(&bin);
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
-    let mut agent = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
-    wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let ReadyNode {
+        node: _node,
+        server: _server,
+        mut agent,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .settings(&[("UNINSTALL_ON_STOP", "true")])
+        .start();
     for plugin in SUITE {
         assert!(
             holds_the_suites(&bin.join(plugin), plugin),
@@ -207,10 +211,14 @@ fn uninstall_keeps_a_binary_an_operators_configuration_still_names() {
         .to_string(),
     )
     .expect("an operator's conflist");
-    let server = ApiServer::start(node.netns.path(), TOKEN);
-    server.apply_node(node_object("n1", &["10.244.1.0/24"], &["127.0.0.1"]));
-    let mut first = agent_of_n1(&node, &server, TOKEN, &[("UNINSTALL_ON_STOP", "true")]);
-    wait_for("readiness", Duration::from_secs(20), || first.ready(&node));
+    let ReadyNode {
+        node,
+        server,
+        agent: mut first,
+    } = AgentFixture::new(TOKEN)
+        .on(node)
+        .settings(&[("UNINSTALL_ON_STOP", "true")])
+        .start();
     assert!(holds_the_suites(&bin.join("firewall"), "firewall"));
 
     let (status, log) = first.stop();
