@@ -246,6 +246,21 @@ pub fn parse_as<P: Plugin>(stdin: &[u8]) -> Result<Value> {
     Ok(doc)
 }
 
+/// `doc` as the skeleton hands a plugin whose keys are `keys` its
+/// configuration (keys folded, version read, parsed), with what `read`
+/// reads of it, as one debug text: what a plugin's null-key test compares
+/// ([`keys::assert_null_reads_as_absent`]).
+pub fn read_configuration<T: std::fmt::Debug>(
+    doc: &Value,
+    keys: &Shape,
+    read: impl FnOnce(&NetConf) -> T,
+) -> String {
+    let mut doc = doc.clone();
+    keys::fold(&mut doc, keys);
+    let conf = config_version(&doc).and_then(|version| NetConf::from_document(doc, version));
+    format!("{:?}", conf.map(|conf| (read(&conf), conf)))
+}
+
 fn invoke<P: Plugin>(
     plugin: &P,
     env: Environment,

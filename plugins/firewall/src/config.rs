@@ -145,19 +145,14 @@ mod tests {
     /// Everything firewall reads of a configuration, as the skeleton, ADD,
     /// CHECK, DEL and GC read it.
     fn loaded(doc: &Value) -> String {
-        let mut doc = doc.clone();
-        cni::keys::fold(&mut doc, &KEYS);
-        let read = || -> Result<_> {
-            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
-            Ok((
-                FirewallConfig::load(&conf),
-                FirewallConfig::state_dir_of(&conf),
+        cni::skel::read_configuration(doc, &KEYS, |conf| {
+            (
+                FirewallConfig::load(conf),
+                FirewallConfig::state_dir_of(conf),
                 conf.prev_result(),
                 conf.gc_valid_attachments(),
-                conf,
-            ))
-        };
-        format!("{:?}", read())
+            )
+        })
     }
 
     #[test]
@@ -169,7 +164,10 @@ mod tests {
             "capabilities": {"x": true}, "prevResult": prev_result,
             "cni.dev/valid-attachments": [{"containerID": "a", "ifname": "eth0"}]});
         let whole = loaded(&doc);
-        assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+        assert!(
+            whole.starts_with("Ok(((Ok(") && !whole.contains("Err("),
+            "{whole}"
+        );
         cni::keys::assert_null_reads_as_absent(&doc, &KEYS, 40, loaded);
     }
 

@@ -148,18 +148,13 @@ mod tests {
     /// Everything istio-redirect reads of a configuration, as the skeleton
     /// and ADD read it.
     fn loaded(doc: &Value) -> String {
-        let mut doc = doc.clone();
-        keys::fold(&mut doc, &KEYS);
-        let read = || -> Result<_> {
-            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
-            Ok((
-                IstioConfig::load(&conf),
+        cni::skel::read_configuration(doc, &KEYS, |conf| {
+            (
+                IstioConfig::load(conf),
                 conf.runtime_config.pod_annotations(),
                 conf.prev_result(),
-                conf,
-            ))
-        };
-        format!("{:?}", read())
+            )
+        })
     }
 
     #[test]
@@ -180,7 +175,10 @@ mod tests {
             doc.extend(istio);
         }
         let whole = loaded(&doc);
-        assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+        assert!(
+            whole.starts_with("Ok(((Ok(") && !whole.contains("Err("),
+            "{whole}"
+        );
         cni::keys::assert_null_reads_as_absent(&doc, &KEYS, 50, loaded);
     }
 

@@ -178,18 +178,13 @@ mod tests {
     /// Everything portmap reads of a configuration, as the skeleton, ADD,
     /// CHECK and GC read it.
     fn loaded(doc: &Value) -> String {
-        let mut doc = doc.clone();
-        keys::fold(&mut doc, &KEYS);
-        let read = || -> Result<_> {
-            let conf = NetConf::from_document(doc.clone(), cni::conf::config_version(&doc)?)?;
-            Ok((
-                PortmapConfig::load(&conf),
+        cni::skel::read_configuration(doc, &KEYS, |conf| {
+            (
+                PortmapConfig::load(conf),
                 conf.prev_result(),
                 conf.gc_valid_attachments(),
-                conf,
-            ))
-        };
-        format!("{:?}", read())
+            )
+        })
     }
 
     #[test]
@@ -204,7 +199,10 @@ mod tests {
                 "conditionsV4": ["ip daddr 10.0.0.0/8"], "conditionsV6": ["ip6 daddr fd00::/8"]})),
         ] {
             let whole = loaded(&doc);
-            assert!(whole.starts_with("Ok((Ok(") && !whole.contains("Err("), "{whole}");
+            assert!(
+                whole.starts_with("Ok(((Ok(") && !whole.contains("Err("),
+                "{whole}"
+            );
             cni::keys::assert_null_reads_as_absent(&doc, &KEYS, 40, loaded);
         }
     }
