@@ -70,15 +70,16 @@ impl<'a> Ipam<'a> {
     /// For any other verb: a configuration host-local refuses is its to
     /// answer.
     fn for_verb(plugin: &'a str, command: Command, req: &Request) -> Self {
-        let host_local = (plugin == HOST_LOCAL)
-            .then(|| checks::verb(command, req))
-            .and_then(|checked| {
-                checked
-                    .inspect_err(|refused| {
-                        log::debug!("host-local answers this {} itself: {refused}", command.as_str());
-                    })
-                    .ok()
-            });
+        let host_local = match plugin {
+            HOST_LOCAL => match checks::verb(command, req) {
+                Ok(cfg) => Some(cfg),
+                Err(refused) => {
+                    log::debug!("host-local answers this {} itself: {refused}", command.as_str());
+                    None
+                }
+            },
+            _ => None,
+        };
         Ipam { plugin, host_local }
     }
 
