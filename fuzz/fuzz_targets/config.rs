@@ -7,15 +7,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let outcome = conf::parse_document(data)
-        .and_then(|doc| {
-            let version = conf::config_version(&doc)?;
-            NetConf::from_document(doc, version)
-        })
-        .and_then(|conf| {
-            conf.prev_result()?;
-            conf.gc_valid_attachments()?;
-            Ok(conf)
-        });
+        .and_then(NetConf::read)
+        .and_then(|conf| conf.prev_result().and(conf.gc_valid_attachments()));
     if let Err(e) = outcome {
         assert!(matches!(e.code, 1 | 6 | 7), "{e:?}");
     }

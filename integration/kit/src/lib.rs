@@ -281,6 +281,19 @@ pub fn files_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The `.conf` and `.conflist` files of `dir`, in the order a runtime
+/// reads them (by name).
+pub fn conf_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("a conf directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "conf" || e == "conflist"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// The suite's plugin binaries.
 pub const PLUGINS: [&str; 6] = [
     "loopback",
@@ -525,6 +538,14 @@ impl Netns {
         let mut full = vec!["-n", &self.name];
         full.extend_from_slice(args);
         run("ip", &full)
+    }
+
+    /// The namespace's nat table, as `save` (`iptables-save`,
+    /// `iptables-nft-save`, …) prints it.
+    pub fn nat_rules(&self, save: &str) -> String {
+        run_in(self.path(), Path::new(save), &["-t", "nat"], &[], "")
+            .success()
+            .stdout
     }
 
     /// A veth pair: `end` here, its peer `eth0` in `pod`.

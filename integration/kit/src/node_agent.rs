@@ -13,15 +13,8 @@ use serde_json::{Value, json};
 use crate::fakes::api_server::ApiServer;
 use crate::{Node, bin, spawn_in};
 
-/// The plugins the agent installs by default.
-pub const SUITE: [&str; 6] = [
-    "bridge",
-    "host-local",
-    "loopback",
-    "istio-redirect",
-    "portmap",
-    "firewall",
-];
+/// The plugins the agent installs by default: the whole suite.
+pub use crate::PLUGINS as SUITE;
 
 /// A Node object as the API server serves it.
 pub fn node_object(name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) -> Value {

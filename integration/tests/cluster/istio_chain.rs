@@ -1,7 +1,7 @@
 //! The Istio chain controller: istio-redirect chained into the files the
 //! runtime reads, the kubeconfig it reads pods with, and unchaining.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -9,7 +9,9 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, AgentFixture, ReadyNode, host_bin, lab_node, node_object, uplink};
 use test_kit::{Node, require_root, wait_for};
 
-use crate::common::{TOKEN, agent_of_n1, bare_conf, conflist, kindnet_conflist, plugin_types};
+use crate::common::{
+    ENVOY_REDIRECT, TOKEN, agent_of_n1, bare_conf, conflist, kindnet_conflist, plugin_types, pod_nat_rules,
+};
 
 #[test]
 fn istio_redirect_is_chained_last_into_another_cnis_file_and_put_back() {
@@ -68,13 +70,8 @@ fn a_pod_added_through_the_chain_the_agent_wrote_has_istios_capture() {
     let pod = node.pod("pod");
     node.cnictl_env(&["add", "cni-suite", pod.path_str()], &cni_path)
         .success();
-    let rules = test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
-        .success()
-        .stdout;
-    assert!(
-        rules.contains("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"),
-        "{rules}"
-    );
+    let rules = pod_nat_rules(&pod);
+    assert!(rules.contains(ENVOY_REDIRECT), "{rules}");
     node.cnictl_env(&["del", "cni-suite", pod.path_str()], &cni_path)
         .success();
 }
@@ -113,14 +110,7 @@ fn with_istio_chaining_on_the_agent_is_ready_only_once_the_entry_is_in() {
 /// The network a runtime sets pods up with: the name in the first valid
 /// file of the conf directory, as containerd and CRI-O pick it.
 fn runtime_network(node: &Node) -> String {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(node.conf_dir())
-        .expect("conf dir")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "conf" || e == "conflist"))
-        .collect();
-    files.sort();
-    files
+    test_kit::conf_files(&node.conf_dir())
         .iter()
         .find_map(|path| {
             let conf: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
@@ -467,9 +457,7 @@ fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
     )
     .success();
     assert!(server.requests() > requests, "the plugin asked the API server");
-    let rules = test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
-        .success()
-        .stdout;
+    let rules = pod_nat_rules(&pod);
     assert!(rules.contains("ISTIO_REDIRECT"), "{rules}");
 
     // The kubelet rotates the token: the kubeconfig follows.

@@ -9,7 +9,9 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, lab_node, node_object, uplink};
 use test_kit::{Node, require_root, wait_for};
 
-use crate::common::{CONTAINER_CAPABILITIES, TOKEN, agent_of_n1, kindnet_conflist};
+use crate::common::{
+    CONTAINER_CAPABILITIES, ENVOY_REDIRECT, TOKEN, agent_of_n1, kindnet_conflist, pod_nat_rules,
+};
 
 /// A pod as the API server holds it on node `node_name`: injected (the
 /// injector's annotations), with its `istio-validation` init container
@@ -73,12 +75,6 @@ impl Drop for Pause {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn nat_rules(pod: &test_kit::Netns) -> String {
-    test_kit::run_in(pod.path(), Path::new("iptables-save"), &["-t", "nat"], &[], "")
-        .success()
-        .stdout
 }
 
 /// `type reason` of the events on `pod`, in order.
@@ -152,7 +148,10 @@ fn repaired_where_it_runs(istio_only: bool, network_policy: bool) {
     pod.ip(&["link", "set", "eth0", "up"]).success();
     pod.ip(&["link", "set", "lo", "up"]).success();
     let _pause = Pause::start(&pod);
-    assert!(!nat_rules(&pod).contains("ISTIO"), "no capture before the repair");
+    assert!(
+        !pod_nat_rules(&pod).contains("ISTIO"),
+        "no capture before the repair"
+    );
 
     server.add_pod(
         "default",
@@ -199,7 +198,7 @@ fn repaired_where_it_runs(istio_only: bool, network_policy: bool) {
     wait_for(
         "the capture programmed in the running pod",
         Duration::from_secs(20),
-        || nat_rules(&pod).contains("-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001"),
+        || pod_nat_rules(&pod).contains(ENVOY_REDIRECT),
     );
 
     // It captures: the app's outbound connection lands on Envoy's port.
@@ -397,7 +396,7 @@ fn a_pod_the_plugin_passes_through_is_reported_as_skipped_and_retried() {
             && events[0].contains("namespace istio-system is excluded"),
         "a skip, with the plugin's reason: {events:?}"
     );
-    assert!(!nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+    assert!(!pod_nat_rules(&pod).contains("ISTIO"), "nothing programmed");
 
     // The kubelet restarts the validation container: the pod is tried
     // again, and the same outcome is not reported twice.
@@ -422,7 +421,7 @@ fn a_pod_the_plugin_passes_through_is_reported_as_skipped_and_retried() {
     assert!(status.success(), "{log}");
     assert!(!log.contains("capture programmed"), "{log}");
     assert_eq!(log.matches("the capture was not programmed").count(), 1, "{log}");
-    assert!(!nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+    assert!(!pod_nat_rules(&pod).contains("ISTIO"), "nothing programmed");
     assert!(
         server.writes().iter().all(|w| w.method == "POST"),
         "only events written"
@@ -466,5 +465,8 @@ fn a_pod_repaired_into_istios_own_nftables_tables_is_reported_as_captured() {
         .success()
         .stdout;
     assert!(tables.contains("table inet istio-proxy-nat"), "{tables}");
-    assert!(!nat_rules(&pod).contains("ISTIO"), "no iptables rules: {tables}");
+    assert!(
+        !pod_nat_rules(&pod).contains("ISTIO"),
+        "no iptables rules: {tables}"
+    );
 }

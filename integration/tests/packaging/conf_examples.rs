@@ -11,15 +11,7 @@ use serde_json::Value;
 use test_kit::{Node, Run, bin, bin_dir, run_with_binds};
 
 fn examples() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf-examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("conf-examples")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "conf" || e == "conflist"))
-        .collect();
-    files.sort();
-    files
+    test_kit::conf_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf-examples"))
 }
 
 struct Example {

@@ -234,15 +234,7 @@ fn reference_bridge_and_host_local_then_our_istio_redirect() {
         let pod = node.pod("pod");
         let result = chain.add(&pod);
         assert_eq!(addresses(&result), ["10.54.0.2/24"], "{result}");
-        let rules = run_in(
-            pod.path(),
-            Path::new("iptables-nft-save"),
-            &["-t", "nat"],
-            &[],
-            "",
-        )
-        .success()
-        .stdout;
+        let rules = pod.nat_rules("iptables-nft-save");
         assert!(
             rules.contains("-A ISTIO_OUTPUT -p tcp -m tcp --dport 5432 -j RETURN"),
             "{version}: {rules}"

@@ -97,15 +97,7 @@ fn the_istio_chain() {
     pod.ip(&["link", "set", "lo", "up"]).success();
     let added = cnitool(&node, "add", "mesh", &pod).success().json();
     assert_eq!(addresses(&added), ["10.56.0.2/24", "fd56::2/64"], "{added}");
-    let rules = run_in(
-        pod.path(),
-        Path::new("iptables-nft-save"),
-        &["-t", "nat"],
-        &[],
-        "",
-    )
-    .success()
-    .stdout;
+    let rules = pod.nat_rules("iptables-nft-save");
     assert!(
         rules.contains("-A ISTIO_OUTPUT -p tcp -m tcp --dport 5432 -j RETURN"),
         "{rules}"

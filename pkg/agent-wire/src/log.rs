@@ -191,40 +191,23 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use cni::env::{EnvSource, Environment};
 
-    struct Vars(&'static [(&'static str, &'static str)]);
-
-    impl EnvSource for Vars {
-        fn var(&self, name: &str) -> Option<String> {
-            self.0
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| (*v).to_owned())
+    /// The labels of a pod's ADD (how the environment becomes them is
+    /// `cni::env`'s to test).
+    fn pod_add() -> Invocation {
+        Invocation {
+            verb: "ADD".into(),
+            container_id: "1a2b3c4d5e6f7a8b".into(),
+            pod_namespace: "default".into(),
+            pod_name: "web-1".into(),
         }
     }
-
-    fn env(vars: &'static [(&'static str, &'static str)]) -> Environment {
-        Environment::load(&Vars(vars)).expect("valid").expect("a command")
-    }
-
-    const ADD: &[(&str, &str)] = &[
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "1a2b3c4d5e6f7a8b"),
-        ("CNI_NETNS", "/run/netns/p"),
-        ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", "/opt/cni/bin"),
-        (
-            "CNI_ARGS",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1;K8S_POD_INFRA_CONTAINER_ID=1a2b",
-        ),
-    ];
 
     fn record(msg: &str) -> Record {
         Record::new(
             "bridge",
             log::Level::Info,
-            &Invocation::of(&env(ADD)),
+            &pod_add(),
             "2026-11-22T04:01:43.123Z".into(),
             msg.into(),
         )

@@ -141,6 +141,12 @@ fn socket_named(doc: &Value, key: &str) -> Result<Option<PathBuf>> {
 }
 
 impl NetConf {
+    /// [`NetConf::from_document`] at the version the document names.
+    pub fn read(doc: Value) -> Result<Self> {
+        let version = config_version(&doc)?;
+        NetConf::from_document(doc, version)
+    }
+
     /// Reads the shared keys of a document whose version was already
     /// accepted. Wrong types or values are invalid configuration (7).
     pub fn from_document(doc: Value, cni_version: Version) -> Result<Self> {
@@ -513,8 +519,7 @@ mod tests {
     use crate::error::Code;
 
     fn conf(doc: Value) -> NetConf {
-        let version = config_version(&doc).expect("version");
-        NetConf::from_document(doc, version).expect("valid conf")
+        NetConf::read(doc).expect("valid conf")
     }
 
     #[test]

@@ -257,7 +257,7 @@ pub fn read_configuration<T: std::fmt::Debug>(
 ) -> String {
     let mut doc = doc.clone();
     keys::fold(&mut doc, keys);
-    let conf = config_version(&doc).and_then(|version| NetConf::from_document(doc, version));
+    let conf = NetConf::read(doc);
     format!("{:?}", conf.map(|conf| (read(&conf), conf)))
 }
 

@@ -258,10 +258,7 @@ fn configurations_parse_without_panic_to_a_value_or_a_config_error() {
     let outcome = runner.run(&mutated_conf(), |doc| {
         let text = doc.to_string();
         let parsed = conf::parse_document(text.as_bytes())
-            .and_then(|doc| {
-                let version = conf::config_version(&doc)?;
-                NetConf::from_document(doc, version)
-            })
+            .and_then(NetConf::read)
             .and_then(|conf| {
                 // What plugins read next must fail cleanly too.
                 conf.prev_result()?;

@@ -231,8 +231,7 @@ mod tests {
     use super::*;
 
     fn net_conf(doc: Value) -> NetConf {
-        let version = cni::conf::config_version(&doc).expect("version");
-        NetConf::from_document(doc, version).expect("valid network conf")
+        NetConf::read(doc).expect("valid network conf")
     }
 
     fn load(doc: Value) -> Result<IpamConfig, Error> {

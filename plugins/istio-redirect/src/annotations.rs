@@ -187,6 +187,16 @@ pub fn go_bool(text: &str) -> Option<bool> {
     }
 }
 
+/// A pod's annotations from `(key, value)` pairs, as the tests of this
+/// module and of `pod` write them.
+#[cfg(test)]
+pub(crate) fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,13 +208,6 @@ mod tests {
         dual_stack: false,
         invalid_drop: false,
     };
-
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn no_annotations_is_a_default_pod() {

@@ -186,15 +186,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::annotations::ann;
 
     const STATUS_JSON: &str = r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null,"revision":"default"}"#;
-
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn an_injected_sidecar_from_annotations() {

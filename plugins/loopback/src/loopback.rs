@@ -97,7 +97,7 @@ fn loopback_result(lo: &Link, addresses: &[IpNetwork], netns: &Path) -> CniResul
 
 #[cfg(test)]
 mod tests {
-    use cni::conf::{config_version, parse_document};
+    use cni::conf::parse_document;
     use cni::{NetConf, keys};
 
     use super::*;
@@ -124,7 +124,7 @@ mod tests {
         let loaded = |doc: &_| -> Result<(NetConf, Option<CniResult>)> {
             let mut doc = Clone::clone(doc);
             keys::fold(&mut doc, &Loopback::KEYS);
-            let conf = NetConf::from_document(Clone::clone(&doc), config_version(&doc)?)?;
+            let conf = NetConf::read(doc)?;
             let prev_result = conf.prev_result()?;
             Ok((conf, prev_result))
         };
