@@ -13,9 +13,6 @@ use serde_json::{Value, json};
 use crate::fakes::api_server::ApiServer;
 use crate::{Node, bin, spawn_in};
 
-/// The plugins the agent installs by default: the whole suite.
-pub use crate::PLUGINS as SUITE;
-
 /// A Node object as the API server serves it.
 pub fn node_object(name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) -> Value {
     let mut addresses: Vec<Value> = internal_ips

@@ -18,7 +18,7 @@ use serde_json::Value;
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::fakes::containerd::Containerd;
 use test_kit::node_agent::{
-    Agent, SUITE, agent_routes, egress_returns, host_bin, host_conflist, host_leases, lab_node, node_object,
+    Agent, agent_routes, egress_returns, host_bin, host_conflist, host_leases, lab_node, node_object,
 };
 use test_kit::{Netns, Node, bin_dir, require_root, run_in, wait_for};
 
@@ -399,7 +399,7 @@ fn three_nodes_wired_by_their_agents_talk_keeping_pod_addresses() {
     // Installed over the upstream plugins, which are kept aside.
     for lab_node in &lab.nodes {
         let bin = host_bin(&lab_node.node);
-        for plugin in SUITE {
+        for plugin in test_kit::PLUGINS {
             assert!(
                 same_content(&bin.join(plugin), &bin_dir().join(plugin)),
                 "{}: {plugin} is the suite's",
@@ -777,7 +777,7 @@ fn an_agent_run_from_the_image_wires_its_node_into_the_cluster() {
     });
 
     let n2 = &lab.nodes[1];
-    for plugin in SUITE {
+    for plugin in test_kit::PLUGINS {
         assert!(
             same_content(&host_bin(&n2.node).join(plugin), &bin_dir().join(plugin)),
             "{plugin}"

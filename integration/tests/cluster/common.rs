@@ -9,20 +9,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use test_kit::Node;
 use test_kit::cluster::{AGNHOST, Cluster, Namespace, condition_of, deploy_dir, poll};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, host_conflist};
-use test_kit::{Netns, Node};
 
 pub(crate) const TOKEN: &str = "agent-token";
 
 /// Istio's capture in a pod: its outbound TCP redirected to Envoy's port.
 pub(crate) const ENVOY_REDIRECT: &str = "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001";
-
-/// The pod's nat table, as `iptables-save` prints it.
-pub(crate) fn pod_nat_rules(pod: &Netns) -> String {
-    pod.nat_rules("iptables-save")
-}
 
 /// containerd's default capabilities and the two the DaemonSet adds.
 pub(crate) const CONTAINER_CAPABILITIES: &str = "+chown,+dac_override,+fsetid,+fowner,+mknod,+net_raw,+setgid,+setuid,\

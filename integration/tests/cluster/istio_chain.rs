@@ -10,7 +10,7 @@ use test_kit::node_agent::{Agent, AgentFixture, ReadyNode, host_bin, lab_node, n
 use test_kit::{Node, require_root, wait_for};
 
 use crate::common::{
-    ENVOY_REDIRECT, TOKEN, agent_of_n1, bare_conf, conflist, kindnet_conflist, plugin_types, pod_nat_rules,
+    ENVOY_REDIRECT, TOKEN, agent_of_n1, bare_conf, conflist, kindnet_conflist, plugin_types,
 };
 
 #[test]
@@ -70,7 +70,7 @@ fn a_pod_added_through_the_chain_the_agent_wrote_has_istios_capture() {
     let pod = node.pod("pod");
     node.cnictl_env(&["add", "cni-suite", pod.path_str()], &cni_path)
         .success();
-    let rules = pod_nat_rules(&pod);
+    let rules = pod.nat_rules("iptables-save");
     assert!(rules.contains(ENVOY_REDIRECT), "{rules}");
     node.cnictl_env(&["del", "cni-suite", pod.path_str()], &cni_path)
         .success();
@@ -457,7 +457,7 @@ fn istio_redirect_reads_pods_with_the_kubeconfig_the_agent_keeps_current() {
     )
     .success();
     assert!(server.requests() > requests, "the plugin asked the API server");
-    let rules = pod_nat_rules(&pod);
+    let rules = pod.nat_rules("iptables-save");
     assert!(rules.contains("ISTIO_REDIRECT"), "{rules}");
 
     // The kubelet rotates the token: the kubeconfig follows.

@@ -17,7 +17,7 @@ use test_kit::node_agent::{
 };
 use test_kit::{Node, require_root, wait_for};
 
-use crate::common::{ENVOY_REDIRECT, bare_conf, bin_dir_snapshot, plugin_types, pod_nat_rules, sample};
+use crate::common::{ENVOY_REDIRECT, bare_conf, bin_dir_snapshot, plugin_types, sample};
 
 const TOKEN: &str = "istio-token";
 
@@ -99,7 +99,7 @@ fn istio_alone_chains_into_kindnets_file_captures_its_pods_and_uninstall_leaves_
         .json();
     let address = result["ips"][0]["address"].as_str().expect("an address");
     assert!(address.starts_with("10.244.1."), "{result}");
-    let rules = pod_nat_rules(&pod);
+    let rules = pod.nat_rules("iptables-save");
     assert!(rules.contains(ENVOY_REDIRECT), "{rules}");
     node.cnictl_env(&["del", "kindnet", pod.path_str()], &cni_path)
         .success();
@@ -312,7 +312,7 @@ fn istios_owned_mode_writes_its_own_first_file_from_the_primary_and_never_edits_
     let pod = node.pod("pod");
     node.cnictl_env(&["add", "kindnet", pod.path_str()], &cni_path)
         .success();
-    let rules = pod_nat_rules(&pod);
+    let rules = pod.nat_rules("iptables-save");
     assert!(rules.contains("-A ISTIO_REDIRECT"), "{rules}");
     node.cnictl_env(&["del", "kindnet", pod.path_str()], &cni_path)
         .success();

@@ -9,9 +9,7 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, lab_node, node_object, uplink};
 use test_kit::{Node, require_root, wait_for};
 
-use crate::common::{
-    CONTAINER_CAPABILITIES, ENVOY_REDIRECT, TOKEN, agent_of_n1, kindnet_conflist, pod_nat_rules,
-};
+use crate::common::{CONTAINER_CAPABILITIES, ENVOY_REDIRECT, TOKEN, agent_of_n1, kindnet_conflist};
 
 /// A pod as the API server holds it on node `node_name`: injected (the
 /// injector's annotations), with its `istio-validation` init container
@@ -149,7 +147,7 @@ fn repaired_where_it_runs(istio_only: bool, network_policy: bool) {
     pod.ip(&["link", "set", "lo", "up"]).success();
     let _pause = Pause::start(&pod);
     assert!(
-        !pod_nat_rules(&pod).contains("ISTIO"),
+        !pod.nat_rules("iptables-save").contains("ISTIO"),
         "no capture before the repair"
     );
 
@@ -198,7 +196,7 @@ fn repaired_where_it_runs(istio_only: bool, network_policy: bool) {
     wait_for(
         "the capture programmed in the running pod",
         Duration::from_secs(20),
-        || pod_nat_rules(&pod).contains(ENVOY_REDIRECT),
+        || pod.nat_rules("iptables-save").contains(ENVOY_REDIRECT),
     );
 
     // It captures: the app's outbound connection lands on Envoy's port.
@@ -396,7 +394,10 @@ fn a_pod_the_plugin_passes_through_is_reported_as_skipped_and_retried() {
             && events[0].contains("namespace istio-system is excluded"),
         "a skip, with the plugin's reason: {events:?}"
     );
-    assert!(!pod_nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+    assert!(
+        !pod.nat_rules("iptables-save").contains("ISTIO"),
+        "nothing programmed"
+    );
 
     // The kubelet restarts the validation container: the pod is tried
     // again, and the same outcome is not reported twice.
@@ -421,7 +422,10 @@ fn a_pod_the_plugin_passes_through_is_reported_as_skipped_and_retried() {
     assert!(status.success(), "{log}");
     assert!(!log.contains("capture programmed"), "{log}");
     assert_eq!(log.matches("the capture was not programmed").count(), 1, "{log}");
-    assert!(!pod_nat_rules(&pod).contains("ISTIO"), "nothing programmed");
+    assert!(
+        !pod.nat_rules("iptables-save").contains("ISTIO"),
+        "nothing programmed"
+    );
     assert!(
         server.writes().iter().all(|w| w.method == "POST"),
         "only events written"
@@ -466,7 +470,7 @@ fn a_pod_repaired_into_istios_own_nftables_tables_is_reported_as_captured() {
         .stdout;
     assert!(tables.contains("table inet istio-proxy-nat"), "{tables}");
     assert!(
-        !pod_nat_rules(&pod).contains("ISTIO"),
+        !pod.nat_rules("iptables-save").contains("ISTIO"),
         "no iptables rules: {tables}"
     );
 }

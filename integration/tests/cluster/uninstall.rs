@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{
-    AgentFixture, ReadyNode, SUITE, agent_routes, host_bin, host_leases, lab_node, node_object, uplink,
+    AgentFixture, ReadyNode, agent_routes, host_bin, host_leases, lab_node, node_object, uplink,
 };
 use test_kit::{Node, require_root, wait_for};
 
@@ -181,7 +181,7 @@ fn uninstall_puts_a_k3s_style_bin_dir_of_relative_links_back_exactly() {
         .on(node)
         .settings(&[("UNINSTALL_ON_STOP", "true")])
         .start();
-    for plugin in SUITE {
+    for plugin in test_kit::PLUGINS {
         assert!(
             holds_the_suites(&bin.join(plugin), plugin),
             "{plugin} is installed"

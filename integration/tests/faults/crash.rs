@@ -356,15 +356,7 @@ fn a_hundred_kills_during_add_and_del_leave_nothing_and_lose_nothing() {
     assert!(Path::new(&chain.data_dir()).exists());
     // The subnet's masquerade outlives its pods until GC finds none valid.
     chain.node.cnictl(&["gc", NETWORK, "--all"]).success();
-    let nat = test_kit::run_in(
-        chain.node.netns.path(),
-        Path::new("iptables-save"),
-        &["-t", "nat"],
-        &[],
-        "",
-    )
-    .success()
-    .stdout;
+    let nat = chain.node.netns.nat_rules("iptables-save");
     assert!(!nat.contains("CNI-"), "masquerade left after GC: {nat}");
 }
 

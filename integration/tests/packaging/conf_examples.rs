@@ -126,15 +126,7 @@ fn every_example_runs_as_written() {
             assert!(eth0.contains(first), "{file}: {first} on eth0: {eth0}");
         }
         if example.plugins.iter().any(|p| p == "istio-redirect") {
-            let nat = run_with_binds(
-                &[],
-                pod.path(),
-                Path::new("iptables-nft-save"),
-                &["-t", "nat"],
-                &[],
-            )
-            .success()
-            .stdout;
+            let nat = pod.nat_rules("iptables-nft-save");
             assert!(nat.contains(":ISTIO_OUTPUT"), "{file}: {nat}");
         }
         // Debian's portmap fails every CHECK (containernetworking/plugins#819).
