@@ -162,7 +162,10 @@ pub fn run_in(netns: &Path, program: &Path, args: &[&str], env: &[(&str, &str)],
 }
 
 /// [`run_in`] under `strace -f`, and the programs it executed, in order
-/// (file names; failed lookups along `PATH` left out). Anything it starts
+/// (file names of the execs that succeeded: a failed lookup along `PATH`
+/// is no execution, nor is an attempt refused with ETXTBSY, which the
+/// suite retries, and which a copy just written in this many-threaded
+/// test process meets whenever another test forks meanwhile). Anything it starts
 /// that outlives it is followed too, so a call that starts a lease service
 /// must not be traced.
 pub fn run_traced(
@@ -180,6 +183,8 @@ pub fn run_traced(
         "-qq",
         "-e",
         "trace=execve",
+        "-e",
+        "status=successful",
         "-o",
         trace_path.as_str(),
         program_text.as_str(),
@@ -189,7 +194,7 @@ pub fn run_traced(
     let execs = fs::read_to_string(trace.path())
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("execve(") && !l.contains("ENOENT"))
+        .filter(|l| l.contains("execve("))
         .filter_map(|l| l.split('"').nth(1))
         .filter_map(|p| p.rsplit('/').next())
         .map(str::to_owned)
