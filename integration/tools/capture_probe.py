@@ -13,11 +13,14 @@ udp HOST PORT [SPORT]   One UDP datagram (from source port SPORT: one flow
 echo PORT [push]        A TCP echo server on 0.0.0.0 and :: that keeps every
                         connection open (and with push, also sends "tick"
                         on each every 100 ms); prints "ready".
+PROBE_MARK=0x539 (env) connect and udp send with that SO_MARK, as ztunnel's
+                        own sockets do.
 hold HOST PORT          One TCP connection kept open: for each line on stdin
                         it drops what came meanwhile, sends the line and
                         prints "echoed" when anything comes back within a
                         second, "lost" when not.
 """
+import os
 import socket
 import struct
 import sys
@@ -27,6 +30,14 @@ SO_ORIGINAL_DST = 80
 # Envoy's listeners are transparent: TPROXY only hands connections to those.
 IP_TRANSPARENT = 19
 IPV6_TRANSPARENT = 75
+
+
+def marked(s):
+    """The socket with PROBE_MARK as its SO_MARK, when set."""
+    mark = os.environ.get("PROBE_MARK")
+    if mark:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, int(mark, 0))
+    return s
 
 
 def original_dst(conn, family):
@@ -135,7 +146,7 @@ def main():
     elif mode == "connect":
         host, port = sys.argv[2], int(sys.argv[3])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
+        s = marked(socket.socket(family, socket.SOCK_STREAM))
         s.settimeout(2)
         try:
             if len(sys.argv) > 4:
@@ -177,7 +188,7 @@ def main():
     elif mode == "udp":
         host, port = sys.argv[2], int(sys.argv[3])
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_DGRAM)
+        s = marked(socket.socket(family, socket.SOCK_DGRAM))
         if len(sys.argv) > 4:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[4])))

@@ -87,6 +87,15 @@ impl Probe {
         }
     }
 
+    /// One TCP connection from `ns` whose packets carry `mark` (SO_MARK),
+    /// as a proxy's own sockets do.
+    pub fn connect_marked(&self, ns: &Netns, mark: u32, host: &str, port: u16) -> Run {
+        let script = self.script_str();
+        let (port, mark) = (port.to_string(), format!("{mark:#x}"));
+        let args = [script.as_str(), "connect", host, &port];
+        run_in(ns.path(), Path::new(PYTHON), &args, &[("PROBE_MARK", &mark)], "")
+    }
+
     /// A TCP echo server in `ns` on `port` that keeps its connections.
     pub fn echo(&self, ns: &Netns, port: u16) -> Echo {
         self.echo_server(ns, port, false)

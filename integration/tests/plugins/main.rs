@@ -4,6 +4,7 @@
 //! lease service, its rules read back from the kernel. One module per
 //! former test file.
 
+mod ambient;
 mod bad_input;
 mod bridge;
 mod chain;

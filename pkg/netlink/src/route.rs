@@ -306,23 +306,66 @@ fn route_message(route: &RouteInfo, protocol: Option<u8>) -> Result<(String, Rou
     Ok((what, builder.table_id(route.table).build()))
 }
 
+/// A policy-routing rule `fwmark <mark>[/<mask>] [pref <priority>] lookup
+/// <table>`; without a mask the kernel matches the whole mark, without a
+/// priority it picks one below the last rule's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FwmarkRule {
+    pub mark: u32,
+    pub mask: Option<u32>,
+    pub table: u32,
+    pub priority: Option<u32>,
+}
+
+impl FwmarkRule {
+    pub const fn new(mark: u32, table: u32) -> Self {
+        FwmarkRule {
+            mark,
+            mask: None,
+            table,
+            priority: None,
+        }
+    }
+}
+
+impl std::fmt::Display for FwmarkRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fwmark {:#x}", self.mark)?;
+        if let Some(mask) = self.mask {
+            write!(f, "/{mask:#x}")?;
+        }
+        if let Some(priority) = self.priority {
+            write!(f, " pref {priority}")?;
+        }
+        write!(f, " lookup {}", self.table)
+    }
+}
+
 impl Netlink {
-    /// The rule `fwmark <mark> lookup <table>`, as added and as deleted.
-    fn fwmark_rule(&self, mark: u32, table: u32) -> rtnetlink::RuleAddRequest {
-        use rtnetlink::packet_route::rule::RuleAction;
-        self.handle
+    /// `rule`, as added and as deleted.
+    fn fwmark_rule(&self, rule: &FwmarkRule) -> rtnetlink::RuleAddRequest {
+        use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute};
+        let mut request = self
+            .handle
             .rule()
             .add()
-            .fw_mark(mark)
-            .table_id(table)
-            .action(RuleAction::ToTable)
+            .fw_mark(rule.mark)
+            .table_id(rule.table)
+            .action(RuleAction::ToTable);
+        if let Some(priority) = rule.priority {
+            request = request.priority(priority);
+        }
+        if let Some(mask) = rule.mask {
+            request.message_mut().attributes.push(RuleAttribute::FwMask(mask));
+        }
+        request
     }
 
-    /// `ip [-6] rule add fwmark <mark> lookup <table>`; an identical rule
-    /// already there is not an error.
-    pub fn add_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<()> {
-        let request = self.fwmark_rule(mark, table);
-        let op = format!("add rule fwmark {mark} lookup {table}");
+    /// `ip [-6] rule add <rule>`; an identical rule already there is not
+    /// an error.
+    pub fn add_fwmark_rule(&self, v4: bool, rule: &FwmarkRule) -> Result<()> {
+        let request = self.fwmark_rule(rule);
+        let op = format!("add rule {rule}");
         let outcome = if v4 {
             self.runtime.block_on(request.v4().execute())
         } else {
@@ -334,17 +377,16 @@ impl Netlink {
         }
     }
 
-    /// `ip [-4|-6] rule del fwmark <mark> lookup <table>`; none there, or
-    /// a family without policy routing, is not an error. Returns whether
-    /// there was one.
-    pub fn del_fwmark_rule(&self, v4: bool, mark: u32, table: u32) -> Result<bool> {
-        let request = self.fwmark_rule(mark, table);
+    /// `ip [-4|-6] rule del <rule>`; none there, or a family without
+    /// policy routing, is not an error. Returns whether there was one.
+    pub fn del_fwmark_rule(&self, v4: bool, rule: &FwmarkRule) -> Result<bool> {
+        let request = self.fwmark_rule(rule);
         let message = if v4 {
             request.v4().message_mut().clone()
         } else {
             request.v6().message_mut().clone()
         };
-        let op = format!("delete rule fwmark {mark} lookup {table}");
+        let op = format!("delete rule {rule}");
         match self
             .runtime
             .block_on(self.handle.rule().del(message).execute())

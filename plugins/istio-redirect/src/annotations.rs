@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::rules::ambient::PodOverrides;
 use crate::rules::{ALWAYS_EXCLUDED_INBOUND, Mode, Redirect, STATUS_PORT, Selection};
 use ipnetwork::IpNetwork;
 
@@ -20,6 +21,8 @@ pub const REROUTE_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 pub const KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
 pub const STATUS: &str = "sidecar.istio.io/status";
 pub const INJECT: &str = "sidecar.istio.io/inject";
+pub const BYPASS_INBOUND_CAPTURE: &str = "ambient.istio.io/bypass-inbound-capture";
+pub const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
 
 /// The static `redirect` object's keys: annotation names without prefixes.
 pub fn from_static(settings: &BTreeMap<String, String>) -> Result<BTreeMap<String, String>, String> {
@@ -178,6 +181,33 @@ pub fn redirect(annotations: &BTreeMap<String, String>, proxy: Proxy) -> Result<
     })
 }
 
+/// An ambient pod's annotations → its say over its in-pod rules, as
+/// Istio's agent reads them: a boolean Go cannot parse is ignored (logged)
+/// rather than failing the pod, and the interface list is split on commas
+/// with blanks dropped.
+pub fn ambient_overrides(annotations: &BTreeMap<String, String>) -> PodOverrides {
+    let flag = |key: &str| {
+        let value = annotations.get(key)?;
+        let parsed = go_bool(value);
+        if parsed.is_none() {
+            log::warn!("annotation {key}={value:?} is not a boolean; ignored");
+        }
+        parsed
+    };
+    PodOverrides {
+        bypass_inbound: flag(BYPASS_INBOUND_CAPTURE).unwrap_or(false),
+        dns_capture: flag(DNS_CAPTURE),
+        virtual_interfaces: annotations
+            .get(REROUTE_INTERFACES)
+            .into_iter()
+            .flat_map(|list| list.split(','))
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    }
+}
+
 /// Go's `strconv.ParseBool`, which Istio uses for inject flags and env.
 pub fn go_bool(text: &str) -> Option<bool> {
     match text {
@@ -311,6 +341,21 @@ mod tests {
         assert_eq!(mapped.get(REROUTE_INTERFACES).map(String::as_str), Some("eth1"));
         let unknown: BTreeMap<String, String> = [("bogus".to_owned(), "1".to_owned())].into();
         assert!(from_static(&unknown).is_err());
+    }
+
+    #[test]
+    fn ambient_overrides_read_as_istio_reads_them() {
+        assert_eq!(ambient_overrides(&ann(&[])), PodOverrides::default());
+        let read = ambient_overrides(&ann(&[
+            (BYPASS_INBOUND_CAPTURE, "True"),
+            (DNS_CAPTURE, "0"),
+            (REROUTE_INTERFACES, " eth1, ,net2,"),
+        ]));
+        assert!(read.bypass_inbound);
+        assert_eq!(read.dns_capture, Some(false));
+        assert_eq!(read.virtual_interfaces, ["eth1", "net2"]);
+        let unparsable = ambient_overrides(&ann(&[(BYPASS_INBOUND_CAPTURE, "yes"), (DNS_CAPTURE, "on")]));
+        assert_eq!(unparsable, PodOverrides::default());
     }
 
     #[test]

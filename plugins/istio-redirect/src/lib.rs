@@ -13,4 +13,5 @@ mod pod;
 mod pod_lookup;
 pub mod rules;
 
+pub use annotations::ambient_overrides;
 pub use plugin::IstioRedirect;

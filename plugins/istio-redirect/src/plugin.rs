@@ -8,6 +8,7 @@ use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
 use firewall::Family;
 use ipnetwork::IpNetwork;
 use netlink::Netlink;
+use netlink::route::FwmarkRule;
 use netns::NetNs;
 use podnet::{check_failed, firewall_error, netlink_error};
 
@@ -18,6 +19,9 @@ use crate::rules::{CaptureBackend, Mode, Outcome, Redirect, TPROXY_MARK, TPROXY_
 use crate::annotations;
 use crate::config::IstioConfig;
 use crate::pod::PodInfo;
+
+/// TPROXY's policy routing: marked packets are delivered locally.
+const TPROXY_RULE: FwmarkRule = FwmarkRule::new(TPROXY_MARK, TPROXY_TABLE);
 
 /// The CNI_ARGS kubelet and containerd send.
 const K8S_ARGS: [&str; 4] = [
@@ -200,8 +204,7 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
     for family in [Family::V4, Family::V6] {
         let v4 = family == Family::V4;
         if tproxy && target.families.contains(&family) {
-            nl.add_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
-                .map_err(netlink_error)?;
+            nl.add_fwmark_rule(v4, &TPROXY_RULE).map_err(netlink_error)?;
             nl.add_local_default_route(v4, &lo, TPROXY_TABLE)
                 .map_err(netlink_error)?;
         } else {
@@ -209,8 +212,7 @@ fn capture(att: &Attachment, cfg: &IstioConfig, redirect: &Redirect) -> Result<(
             // kernel without multiple tables) answers is "nothing there".
             nl.del_local_default_route(v4, &lo, TPROXY_TABLE)
                 .map_err(netlink_error)?;
-            nl.del_fwmark_rule(v4, TPROXY_MARK, TPROXY_TABLE)
-                .map_err(netlink_error)?;
+            nl.del_fwmark_rule(v4, &TPROXY_RULE).map_err(netlink_error)?;
         }
     }
     Ok(())

@@ -10,7 +10,7 @@ use super::*;
 
 /// `-A` lines and declared ISTIO chains per table of an `iptables-save`
 /// text (indented here).
-fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+pub(super) fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
     let unindented: String = save.lines().map(|line| format!("{}\n", line.trim())).collect();
     firewall::iptables::SavedTable::parse_all(&unindented)
         .into_iter()

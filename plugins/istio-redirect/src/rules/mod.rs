@@ -6,6 +6,7 @@
 //! Rendering is pure: [`Redirect`] settings and an address family in,
 //! `iptables-restore` text out.
 
+pub mod ambient;
 pub mod apply;
 pub mod backend;
 pub mod nft;

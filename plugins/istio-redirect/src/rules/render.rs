@@ -32,21 +32,21 @@ pub struct IstioRules {
 /// Rules collected per chain in the order Istio appends them; `-I` inserts
 /// at position 1 are kept apart and put in front.
 #[derive(Default)]
-struct Builder {
+pub(super) struct Builder {
     chains: BTreeMap<&'static str, Vec<String>>,
     declared: Vec<&'static str>,
     inserted: BTreeMap<&'static str, Vec<String>>,
 }
 
 impl Builder {
-    fn declare(&mut self, chain: &'static str) {
+    pub(super) fn declare(&mut self, chain: &'static str) {
         if !self.declared.contains(&chain) {
             self.declared.push(chain);
         }
         self.chains.entry(chain).or_default();
     }
 
-    fn append(&mut self, chain: &'static str, rule: impl Into<String>) {
+    pub(super) fn append(&mut self, chain: &'static str, rule: impl Into<String>) {
         self.chains.entry(chain).or_default().push(rule.into());
     }
 
@@ -55,7 +55,7 @@ impl Builder {
         self.inserted.entry(chain).or_default().insert(0, rule.into());
     }
 
-    fn finish(mut self, name: &'static str) -> Option<Table> {
+    pub(super) fn finish(mut self, name: &'static str) -> Option<Table> {
         for (chain, rules) in std::mem::take(&mut self.inserted) {
             let existing = self.chains.entry(chain).or_default();
             let mut combined = rules;
