@@ -17,6 +17,13 @@ use crate::{Netns, Run, run_as, run_in, spawn_in, spawn_in_open, wait_for};
 const PYTHON: &str = "/usr/bin/python3";
 const PROBE: &str = include_str!("../../tools/capture_probe.py");
 
+/// `lines` as [`Listener::all`] lists what was recorded: sorted.
+pub fn sorted(lines: &[&str]) -> Vec<String> {
+    let mut lines: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    lines.sort();
+    lines
+}
+
 /// The probe script in a directory every uid can read.
 #[derive(Debug)]
 pub struct Probe {

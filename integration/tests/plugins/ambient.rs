@@ -8,7 +8,7 @@ use firewall::Family;
 use istio_redirect::rules::Outcome;
 use istio_redirect::rules::ambient::{INPOD_MARK, InPod, PROBE_SNAT_V4, PodOverrides, program};
 use serde_json::json;
-use test_kit::probe::Probe;
+use test_kit::probe::{Probe, sorted};
 use test_kit::{Netns, Node};
 
 const NETWORK: &str = "ambient";
@@ -42,12 +42,6 @@ fn node_with(pods: &[&str]) -> (Node, Vec<Netns>) {
 fn enrol(pod: &Netns, overrides: &PodOverrides) -> Vec<(Family, Outcome)> {
     let ns = netns::NetNs::open(pod.path()).expect("the pod's namespace");
     program(&ns, &InPod::new(true, overrides), &[Family::V4, Family::V6], None).expect("in-pod rules")
-}
-
-fn sorted(lines: &[&str]) -> Vec<String> {
-    let mut lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-    lines.sort();
-    lines
 }
 
 #[test]

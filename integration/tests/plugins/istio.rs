@@ -13,7 +13,7 @@ use istio_redirect::rules::{Mode, Redirect, Selection, render, render_nft};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use test_kit::fakes::api_server::ApiServer;
-use test_kit::probe::Probe;
+use test_kit::probe::{Probe, sorted};
 use test_kit::{Netns, Node, Run, bin_dir, run_in};
 
 const NETWORK: &str = "mesh";
@@ -917,12 +917,6 @@ fn one_deadline_bounds_the_whole_pod_lookup() {
 }
 
 // --- traffic -------------------------------------------------------------
-
-fn sorted(lines: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = lines.iter().map(|s| (*s).to_owned()).collect();
-    v.sort();
-    v
-}
 
 /// bridge + host-local, dual stack, with istio-redirect appended when
 /// `istio` is given.

@@ -10,7 +10,7 @@ use super::*;
 
 /// `-A` lines and declared ISTIO chains per table of an `iptables-save`
 /// text (indented here).
-pub(super) fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
     let unindented: String = save.lines().map(|line| format!("{}\n", line.trim())).collect();
     firewall::iptables::SavedTable::parse_all(&unindented)
         .into_iter()
@@ -27,7 +27,12 @@ pub(super) fn parse(save: &str) -> BTreeMap<String, (Vec<String>, Vec<String>)> 
 }
 
 fn rendered(redirect: &Redirect, family: Family) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
-    render(redirect, family)
+    tables_of(render(redirect, family))
+}
+
+/// Rules and declared chains per table, as [`parse`] gives a listing's.
+fn tables_of(rules: IstioRules) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    rules
         .tables
         .into_iter()
         .map(|t| {
@@ -39,9 +44,11 @@ fn rendered(redirect: &Redirect, family: Family) -> BTreeMap<String, (Vec<String
         .collect()
 }
 
-fn assert_golden(redirect: &Redirect, family: Family, golden: &str) {
+/// `rules` against an `iptables-save` listing: every table's chains and
+/// rules in order, and no table the listing lacks.
+pub(super) fn assert_listing(rules: IstioRules, golden: &str) {
     let want = parse(golden);
-    let got = rendered(redirect, family);
+    let got = tables_of(rules);
     for (table, (rules, chains)) in &want {
         let (got_rules, got_chains) = got.get(table).cloned().unwrap_or_default();
         assert_eq!(&got_chains, chains, "chains of {table}");
@@ -49,6 +56,10 @@ fn assert_golden(redirect: &Redirect, family: Family, golden: &str) {
     }
     let extra: Vec<&String> = got.keys().filter(|t| !want.contains_key(*t)).collect();
     assert!(extra.is_empty(), "tables not in the golden: {extra:?}");
+}
+
+fn assert_golden(redirect: &Redirect, family: Family, golden: &str) {
+    assert_listing(render(redirect, family), golden);
 }
 
 const NAT_HEADER: &str = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:ISTIO_INBOUND - [0:0]\n:ISTIO_IN_REDIRECT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n:ISTIO_REDIRECT - [0:0]\n";

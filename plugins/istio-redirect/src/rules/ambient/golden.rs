@@ -6,28 +6,10 @@
 //! chain and rule by rule in order.
 
 use super::*;
-use crate::rules::golden::parse;
+use crate::rules::golden::assert_listing;
 
 fn assert_golden(in_pod: &InPod, family: Family, golden: &str) {
-    let want = parse(golden);
-    let got: std::collections::BTreeMap<String, (Vec<String>, Vec<String>)> = render_in_pod(in_pod, family)
-        .tables
-        .into_iter()
-        .map(|t| {
-            let chains = t.chains.into_iter().map(str::to_owned).collect();
-            (t.name.to_owned(), (t.rules, chains))
-        })
-        .collect();
-    assert_eq!(
-        got.keys().collect::<Vec<_>>(),
-        want.keys().collect::<Vec<_>>(),
-        "tables"
-    );
-    for (table, (rules, chains)) in &want {
-        let (got_rules, got_chains) = &got[table];
-        assert_eq!(got_chains, chains, "chains of {table}");
-        assert_eq!(got_rules, rules, "rules of {table}");
-    }
+    assert_listing(render_in_pod(in_pod, family), golden);
 }
 
 /// Istio's test cases: the node's DNS capture, then the pod's overrides.
