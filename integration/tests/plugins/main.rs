@@ -8,6 +8,7 @@ mod ambient;
 mod bad_input;
 mod bridge;
 mod chain;
+mod common;
 mod drop_in;
 mod firewall;
 mod host_local;

@@ -9,11 +9,13 @@
 //! - [`policy`]: the NetworkPolicy gate (`policySocket`): a pod's ADD
 //!   waits, bounded, for the kernel to hold its policy; and where the
 //!   agent records which namespaces have one ([`policy::guarded`]).
-//!
-//! The plugin's pod event to the agent (Istio's ambient mode) is to be
-//! the third wire, a module of its own beside these.
+//! - [`pod_event`]: the plugin's pod event (Istio's ambient mode,
+//!   Istio's own wire): a pod's ADD waits until the agent has it in the
+//!   mesh.
 
 #![forbid(unsafe_code)]
 
 pub mod log;
+pub mod pod_event;
 pub mod policy;
+mod stream;

@@ -23,15 +23,16 @@
 
 pub mod guarded;
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::IpAddr;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use cni::env::Invocation;
+
+use crate::stream::{Deadline, connect_within, read_until};
 
 /// The most an ADD waits for the agent's answer.
 pub const WAIT: Duration = Duration::from_secs(3);
@@ -107,32 +108,14 @@ pub fn admit(socket: &Path, invocation: &Invocation, ips: Vec<IpAddr>) -> Result
 /// line sent and every read of the answer (an agent that answers a byte
 /// at a time, or accepts nothing, costs `wait` and no more).
 pub fn ask(socket: &Path, admission: &Admission, wait: Duration) -> io::Result<Answer> {
-    let deadline = Instant::now() + wait;
-    let left = || {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time"))
-        } else {
-            Ok(left)
-        }
-    };
+    let deadline = Deadline::after(wait);
     let mut stream = connect_within(socket, wait)?;
-    stream.set_write_timeout(Some(left()?))?;
+    stream.set_write_timeout(Some(deadline.left()?))?;
     let mut line = serde_json::to_vec(admission).map_err(io::Error::other)?;
     line.push(b'\n');
     stream.write_all(&line)?;
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 512];
-    while !answer.contains(&b'\n') && answer.len() < MAX_LINE {
-        stream.set_read_timeout(Some(left()?))?;
-        let read = stream.read(&mut chunk)?;
-        if read == 0 {
-            break;
-        }
-        answer.extend_from_slice(&chunk[..read]);
-    }
+    let answer = read_until(&mut stream, deadline, MAX_LINE, |read| read.contains(&b'\n'))?;
     let first_line = answer.split(|b| *b == b'\n').next().unwrap_or_default();
-    let first_line = &first_line[..first_line.len().min(MAX_LINE)];
     serde_json::from_slice(first_line.trim_ascii_end()).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -141,30 +124,11 @@ pub fn ask(socket: &Path, admission: &Admission, wait: Duration) -> io::Result<A
     })
 }
 
-/// A connection to `socket` made within `wait`: a Unix stream connect
-/// blocks while the listener's queue is full (an agent frozen or stuck
-/// before it accepts), and only a send timeout bounds it.
-fn connect_within(socket: &Path, wait: Duration) -> io::Result<UnixStream> {
-    use nix::sys::socket::{self as sock, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
-    let fd = sock::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    let timeout = nix::sys::time::TimeVal::new(
-        wait.as_secs().try_into().unwrap_or(i64::MAX),
-        wait.subsec_micros().into(),
-    );
-    sock::setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
-    sock::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &UnixAddr::new(socket)?)?;
-    Ok(UnixStream::from(fd))
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
+    use std::time::Instant;
 
     use super::*;
 
@@ -219,13 +183,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_millis(500));
 
         std::fs::remove_file(&path).expect("rm");
-        let listener = UnixListener::bind(&path).expect("bind");
-        let silent = std::thread::spawn(move || {
-            let (mut stream, _) = listener.accept().expect("accept");
-            let mut sink = Vec::new();
-            // Reads what is sent and answers nothing until the plugin leaves.
-            let _ = stream.read_to_end(&mut sink);
-        });
+        let silent = crate::stream::silent_agent(&path);
         let started = Instant::now();
         let err = ask(&path, &admission(), Duration::from_millis(300)).expect_err("no answer");
         let waited = started.elapsed();

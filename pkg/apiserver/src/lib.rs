@@ -58,6 +58,10 @@ impl Client {
         self.get_json(&format!("/api/v1/namespaces/{namespace}/pods/{name}"), deadline)
     }
 
+    pub fn get_namespace(&self, name: &str, deadline: Instant) -> Result<Value> {
+        self.get_json(&format!("/api/v1/namespaces/{name}"), deadline)
+    }
+
     pub fn server_url(&self) -> &str {
         self.server.url()
     }

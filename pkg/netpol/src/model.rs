@@ -2,7 +2,6 @@
 //! the agent watches, reduced to the fields the policy semantics read, and
 //! label selectors as Kubernetes matches them.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
@@ -13,7 +12,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-pub type Labels = BTreeMap<String, String>;
+pub use labels::{Labels, Selector};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
@@ -155,72 +154,22 @@ impl NamespaceView {
     }
 }
 
-/// A label selector: every `matchLabels` pair and every expression must
-/// hold. One that cannot be read (an unknown operator) selects nothing, as
-/// the API server refuses it anyway.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Selector {
-    requirements: Vec<Requirement>,
-    unreadable: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Requirement {
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-impl Selector {
-    pub fn from_label_selector(selector: &LabelSelector) -> Selector {
-        let mut requirements: Vec<Requirement> = selector
-            .match_labels
-            .iter()
-            .flatten()
-            .map(|(k, v)| Requirement::In(k.clone(), vec![v.clone()]))
-            .collect();
-        let mut unreadable = false;
-        for expression in selector.match_expressions.iter().flatten() {
-            let key = expression.key.clone();
-            let values = expression.values.clone().unwrap_or_default();
-            requirements.push(match expression.operator.as_str() {
-                "In" => Requirement::In(key, values),
-                "NotIn" => Requirement::NotIn(key, values),
-                "Exists" => Requirement::Exists(key),
-                "DoesNotExist" => Requirement::DoesNotExist(key),
-                _ => {
-                    unreadable = true;
-                    continue;
-                }
-            });
-        }
-        Selector {
-            requirements,
-            unreadable,
-        }
-    }
-
-    /// `matchLabels` only, for tests and callers that build selectors.
-    pub fn labels(pairs: &[(&str, &str)]) -> Selector {
-        Selector {
-            requirements: pairs
-                .iter()
-                .map(|(k, v)| Requirement::In((*k).into(), vec![(*v).into()]))
-                .collect(),
-            unreadable: false,
-        }
-    }
-
-    pub fn matches(&self, labels: &Labels) -> bool {
-        !self.unreadable
-            && self.requirements.iter().all(|r| match r {
-                Requirement::In(k, values) => labels.get(k).is_some_and(|v| values.contains(v)),
-                Requirement::NotIn(k, values) => labels.get(k).is_none_or(|v| !values.contains(v)),
-                Requirement::Exists(k) => labels.contains_key(k),
-                Requirement::DoesNotExist(k) => !labels.contains_key(k),
-            })
-    }
+/// A selector of the API's objects, as [`labels::Selector::lenient`]
+/// reads it (the API server accepted it already).
+pub fn selector(selector: &LabelSelector) -> Selector {
+    let expressions = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|e| labels::Expression {
+            key: e.key.clone(),
+            operator: e.operator.clone(),
+            values: e.values.clone(),
+        });
+    Selector::lenient(&labels::LabelSelector {
+        match_labels: selector.match_labels.clone(),
+        match_expressions: Some(expressions.collect()),
+    })
 }
 
 /// Who a rule allows to talk to or from the selected pods.
@@ -295,7 +244,7 @@ impl Policy {
         Policy {
             namespace: policy.metadata.namespace.clone().unwrap_or_default(),
             name: policy.metadata.name.clone().unwrap_or_default(),
-            pod_selector: Selector::from_label_selector(&spec.pod_selector.unwrap_or_default()),
+            pod_selector: selector(&spec.pod_selector.unwrap_or_default()),
             ingress,
             egress,
         }
@@ -338,11 +287,8 @@ fn peer(peer: &NetworkPolicyPeer) -> Option<Peer> {
         return None;
     }
     Some(Peer::Pods {
-        pods: peer.pod_selector.as_ref().map(Selector::from_label_selector),
-        namespaces: peer
-            .namespace_selector
-            .as_ref()
-            .map(Selector::from_label_selector),
+        pods: peer.pod_selector.as_ref().map(selector),
+        namespaces: peer.namespace_selector.as_ref().map(selector),
     })
 }
 

@@ -11,6 +11,7 @@ use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
 
 use crate::annotations::Proxy;
+use crate::enrolment::{EnablementSelector, Enrolment};
 
 /// Where Istio's install puts the plugin's kubeconfig.
 pub const DEFAULT_RUN_DIR: &str = "/var/run/istio-cni";
@@ -24,7 +25,7 @@ pub const KEYS: Shape = Shape::Struct(&[
         plain("plugin_log_level"),
         plain("cni_agent_run_dir"),
         plain("ambient_enabled"),
-        plain("enablement_selectors"),
+        keys::field("enablement_selectors", crate::enrolment::SELECTORS),
         plain("exclude_namespaces"),
         plain("pod_namespace"),
         plain("native_nftables"),
@@ -46,6 +47,13 @@ pub const KEYS: Shape = Shape::Struct(&[
 pub struct IstioConfig {
     pub log_level: Option<String>,
     pub kubeconfig: PathBuf,
+    /// `ambient_enabled`: enrolled pods go to the node agent (Istio's
+    /// ambient mode) instead of getting a sidecar's capture.
+    pub ambient: bool,
+    /// `enablement_selectors`: Istio's defaults when the entry has none.
+    pub enrolment: Enrolment,
+    /// Where the node agent takes pod events.
+    pub pod_event_socket: PathBuf,
     pub exclude_namespaces: Vec<String>,
     pub pod_namespace: Option<String>,
     pub native_nftables: bool,
@@ -70,10 +78,16 @@ impl IstioConfig {
         let run_dir: String = conf
             .plugin_key("cni_agent_run_dir")?
             .unwrap_or_else(|| DEFAULT_RUN_DIR.to_owned());
+        let run_dir = PathBuf::from(run_dir);
         let kubeconfig = conf
             .plugin_key::<String>("kubeconfig")?
             .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(run_dir).join(KUBECONFIG_FILE));
+            .unwrap_or_else(|| run_dir.join(KUBECONFIG_FILE));
+        let enrolment = match conf.plugin_key::<Vec<EnablementSelector>>("enablement_selectors")? {
+            Some(selectors) => Enrolment::from_selectors(&selectors)
+                .map_err(|e| Error::invalid_config(format!("invalid enablement_selectors: {e}")))?,
+            None => Enrolment::istio_default(),
+        };
         let defaults = Proxy::default();
         let iptables_flavour = match conf.plugin_key::<String>("iptables_backend")? {
             Some(text) => IptablesFlavour::parse(&text)
@@ -83,6 +97,9 @@ impl IstioConfig {
         Ok(IstioConfig {
             log_level: conf.plugin_key("plugin_log_level")?,
             kubeconfig,
+            ambient: conf.plugin_key("ambient_enabled")?.unwrap_or(false),
+            enrolment,
+            pod_event_socket: run_dir.join(agent_wire::pod_event::SOCKET_NAME),
             exclude_namespaces: conf.plugin_key("exclude_namespaces")?.unwrap_or_default(),
             pod_namespace: conf
                 .plugin_key::<String>("pod_namespace")?
@@ -137,6 +154,23 @@ mod tests {
             "ipam": {}, "native_nftables": false, "plugin_log_level": "debug", "pod_namespace": "istio-system"}))
         .expect("valid");
         assert_eq!(c.kubeconfig, PathBuf::from("/run/istio-cni/istio-cni-kubeconfig"));
+        assert_eq!(
+            c.pod_event_socket,
+            PathBuf::from("/run/istio-cni/pluginevent.sock")
+        );
+        assert!(!c.ambient);
+        assert_eq!(
+            c.enrolment,
+            Enrolment::from_selectors(&[]).expect("valid"),
+            "Istio's own empty list enrols nothing"
+        );
+        let ambient = load(json!({"ambient_enabled": true})).expect("valid");
+        assert!(ambient.ambient);
+        assert_eq!(
+            ambient.enrolment,
+            Enrolment::istio_default(),
+            "none given: Istio's defaults"
+        );
         assert_eq!(c.exclude_namespaces, ["kube-system"]);
         assert_eq!(c.pod_namespace.as_deref(), Some("istio-system"));
         assert_eq!(c.log_level(), Some("debug"));
@@ -161,7 +195,10 @@ mod tests {
     fn every_key_reads_null_as_absent() {
         let prev_result = cni::keys::full_prev_result();
         let istio = json!({"plugin_log_level": "debug", "cni_agent_run_dir": "/run/istio-cni",
-            "ambient_enabled": false, "enablement_selectors": [], "exclude_namespaces": ["kube-system"],
+            "ambient_enabled": true, "exclude_namespaces": ["kube-system"],
+            "enablement_selectors": [{"podSelector": {"matchLabels": {"app": "web"},
+                "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}]},
+                "namespaceSelector": {"matchLabels": {"mesh": "on"}}}],
             "pod_namespace": "istio-system", "native_nftables": true, "kubeconfig": "/etc/kc",
             "proxy_uid": 1000, "proxy_gid": 1000, "dns_capture": true, "dual_stack": true,
             "invalid_drop": true, "redirect": {"interceptionMode": "TPROXY", "excludeInboundPorts": "22"},
@@ -197,6 +234,11 @@ mod tests {
             (json!({"redirect": ["x"]}), "redirect"),
             (json!({"iptables_backend": "ebtables"}), "iptables_backend"),
             (json!({"native_nftables": "yes"}), "native_nftables"),
+            (json!({"ambient_enabled": "true"}), "ambient_enabled"),
+            (
+                json!({"enablement_selectors": [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}]}),
+                "enablement_selectors",
+            ),
         ] {
             let err = load(bad).expect_err(key);
             assert!(err.has_code(cni::Code::InvalidConfig));

@@ -8,6 +8,7 @@
 
 mod annotations;
 mod config;
+pub mod enrolment;
 mod plugin;
 mod pod;
 mod pod_lookup;

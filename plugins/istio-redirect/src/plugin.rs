@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use agent_wire::pod_event::{self, PodEvent};
 use cni::conf::POD_ANNOTATIONS_KEY;
 use cni::fault;
 use cni::{Attachment, CniResult, Error, Plugin, Request, Result};
@@ -18,7 +19,8 @@ use crate::rules::{CaptureBackend, Mode, Outcome, Redirect, TPROXY_MARK, TPROXY_
 
 use crate::annotations;
 use crate::config::IstioConfig;
-use crate::pod::PodInfo;
+use crate::pod::{PodInfo, labels_of};
+use crate::pod_lookup::Lookup;
 
 /// TPROXY's policy routing: marked packets are delivered locally.
 const TPROXY_RULE: FwmarkRule = FwmarkRule::new(TPROXY_MARK, TPROXY_TABLE);
@@ -39,6 +41,11 @@ pub struct IstioRedirect;
 enum Decision {
     PassThrough(String),
     Capture(Redirect),
+    /// Ambient mode: the node agent puts the pod in the mesh.
+    Enrol {
+        namespace: String,
+        name: String,
+    },
 }
 
 fn config_error(msg: impl Into<String>) -> Error {
@@ -46,8 +53,8 @@ fn config_error(msg: impl Into<String>) -> Error {
 }
 
 /// Istio's order: its own pods, missing Kubernetes arguments (then the
-/// static settings, or nothing), excluded namespaces, the pod's own skip
-/// rules, then its annotations.
+/// static settings, or nothing), excluded namespaces, ambient enrolment
+/// (when on), the pod's own skip rules, then its annotations.
 fn decide(req: &Request, cfg: &IstioConfig) -> Result<Decision> {
     let args = req.env.args()?;
     args.expect_only(&K8S_ARGS)?;
@@ -74,7 +81,22 @@ fn decide(req: &Request, cfg: &IstioConfig) -> Result<Decision> {
             "namespace {namespace} is excluded"
         )));
     }
-    let pod = pod_info(req, cfg, namespace, name)?;
+    let pod = if cfg.ambient {
+        // Ambient reads labels, which only the API has; a pod it does not
+        // enrol may still have a sidecar to capture for.
+        let lookup = Lookup::new(cfg)?;
+        let pod = PodInfo::from_api(&lookup.pod(namespace, name)?);
+        let namespace_labels = labels_of(&lookup.namespace(namespace)?);
+        if cfg.enrolment.matches(pod.candidate(), &namespace_labels) {
+            return Ok(Decision::Enrol {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            });
+        }
+        pod
+    } else {
+        pod_info(req, cfg, namespace, name)?
+    };
     if let Some(reason) = pod.skip_reason() {
         return Ok(Decision::PassThrough(format!("pod {namespace}/{name}: {reason}")));
     }
@@ -90,7 +112,40 @@ fn pod_info(req: &Request, cfg: &IstioConfig, namespace: &str, name: &str) -> Re
     if conf.has_capability(POD_ANNOTATIONS_KEY) && conf.runtime_config.get(POD_ANNOTATIONS_KEY).is_some() {
         return PodInfo::from_annotations(conf.runtime_config.pod_annotations()?).map_err(config_error);
     }
-    crate::pod_lookup::get_pod(cfg, namespace, name).map(|pod| PodInfo::from_api(&pod))
+    Lookup::new(cfg)?
+        .pod(namespace, name)
+        .map(|pod| PodInfo::from_api(&pod))
+}
+
+/// Ambient mode: the node agent puts the pod's redirection in and hands
+/// it to ztunnel, and the ADD returns once it says so; when it cannot (no
+/// agent, no ztunnel), the pod does not start, and the runtime retries.
+fn enrol(att: &Attachment, cfg: &IstioConfig, result: &CniResult, namespace: &str, name: &str) -> Result<()> {
+    let netns = att
+        .netns
+        .as_ref()
+        .ok_or_else(|| Error::invalid_config("ambient enrolment needs CNI_NETNS"))?;
+    let event = PodEvent {
+        netns: netns.display().to_string(),
+        pod_name: name.to_owned(),
+        pod_namespace: namespace.to_owned(),
+        ips: result
+            .ips
+            .iter()
+            .map(|ip| pod_event::IpConfig {
+                interface: ip.interface,
+                address: ip.address,
+                gateway: ip.gateway,
+            })
+            .collect(),
+    };
+    pod_event::push(&cfg.pod_event_socket, &event, pod_event::WAIT).map_err(|e| {
+        Error::try_again_later(format!(
+            "pod {namespace}/{name} is enrolled in ambient mode and the node agent did not put it in the mesh: {e}; it is not started outside the mesh (the runtime retries)"
+        ))
+    })?;
+    log::info!("pod {namespace}/{name}: in the mesh (ambient)");
+    Ok(())
 }
 
 /// Istio's IPv6 decision, from inside the pod: with dual stack, any global
@@ -232,12 +287,14 @@ impl Plugin for IstioRedirect {
         match decide(req, &cfg)? {
             Decision::PassThrough(reason) => log::info!("not capturing: {reason}"),
             Decision::Capture(redirect) => capture(att, &cfg, &redirect)?,
+            Decision::Enrol { namespace, name } => enrol(att, &cfg, &result, &namespace, &name)?,
         }
         Ok(result)
     }
 
     fn check(&self, req: &Request, att: &Attachment) -> Result<()> {
         let cfg = IstioConfig::load(&req.conf)?;
+        // An enrolled pod's rules are the agent's, which keeps them.
         let Decision::Capture(redirect) = decide(req, &cfg)? else {
             return Ok(());
         };

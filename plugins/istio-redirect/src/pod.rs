@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::annotations::{self, INJECT, INTERCEPTION_MODE, Proxy, STATUS, go_bool};
+use crate::enrolment::Candidate;
 
 pub const PROXY_CONTAINER: &str = "istio-proxy";
 pub const INIT_CONTAINER: &str = "istio-init";
@@ -27,8 +28,16 @@ pub struct PodInfo {
     /// Init containers and containers.
     pub containers: Vec<String>,
     pub proxy: Option<ProxyContainer>,
+    /// `spec.hostNetwork` (the API only: a runtime runs no CNI for such a
+    /// pod).
+    pub host_network: bool,
     /// Env and ids came from the plugin's defaults, not the pod spec.
     from_annotations: bool,
+}
+
+/// An object's `metadata.labels` (a pod's, a namespace's).
+pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
+    string_map(&object["metadata"]["labels"])
 }
 
 fn string_map(value: &Value) -> BTreeMap<String, String> {
@@ -78,6 +87,7 @@ impl PodInfo {
             labels: BTreeMap::new(),
             containers,
             proxy,
+            host_network: false,
             from_annotations: true,
         })
     }
@@ -119,10 +129,20 @@ impl PodInfo {
         }
         PodInfo {
             annotations: string_map(&pod["metadata"]["annotations"]),
-            labels: string_map(&pod["metadata"]["labels"]),
+            labels: labels_of(pod),
             containers,
             proxy,
+            host_network: spec["hostNetwork"].as_bool().unwrap_or(false),
             from_annotations: false,
+        }
+    }
+
+    /// What ambient's enrolment reads of the pod.
+    pub fn candidate(&self) -> Candidate<'_> {
+        Candidate {
+            labels: &self.labels,
+            host_network: self.host_network,
+            has_sidecar: self.annotations.contains_key(STATUS),
         }
     }
 

@@ -550,6 +550,10 @@ fn answer<T: std::io::Read + Write>(tls: &mut T, shared: &Shared, token: &str) -
                 None => not_found("pods", name),
             }
         }
+        ("GET", ["api", "v1", "namespaces", name]) => match shared.lock().namespaces.get(*name) {
+            Some(namespace) => (200, namespace.clone()),
+            None => not_found("namespaces", name),
+        },
         ("GET", ["api", "v1", "nodes", name]) => match shared.lock().nodes.get(*name) {
             Some(node) => (200, node.clone()),
             None => not_found("nodes", name),
