@@ -43,17 +43,22 @@ pub const KEYS: Shape = Shape::Struct(&[
     ],
 ]);
 
+/// Ambient mode's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ambient {
+    /// `enablement_selectors`: Istio's defaults when the entry has none.
+    pub enrolment: Enrolment,
+    /// Where the node agent takes pod events.
+    pub pod_event_socket: PathBuf,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct IstioConfig {
     pub log_level: Option<String>,
     pub kubeconfig: PathBuf,
     /// `ambient_enabled`: enrolled pods go to the node agent (Istio's
     /// ambient mode) instead of getting a sidecar's capture.
-    pub ambient: bool,
-    /// `enablement_selectors`: Istio's defaults when the entry has none.
-    pub enrolment: Enrolment,
-    /// Where the node agent takes pod events.
-    pub pod_event_socket: PathBuf,
+    pub ambient: Option<Ambient>,
     pub exclude_namespaces: Vec<String>,
     pub pod_namespace: Option<String>,
     pub native_nftables: bool,
@@ -97,9 +102,13 @@ impl IstioConfig {
         Ok(IstioConfig {
             log_level: conf.plugin_key("plugin_log_level")?,
             kubeconfig,
-            ambient: conf.plugin_key("ambient_enabled")?.unwrap_or(false),
-            enrolment,
-            pod_event_socket: run_dir.join(agent_wire::pod_event::SOCKET_NAME),
+            ambient: conf
+                .plugin_key("ambient_enabled")?
+                .unwrap_or(false)
+                .then(|| Ambient {
+                    enrolment,
+                    pod_event_socket: run_dir.join(agent_wire::pod_event::SOCKET_NAME),
+                }),
             exclude_namespaces: conf.plugin_key("exclude_namespaces")?.unwrap_or_default(),
             pod_namespace: conf
                 .plugin_key::<String>("pod_namespace")?
@@ -154,22 +163,44 @@ mod tests {
             "ipam": {}, "native_nftables": false, "plugin_log_level": "debug", "pod_namespace": "istio-system"}))
         .expect("valid");
         assert_eq!(c.kubeconfig, PathBuf::from("/run/istio-cni/istio-cni-kubeconfig"));
+        assert_eq!(c.ambient, None);
+        let on = |extra: Value| {
+            let mut doc = json!({"ambient_enabled": true, "cni_agent_run_dir": "/run/istio-cni"});
+            if let (Some(d), Value::Object(e)) = (doc.as_object_mut(), extra) {
+                d.extend(e);
+            }
+            load(doc).expect("valid").ambient.expect("ambient mode")
+        };
+        let ambient = on(json!({}));
         assert_eq!(
-            c.pod_event_socket,
+            ambient.pod_event_socket,
             PathBuf::from("/run/istio-cni/pluginevent.sock")
         );
-        assert!(!c.ambient);
-        assert_eq!(
-            c.enrolment,
-            Enrolment::from_selectors(&[]).expect("valid"),
-            "Istio's own empty list enrols nothing"
-        );
-        let ambient = load(json!({"ambient_enabled": true})).expect("valid");
-        assert!(ambient.ambient);
         assert_eq!(
             ambient.enrolment,
             Enrolment::istio_default(),
             "none given: Istio's defaults"
+        );
+        assert_eq!(
+            on(json!({"enablement_selectors": []})).enrolment,
+            Enrolment::from_selectors(&[]).expect("valid"),
+            "Istio's own empty list enrols nothing"
+        );
+        // Go's decoder: any case of each key, down the selectors (as the
+        // skeleton folds the keys before the plugin reads them).
+        let mut doc = json!({"cniVersion": "1.0.0", "name": "net", "type": "istio-redirect", "ambient_enabled": true,
+            "Enablement_Selectors": [{"PodSelector": {"MatchLabels": {"app": "web"}}}]});
+        cni::keys::fold(&mut doc, &KEYS);
+        let conf = NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf");
+        let folded = IstioConfig::load(&conf)
+            .expect("valid")
+            .ambient
+            .expect("ambient mode");
+        let expected: Vec<EnablementSelector> =
+            serde_json::from_value(json!([{"podSelector": {"matchLabels": {"app": "web"}}}])).expect("JSON");
+        assert_eq!(
+            folded.enrolment,
+            Enrolment::from_selectors(&expected).expect("valid")
         );
         assert_eq!(c.exclude_namespaces, ["kube-system"]);
         assert_eq!(c.pod_namespace.as_deref(), Some("istio-system"));

@@ -1,6 +1,7 @@
 //! The verbs: decide whether and how a pod is captured, then program it.
 
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use agent_wire::pod_event::{self, PodEvent};
 use cni::conf::POD_ANNOTATIONS_KEY;
@@ -41,8 +42,10 @@ pub struct IstioRedirect;
 enum Decision {
     PassThrough(String),
     Capture(Redirect),
-    /// Ambient mode: the node agent puts the pod in the mesh.
+    /// Ambient mode: the node agent, listening at `socket`, puts the pod
+    /// in the mesh.
     Enrol {
+        socket: PathBuf,
         namespace: String,
         name: String,
     },
@@ -81,14 +84,15 @@ fn decide(req: &Request, cfg: &IstioConfig) -> Result<Decision> {
             "namespace {namespace} is excluded"
         )));
     }
-    let pod = if cfg.ambient {
+    let pod = if let Some(ambient) = &cfg.ambient {
         // Ambient reads labels, which only the API has; a pod it does not
         // enrol may still have a sidecar to capture for.
         let lookup = Lookup::new(cfg)?;
         let pod = PodInfo::from_api(&lookup.pod(namespace, name)?);
         let namespace_labels = labels_of(&lookup.namespace(namespace)?);
-        if cfg.enrolment.matches(pod.candidate(), &namespace_labels) {
+        if ambient.enrolment.matches(pod.candidate(), &namespace_labels) {
             return Ok(Decision::Enrol {
+                socket: ambient.pod_event_socket.clone(),
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
             });
@@ -120,7 +124,7 @@ fn pod_info(req: &Request, cfg: &IstioConfig, namespace: &str, name: &str) -> Re
 /// Ambient mode: the node agent puts the pod's redirection in and hands
 /// it to ztunnel, and the ADD returns once it says so; when it cannot (no
 /// agent, no ztunnel), the pod does not start, and the runtime retries.
-fn enrol(att: &Attachment, cfg: &IstioConfig, result: &CniResult, namespace: &str, name: &str) -> Result<()> {
+fn enrol(att: &Attachment, socket: &Path, result: &CniResult, namespace: &str, name: &str) -> Result<()> {
     let netns = att
         .netns
         .as_ref()
@@ -139,7 +143,7 @@ fn enrol(att: &Attachment, cfg: &IstioConfig, result: &CniResult, namespace: &st
             })
             .collect(),
     };
-    pod_event::push(&cfg.pod_event_socket, &event, pod_event::WAIT).map_err(|e| {
+    pod_event::push(socket, &event, pod_event::WAIT).map_err(|e| {
         Error::try_again_later(format!(
             "pod {namespace}/{name} is enrolled in ambient mode and the node agent did not put it in the mesh: {e}; it is not started outside the mesh (the runtime retries)"
         ))
@@ -287,7 +291,11 @@ impl Plugin for IstioRedirect {
         match decide(req, &cfg)? {
             Decision::PassThrough(reason) => log::info!("not capturing: {reason}"),
             Decision::Capture(redirect) => capture(att, &cfg, &redirect)?,
-            Decision::Enrol { namespace, name } => enrol(att, &cfg, &result, &namespace, &name)?,
+            Decision::Enrol {
+                socket,
+                namespace,
+                name,
+            } => enrol(att, &socket, &result, &namespace, &name)?,
         }
         Ok(result)
     }

@@ -47,24 +47,18 @@ fn bypass_inbound_capture() {
 }
 
 #[test]
-fn virtual_interfaces_rerouted() {
-    let pod = PodOverrides {
-        virtual_interfaces: virtual_interfaces(),
-        ..PodOverrides::default()
-    };
-    let golden = include_str!("testdata/virtual_interfaces.save");
-    assert_golden(&case(false, pod), Family::V4, golden);
-}
-
-#[test]
-fn bypass_inbound_and_virtual_interfaces() {
-    let pod = PodOverrides {
-        bypass_inbound: true,
-        virtual_interfaces: virtual_interfaces(),
-        ..PodOverrides::default()
-    };
-    let golden = include_str!("testdata/ingress_and_virtual_interfaces.save");
-    assert_golden(&case(false, pod), Family::V4, golden);
+fn virtual_interfaces_rerouted_with_and_without_inbound() {
+    for (bypass_inbound, golden) in [
+        (false, include_str!("testdata/virtual_interfaces.save")),
+        (true, include_str!("testdata/ingress_and_virtual_interfaces.save")),
+    ] {
+        let pod = PodOverrides {
+            bypass_inbound,
+            virtual_interfaces: virtual_interfaces(),
+            ..PodOverrides::default()
+        };
+        assert_golden(&case(false, pod), Family::V4, golden);
+    }
 }
 
 #[test]
