@@ -115,11 +115,6 @@ impl Selector {
                 Requirement::DoesNotExist(k) => !labels.contains_key(k),
             })
     }
-
-    /// Whether it selects everything (no requirement at all).
-    pub fn is_everything(&self) -> bool {
-        !self.unreadable && self.requirements.is_empty()
-    }
 }
 
 fn match_labels(selector: &LabelSelector) -> Vec<Requirement> {
@@ -146,7 +141,7 @@ mod tests {
     #[test]
     fn every_requirement_must_hold_and_empty_selects_everything() {
         let everything = selector("{}").expect("valid");
-        assert!(everything.is_everything() && everything.matches(&Labels::new()));
+        assert!(everything.matches(&Labels::new()) && everything.matches(&labels(&[("app", "web")])));
         let s = selector(
             r#"{"matchLabels": {"app": "web"}, "matchExpressions": [
                 {"key": "tier", "operator": "In", "values": ["a", "b"]},
@@ -188,7 +183,7 @@ mod tests {
             let err = selector(json).expect_err(json);
             assert!(err.contains(says), "{err}");
             let lenient = Selector::lenient(&serde_json::from_str(json).expect("JSON"));
-            assert!(!lenient.matches(&labels(&[("a", "x")])) && !lenient.is_everything());
+            assert!(!lenient.matches(&labels(&[("a", "x")])) && !lenient.matches(&Labels::new()));
         }
     }
 }

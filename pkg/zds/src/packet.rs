@@ -36,10 +36,6 @@ impl From<nix::Error> for PacketError {
 pub struct ReceivedFd(RawFd);
 
 impl ReceivedFd {
-    pub fn raw(&self) -> RawFd {
-        self.0
-    }
-
     /// What it is, as the kernel names it (`net:[4026532xyz]` for a
     /// network namespace).
     pub fn describe(&self) -> io::Result<PathBuf> {
