@@ -16,7 +16,7 @@ use crate::controllers::install::{self, Installer};
 use crate::controllers::lease_service::{self, LeaseDir, LeaseService};
 use crate::controllers::plugin_logs::{self, PluginLogs};
 use crate::controllers::routes::{self, Routes};
-use crate::controllers::{istio_chain, network_policy, node_watch, readiness_taint, repair};
+use crate::controllers::{ambient, istio_chain, network_policy, node_watch, readiness_taint, repair};
 use crate::error::Error;
 use crate::health::{self, Health};
 use crate::metrics::Metrics;
@@ -189,6 +189,19 @@ impl Agent {
                 entry,
                 metrics.clone(),
                 pods,
+            )));
+        }
+        let ambient_options = match &istio {
+            Some(istio) => ambient::Options::from_settings(&settings, &istio.entry)?,
+            None => None,
+        };
+        if let Some(options) = ambient_options {
+            let pods = pod_watch.pods_of(&options.node_name);
+            tasks.push(tokio::spawn(ambient::run(
+                client.clone(),
+                options,
+                pods,
+                metrics.clone(),
             )));
         }
         if let Some(istio) = istio.clone() {

@@ -28,14 +28,16 @@
 //!    `Options` built from the settings and one `run`: the conflist, the
 //!    routes and the masquerade (`egress`), run by the Node watch
 //!    (`node_watch`); the plugins' install, Istio's chained install
-//!    (`istio_chain`), the repair of pods that raced it, the lease
+//!    (`istio_chain`), Istio's ambient mode (`ambient`: the plugin's pod
+//!    events, the ZDS server), the repair of pods that raced it, the lease
 //!    service, and the plugins' log records (`plugin_logs`).
 //! 4. [`uninstall`]: what uninstall removes, one function per step.
 //! 5. [`agent`]: the lifecycle, the controllers started in order and the
 //!    stop and uninstall orders, each stated once.
 //!
 //! The controllers are a folder of their own, one file each, or a folder
-//! where a controller has parts (`install/bin_dir.rs`, `istio_chain/files.rs`
+//! where a controller has parts (`ambient/plugin_events.rs` and
+//! `zds_server.rs`, `install/bin_dir.rs`, `istio_chain/files.rs`
 //! and `kubeconfig.rs`, `lease_service/service.rs`, `egress/rules.rs`), so the layers show
 //! in the tree.
 //!

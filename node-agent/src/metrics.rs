@@ -18,6 +18,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::settings::RepairMode;
@@ -113,6 +114,11 @@ struct Families {
     /// `policy_gate_up` is not exposed at all.
     policy_gate_configured: AtomicBool,
     repairs: Family<[Label; 2], Counter>,
+    plugin_requests: Family<[Label; 1], Counter>,
+    ztunnel_connected: Gauge,
+    pods_in_mesh: Gauge,
+    zds_acks: Family<[Label; 1], Counter>,
+    zds_ack_seconds: Histogram,
     /// Where the lease service whose counts are shown listens: the lease
     /// directory's socket, whoever started the service there.
     lease_socket: Option<PathBuf>,
@@ -179,6 +185,37 @@ impl Metrics {
             "Broken pods handled by the repair controller, by mode (type) and result",
             repairs.clone(),
         );
+        let plugin_requests = Family::<[Label; 1], Counter>::default();
+        registry.register(
+            "istio_cni_plugin_requests",
+            "Ambient pod events from the plugin, by the HTTP status they were answered with (200: in the mesh)",
+            plugin_requests.clone(),
+        );
+        let ztunnel_connected = Gauge::default();
+        registry.register(
+            "ztunnel_connected",
+            "ztunnel connections to the ZDS socket (2 while one hands over to the next)",
+            ztunnel_connected.clone(),
+        );
+        let pods_in_mesh = Gauge::default();
+        registry.register(
+            "cni_suite_ambient_pods_enrolled",
+            "This node's pods in ambient mode's mesh",
+            pods_in_mesh.clone(),
+        );
+        let zds_acks = Family::<[Label; 1], Counter>::default();
+        registry.register(
+            "cni_suite_zds_acks",
+            "ztunnel's answers to pods' adds, by result (acked, or refused or lost)",
+            zds_acks.clone(),
+        );
+        let zds_ack_seconds = Histogram::new([0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0]);
+        registry.register_with_unit(
+            "cni_suite_zds_ack",
+            "From a pod's add queued for ztunnel to its answer",
+            Unit::Seconds,
+            zds_ack_seconds.clone(),
+        );
         // Zero from the start, so that a rate over the first failure sees
         // it rise.
         for result in InstallResult::ALL {
@@ -191,6 +228,9 @@ impl Metrics {
         }
         for answer in ["enforced", "not_enforced"] {
             policy_admissions.get_or_create_owned(&[("answer", answer)]);
+        }
+        for result in ["acked", "failed"] {
+            zds_acks.get_or_create_owned(&[("result", result)]);
         }
         Metrics {
             families: Arc::new(Families {
@@ -206,6 +246,11 @@ impl Metrics {
                 policy_gate_up: Gauge::default(),
                 policy_gate_configured: AtomicBool::new(false),
                 repairs,
+                plugin_requests,
+                ztunnel_connected,
+                pods_in_mesh,
+                zds_acks,
+                zds_ack_seconds,
                 lease_socket,
             }),
         }
@@ -275,6 +320,41 @@ impl Metrics {
             .repairs
             .get_or_create(&[("type", mode), ("result", outcome.repair_label())])
             .inc();
+    }
+
+    /// An ambient pod event answered with HTTP `status`.
+    pub fn plugin_request(&self, status: u16) {
+        let code = match status {
+            200 => "200",
+            400 => "400",
+            404 => "404",
+            413 => "413",
+            _ => "500",
+        };
+        self.families
+            .plugin_requests
+            .get_or_create(&[("response_code", code)])
+            .inc();
+    }
+
+    pub fn ztunnels_connected(&self, count: usize) {
+        self.families
+            .ztunnel_connected
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub fn pods_in_mesh(&self, count: usize) {
+        self.families
+            .pods_in_mesh
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// ztunnel's answer to a pod's add, `waited` after it was queued.
+    pub fn zds_acked(&self, acked: bool, waited: Duration) {
+        let result = if acked { "acked" } else { "failed" };
+        let families = &self.families;
+        families.zds_acks.get_or_create(&[("result", result)]).inc();
+        families.zds_ack_seconds.observe(waited.as_secs_f64());
     }
 
     /// The exposition of one scrape, `ready` being the agent's readiness
@@ -397,6 +477,12 @@ mod tests {
         counting.policy_admitted(true);
         counting.repaired(RepairMode::Delete, Outcome::Success);
         counting.repaired(RepairMode::Repair, Outcome::Failure);
+        counting.plugin_request(200);
+        counting.plugin_request(500);
+        counting.plugin_request(200);
+        counting.ztunnels_connected(1);
+        counting.pods_in_mesh(3);
+        counting.zds_acked(true, Duration::from_millis(3));
         let exposition = metrics.scrape(true);
         assert!(exposition.ends_with("# EOF\n"), "{exposition}");
         assert!(
@@ -421,8 +507,24 @@ mod tests {
             r#"cni_suite_policy_admissions_total{answer="not_enforced"} 0"#,
             r#"istio_cni_repair_pods_repaired_total{type="delete",result="success"} 1"#,
             r#"istio_cni_repair_pods_repaired_total{type="repair",result="fail"} 1"#,
+            r#"istio_cni_plugin_requests_total{response_code="200"} 2"#,
+            r#"istio_cni_plugin_requests_total{response_code="500"} 1"#,
+            "ztunnel_connected 1",
+            "cni_suite_ambient_pods_enrolled 3",
+            r#"cni_suite_zds_acks_total{result="acked"} 1"#,
+            r#"cni_suite_zds_acks_total{result="failed"} 0"#,
+            "cni_suite_zds_ack_seconds_sum 0.003",
+            "cni_suite_zds_ack_seconds_count 1",
         ];
-        let found = samples(&exposition);
+        // The histogram's buckets apart: one holds the ack, by its bound.
+        let (buckets, found): (Vec<&str>, Vec<&str>) = samples(&exposition)
+            .into_iter()
+            .partition(|line| line.contains("_bucket{"));
+        assert!(
+            buckets.contains(&r#"cni_suite_zds_ack_seconds_bucket{le="0.002"} 0"#)
+                && buckets.contains(&r#"cni_suite_zds_ack_seconds_bucket{le="0.005"} 1"#),
+            "{buckets:?}"
+        );
         for line in expected {
             assert!(found.contains(&line), "{line} not in:\n{exposition}");
         }

@@ -35,6 +35,18 @@ fn start_time(proc_root: &Path, pid: &str) -> Option<u64> {
 /// processes (a failing init container's may be gone a moment later).
 /// The agent's own namespace (the host's) is never a pod's.
 pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> {
+    let mut found = find_all(proc_root, &[ips.to_vec()])?;
+    Ok(found.pop().flatten())
+}
+
+/// [`find`] for many pods in one scan of /proc (an agent that restarted
+/// finds every enrolled pod's at once): for each pod's addresses, in
+/// order, the namespace that holds one of them.
+pub fn find_all(proc_root: &Path, pods: &[Vec<IpAddr>]) -> Result<Vec<Option<PathBuf>>, Error> {
+    let mut found = vec![None; pods.len()];
+    if pods.is_empty() {
+        return Ok(found);
+    }
     let own = namespace_id(&proc_root.join("self/ns/net"))
         .map_err(|e| Error::read(&proc_root.join("self/ns/net"), e))?;
     let entries = std::fs::read_dir(proc_root).map_err(|e| Error::read(proc_root, e))?;
@@ -68,11 +80,21 @@ pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> 
     }
     let mut candidates: Vec<(u64, String)> = oldest.into_values().collect();
     candidates.sort();
+    let mut left = pods.len();
     for (_, pid) in candidates {
+        if left == 0 {
+            break;
+        }
         let path = proc_root.join(&pid).join("ns/net");
-        match holds_any(&path, ips) {
-            Ok(true) => return Ok(Some(path)),
-            Ok(false) => {}
+        match addresses_in(&path) {
+            Ok(held) => {
+                for (pod, ips) in pods.iter().enumerate() {
+                    if found[pod].is_none() && ips.iter().any(|ip| held.contains(ip)) {
+                        found[pod] = Some(path.clone());
+                        left -= 1;
+                    }
+                }
+            }
             Err(e) => {
                 unreadable += 1;
                 last_error = format!("{}: {e}", path.display());
@@ -82,20 +104,30 @@ pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> 
     // Not found where it could look: say where it could not, since that
     // is usually a missing capability (SYS_PTRACE to open another user's
     // namespace, SYS_ADMIN to enter it).
-    if unreadable > 0 {
+    if left > 0 && unreadable > 0 {
         return Err(Error::Io(format!(
-            "no network namespace this agent could read holds {ips:?}, and {unreadable} processes' could not be read (the last: {last_error})"
+            "no network namespace this agent could read holds {:?}, and {unreadable} processes' could not be read (the last: {last_error})",
+            pods.iter()
+                .zip(&found)
+                .filter(|(_, f)| f.is_none())
+                .map(|(ips, _)| ips)
+                .collect::<Vec<_>>()
         )));
     }
-    Ok(None)
+    Ok(found)
 }
 
-fn holds_any(path: &Path, ips: &[IpAddr]) -> Result<bool, String> {
+/// Whether the network namespace at `path` holds one of `ips`.
+pub fn holds_any(path: &Path, ips: &[IpAddr]) -> Result<bool, String> {
+    Ok(addresses_in(path)?.iter().any(|ip| ips.contains(ip)))
+}
+
+fn addresses_in(path: &Path) -> Result<Vec<IpAddr>, String> {
     let ns = NetNs::open(path).map_err(|e| e.to_string())?;
     let addresses = Netlink::connect_in(&ns)
         .and_then(|nl| nl.all_addresses())
         .map_err(|e| e.to_string())?;
-    Ok(addresses.iter().any(|(_, address)| ips.contains(&address.ip())))
+    Ok(addresses.iter().map(|(_, address)| address.ip()).collect())
 }
 
 #[cfg(test)]

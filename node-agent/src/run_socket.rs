@@ -1,5 +1,6 @@
 //! The Unix sockets the agent listens on in its run directory, where the
-//! plugins find them (`PLUGIN_LOG_SOCKET`, `POLICY_SOCKET`): bound 0600
+//! plugins find them (`PLUGIN_LOG_SOCKET`, `POLICY_SOCKET`, ambient's pod
+//! events and ztunnel's ZDS socket): bound 0600
 //! (plugins run as root; only a peer with write permission on the file can
 //! send or connect), a former agent's socket (one of this agent's user)
 //! replaced, anything else left alone, and the file removed when the agent
@@ -8,6 +9,9 @@
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::net::{UnixListener, UnixStream};
 
 /// The socket file this agent bound, removed when dropped unless it is
 /// someone else's by then (a newer agent of a rollout binds its own at the
@@ -121,6 +125,168 @@ fn only_ours(dir: &Path) -> io::Result<()> {
             meta.mode() & 0o7777
         ),
     ))
+}
+
+/// How often a [`Kept`] socket that cannot listen tries again, and a
+/// listening one looks whether its file is still at its path.
+pub const LOOK_AGAIN: Duration = Duration::from_secs(5);
+
+/// A stream socket the agent keeps listening at its path for as long as it
+/// runs (the NetworkPolicy gate, ambient's pod events). One that cannot
+/// listen (something at the path that is not a former agent's socket: a
+/// file, a directory, a link, another user's socket) leaves that in place,
+/// says so once and tries again every [`LOOK_AGAIN`]; a listening one looks
+/// as often whether its file is still there, and binds again when someone
+/// removed it. One a newer agent of a rollout replaced is left to that
+/// agent.
+pub struct Kept {
+    path: PathBuf,
+    /// Who listens, for the log: "NetworkPolicy", "ambient".
+    owner: &'static str,
+    /// What the plugins do there, said once it listens.
+    serving: &'static str,
+    /// What happens while it does not listen, said with the reason.
+    meanwhile: &'static str,
+    listening: Option<(UnixListener, Bound)>,
+    /// Whether a socket of the agent's user at the path may be replaced:
+    /// at start (a former agent's, or the one of the agent this one
+    /// replaces in a rollout), no longer once another took the place of
+    /// this agent's (two agents would take it from each other in turn).
+    may_replace: bool,
+    next_look: Instant,
+    /// Why it does not listen, said when it first shows.
+    problem: Option<String>,
+    /// Told whether it listens, at each change.
+    on_listening: Box<dyn Fn(bool) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("path", &self.path)
+            .field("listening", &self.listening.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kept {
+    /// Binds `path` now, or says why it cannot and tries again as
+    /// [`Kept::accept`] is called.
+    pub fn new(
+        path: PathBuf,
+        (owner, serving, meanwhile): (&'static str, &'static str, &'static str),
+        on_listening: impl Fn(bool) + Send + Sync + 'static,
+    ) -> Kept {
+        let mut kept = Kept {
+            path,
+            owner,
+            serving,
+            meanwhile,
+            listening: None,
+            may_replace: true,
+            next_look: Instant::now(),
+            problem: None,
+            on_listening: Box::new(on_listening),
+        };
+        kept.bind();
+        kept
+    }
+
+    /// The next connection; None when the socket was looked at (or bound
+    /// again) instead, every [`LOOK_AGAIN`].
+    pub async fn accept(&mut self) -> Option<UnixStream> {
+        let look = tokio::time::sleep_until(self.next_look.into());
+        let accepted = match &self.listening {
+            Some((listener, _)) => tokio::select! {
+                accepted = listener.accept() => Some(accepted),
+                () = look => None,
+            },
+            None => {
+                look.await;
+                None
+            }
+        };
+        match accepted {
+            Some(Ok((stream, _))) => return Some(stream),
+            Some(Err(e)) => {
+                log::warn!("{}: accepting on {}: {e}", self.owner, self.path.display());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None => self.look(),
+        }
+        None
+    }
+
+    /// Whether the socket is still there; binds it when it is not.
+    pub fn look(&mut self) {
+        let Some((_, bound)) = &self.listening else {
+            self.bind();
+            return;
+        };
+        self.next_look = Instant::now() + LOOK_AGAIN;
+        match bound.place() {
+            Place::Ours => {}
+            Place::Empty => {
+                log::warn!(
+                    "{}: {} was removed; binding it again",
+                    self.owner,
+                    self.path.display()
+                );
+                self.listening = None;
+                self.bind();
+            }
+            Place::Taken => {
+                self.may_replace = false;
+                self.listening = None;
+                self.bind();
+            }
+        }
+    }
+
+    fn bind(&mut self) {
+        self.next_look = Instant::now() + LOOK_AGAIN;
+        let path = self.path.display();
+        let taken = !self.may_replace
+            && std::fs::symlink_metadata(&self.path)
+                .map_or_else(|e| e.kind() != io::ErrorKind::NotFound, |_| true);
+        if taken {
+            let problem = format!(
+                "{path} is no longer this agent's socket (a newer agent's, or something put there); \
+                 it is bound again only once it is gone"
+            );
+            self.down(problem, log::Level::Warn);
+            return;
+        }
+        let bound = bind(&self.path, |path| {
+            let listener = std::os::unix::net::UnixListener::bind(path)?;
+            listener.set_nonblocking(true)?;
+            UnixListener::from_std(listener)
+        });
+        match bound {
+            Ok(listening) => {
+                log::info!("{}: {} {path}", self.owner, self.serving);
+                self.listening = Some(listening);
+                self.problem = None;
+                (self.on_listening)(true);
+            }
+            Err(e) => {
+                let problem = format!(
+                    "cannot listen on {path}: {e}; {}; trying again every {LOOK_AGAIN:?}",
+                    self.meanwhile
+                );
+                self.down(problem, log::Level::Error);
+            }
+        }
+    }
+
+    /// Not listening, for `problem`: said when it first shows.
+    fn down(&mut self, problem: String, level: log::Level) {
+        (self.on_listening)(false);
+        if self.problem.as_ref() != Some(&problem) {
+            log::log!(level, "{}: {problem}", self.owner);
+            self.problem = Some(problem);
+        }
+    }
 }
 
 #[cfg(test)]

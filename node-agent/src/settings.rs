@@ -120,6 +120,32 @@ pub struct Settings {
     #[arg(long, env = "ISTIO_PLUGIN_CONFIG")]
     pub istio_plugin_config: Option<String>,
 
+    /// Istio's ambient mode (Istio's `AMBIENT_ENABLED`; needs
+    /// ISTIO_CHAINED): istio-redirect's entry gets `ambient_enabled` (and,
+    /// unless it names one, `cni_agent_run_dir`: the kubeconfig's
+    /// directory), and the agent serves enrolled pods' events there and
+    /// ztunnel at ZTUNNEL_UDS_ADDRESS. An entry of ISTIO_PLUGIN_CONFIG that
+    /// enables ambient mode itself turns it on as well.
+    #[arg(long, env = "AMBIENT_ENABLED")]
+    pub ambient_enabled: bool,
+
+    /// The ZDS socket ztunnel connects to (ztunnel's `INPOD_UDS`).
+    #[arg(
+        long,
+        env = "ZTUNNEL_UDS_ADDRESS",
+        default_value = "/var/run/ztunnel/ztunnel.sock"
+    )]
+    pub ztunnel_uds_address: PathBuf,
+
+    /// In ambient mode, enrolled pods' DNS to ztunnel's proxy unless a pod
+    /// says otherwise (`ambient.istio.io/dns-capture`).
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ambient_dns_capture: bool,
+
+    /// In ambient mode, IPv6 rules too for pods with IPv6 addresses.
+    #[arg(long, env = "AMBIENT_IPV6", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ambient_ipv6: bool,
+
     /// The kubeconfig written for istio-redirect (0600, kept current with
     /// the service account's token and CA); its entry names it. The
     /// default is under the DaemonSet's /run/cni-suite mount.
@@ -262,6 +288,9 @@ impl Settings {
         if self.istio_owned_cni_config && !self.istio_chained {
             return Err("ISTIO_OWNED_CNI_CONFIG needs ISTIO_CHAINED=true".into());
         }
+        if self.ambient_enabled && !self.istio_chained {
+            return Err("AMBIENT_ENABLED needs ISTIO_CHAINED=true: ambient mode is Istio's CNI".into());
+        }
         let owned = &self.istio_owned_cni_conf_filename;
         if self.istio_owned_cni_config
             && (owned.contains('/') || !owned.ends_with(".conflist") || owned.starts_with('.'))
@@ -273,6 +302,10 @@ impl Settings {
         for (name, value) in [
             ("PLUGIN_LOG_SOCKET", &self.plugin_log_socket),
             ("POLICY_SOCKET", &self.policy_socket),
+            (
+                "ZTUNNEL_UDS_ADDRESS",
+                &self.ztunnel_uds_address.to_string_lossy().into_owned(),
+            ),
         ] {
             if !value.is_empty() && !Path::new(value).is_absolute() {
                 return Err(format!(

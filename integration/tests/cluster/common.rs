@@ -23,6 +23,37 @@ pub(crate) const ENVOY_REDIRECT: &str = "-A ISTIO_REDIRECT -p tcp -j REDIRECT --
 pub(crate) const CONTAINER_CAPABILITIES: &str = "+chown,+dac_override,+fsetid,+fowner,+mknod,+net_raw,+setgid,+setuid,\
      +setfcap,+setpcap,+net_bind_service,+sys_chroot,+kill,+audit_write,+net_admin";
 
+/// A process standing for a pod's pause container: what makes its
+/// namespace show in /proc. Killed when dropped.
+pub(crate) struct Pause(std::process::Child);
+
+impl Pause {
+    /// As the pause image runs it: uid and gid 65535, another user than
+    /// the agent's.
+    pub(crate) fn start(pod: &test_kit::Netns) -> Pause {
+        Pause(test_kit::spawn_in(
+            pod.path(),
+            Path::new("setpriv"),
+            &[
+                "--reuid=65535",
+                "--regid=65535",
+                "--clear-groups",
+                "/bin/sleep",
+                "600",
+            ],
+            &[],
+            "",
+        ))
+    }
+}
+
+impl Drop for Pause {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The agent of Node n1, reaching the API server on the node's loopback.
 pub(crate) fn agent_of_n1(node: &Node, server: &ApiServer, token: &str, extra: &[(&str, &str)]) -> Agent {
     Agent::start(node, "n1", server, "127.0.0.1", token, extra)

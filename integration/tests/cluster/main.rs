@@ -3,7 +3,8 @@
 //! watch and the test server against kube-rs: `node_watch`, the
 //! configuration it writes: `conflist`, its routes: `routes`, the lease
 //! service: `lease_service`, what uninstalling removes and keeps:
-//! `uninstall`, Istio's chain: `istio_chain`, pods repaired: `repair`), its
+//! `uninstall`, Istio's chain: `istio_chain`, pods repaired: `repair`, Istio's ambient mode with ztunnel standing in:
+//! `ambient`), its
 //! metrics against what happened on its node: `agent_metrics`, the plugins'
 //! log records in its log: `agent_logs`, NetworkPolicy from the API
 //! server's objects: `agent_policy`, its gate, open files and the xtables
@@ -19,6 +20,7 @@ mod agent_limits;
 mod agent_logs;
 mod agent_metrics;
 mod agent_policy;
+mod ambient;
 mod cluster_lab;
 mod common;
 mod conflist;

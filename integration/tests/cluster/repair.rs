@@ -9,7 +9,7 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::node_agent::{Agent, lab_node, node_object, uplink};
 use test_kit::{Node, require_root, wait_for};
 
-use crate::common::{CONTAINER_CAPABILITIES, ENVOY_REDIRECT, TOKEN, agent_of_n1, kindnet_conflist};
+use crate::common::{CONTAINER_CAPABILITIES, ENVOY_REDIRECT, Pause, TOKEN, agent_of_n1, kindnet_conflist};
 
 /// A pod as the API server holds it on node `node_name`: injected (the
 /// injector's annotations), with its `istio-validation` init container
@@ -42,37 +42,6 @@ fn crash_looping() -> Value {
 
 fn passed() -> Value {
     json!({"terminated": {"exitCode": 0, "reason": "Completed"}})
-}
-
-/// A process standing for a pod's pause container: what makes its
-/// namespace show in /proc. Killed when dropped.
-struct Pause(std::process::Child);
-
-impl Pause {
-    /// As the pause image runs it: uid and gid 65535, another user than
-    /// the agent's.
-    fn start(pod: &test_kit::Netns) -> Pause {
-        Pause(test_kit::spawn_in(
-            pod.path(),
-            Path::new("setpriv"),
-            &[
-                "--reuid=65535",
-                "--regid=65535",
-                "--clear-groups",
-                "/bin/sleep",
-                "600",
-            ],
-            &[],
-            "",
-        ))
-    }
-}
-
-impl Drop for Pause {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `type reason` of the events on `pod`, in order.

@@ -9,6 +9,7 @@
 
 pub mod node_watch;
 
+pub mod ambient;
 pub mod conflist;
 pub mod egress;
 pub mod install;

@@ -6,7 +6,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use prost::Message;
@@ -36,10 +36,12 @@ impl From<nix::Error> for PacketError {
 pub struct ReceivedFd(RawFd);
 
 impl ReceivedFd {
-    /// What it is, as the kernel names it (`net:[4026532xyz]` for a
-    /// network namespace).
-    pub fn describe(&self) -> io::Result<PathBuf> {
-        std::fs::read_link(format!("/proc/self/fd/{}", self.0))
+    /// The inode of what it is open on (through the process's own
+    /// `/proc/self/fd` link, which reaches the file itself): a network
+    /// namespace's is that of every path it is mounted at, and of
+    /// `/proc/<pid>/ns/net` of each process inside it.
+    pub fn inode(&self) -> io::Result<u64> {
+        std::fs::metadata(format!("/proc/self/fd/{}", self.0)).map(|meta| meta.ino())
     }
 }
 
@@ -152,8 +154,8 @@ mod tests {
         let (add, fds): (WorkloadRequest, _) = receive(ztunnel.as_fd()).expect("received");
         assert!(matches!(add.payload, Some(Request::Add(ref a)) if a.uid == "uid-1"));
         assert_eq!(fds.len(), 1);
-        let ours = std::fs::read_link("/proc/self/ns/net").expect("our netns link");
-        assert_eq!(fds[0].describe().expect("the fd's link"), ours);
+        let ours = std::fs::metadata("/proc/self/ns/net").expect("our netns").ino();
+        assert_eq!(fds[0].inode().expect("the fd's inode"), ours);
         let (snapshot, fds): (WorkloadRequest, _) = receive(ztunnel.as_fd()).expect("received");
         assert_eq!(snapshot, WorkloadRequest::snapshot_sent());
         assert!(fds.is_empty());

@@ -52,6 +52,33 @@ pub struct Ambient {
     pub pod_event_socket: PathBuf,
 }
 
+/// What the node agent reads of an entry it writes, as the plugin reads
+/// it: where the plugin sends its pod events, and which pods it enrols
+/// (the agent decides again from its own cache, with the same selectors
+/// and the same namespaces left alone).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryAmbient {
+    pub ambient: Ambient,
+    pub exclude_namespaces: Vec<String>,
+}
+
+/// `entry`'s ambient mode, None when it does not enable it; a value the
+/// plugin would refuse is refused here too, in its words.
+pub fn ambient_of_entry(entry: &serde_json::Value) -> Result<Option<EntryAmbient>> {
+    let mut doc = serde_json::json!({"cniVersion": "1.0.0", "name": "entry"});
+    if let (Some(doc), Some(entry)) = (doc.as_object_mut(), entry.as_object()) {
+        for (key, value) in entry {
+            doc.entry(key.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    keys::fold(&mut doc, &KEYS);
+    let config = IstioConfig::load(&NetConf::read(doc)?)?;
+    Ok(config.ambient.map(|ambient| EntryAmbient {
+        ambient,
+        exclude_namespaces: config.exclude_namespaces,
+    }))
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct IstioConfig {
     pub log_level: Option<String>,
@@ -154,6 +181,28 @@ mod tests {
             d.extend(e);
         }
         IstioConfig::load(&NetConf::from_document(doc, cni::Version::V1_0_0).expect("conf"))
+    }
+
+    #[test]
+    fn the_agent_reads_an_entry_as_the_plugin_reads_it() {
+        assert_eq!(
+            ambient_of_entry(&json!({"type": "istio-redirect"})).expect("valid"),
+            None
+        );
+        let entry = json!({"type": "istio-redirect", "AMBIENT_ENABLED": true, "cni_agent_run_dir": "/run/x",
+            "exclude_namespaces": ["kube-system"], "enablement_selectors": [{"podSelector": {"matchLabels": {"a": "b"}}}]});
+        let read = ambient_of_entry(&entry).expect("valid").expect("ambient mode");
+        assert_eq!(
+            read.ambient.pod_event_socket,
+            PathBuf::from("/run/x/pluginevent.sock")
+        );
+        assert_eq!(read.exclude_namespaces, ["kube-system"]);
+        let selected = BTreeMap::from([("a".to_owned(), "b".to_owned())]);
+        let candidate = crate::enrolment::Candidate::new(&selected, &BTreeMap::new(), false);
+        assert!(read.ambient.enrolment.matches(candidate, &BTreeMap::new()));
+        let bad = json!({"type": "istio-redirect", "ambient_enabled": "yes"});
+        let refused = ambient_of_entry(&bad).expect_err("not a boolean");
+        assert!(refused.to_string().contains("ambient_enabled"), "{refused}");
     }
 
     #[test]

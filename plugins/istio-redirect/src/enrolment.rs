@@ -6,6 +6,8 @@
 //! supported). The plugin decides with it before it tells the agent; the
 //! agent decides again from its own cache.
 
+use std::collections::BTreeMap;
+
 use cni::keys::{Shape, field, plain};
 use labels::{LabelSelector, Labels, Selector};
 use serde::Deserialize;
@@ -59,6 +61,18 @@ pub struct Candidate<'a> {
     pub host_network: bool,
     /// It carries `sidecar.istio.io/status` (the injector ran).
     pub has_sidecar: bool,
+}
+
+impl<'a> Candidate<'a> {
+    /// A pod's labels, annotations and network: it has a sidecar when the
+    /// injector's status annotation is there.
+    pub fn new(labels: &'a Labels, annotations: &BTreeMap<String, String>, host_network: bool) -> Self {
+        Candidate {
+            labels,
+            host_network,
+            has_sidecar: annotations.contains_key(crate::annotations::STATUS),
+        }
+    }
 }
 
 /// The checked selectors.

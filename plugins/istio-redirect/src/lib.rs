@@ -15,4 +15,5 @@ mod pod_lookup;
 pub mod rules;
 
 pub use annotations::ambient_overrides;
+pub use config::{Ambient, EntryAmbient, ambient_of_entry};
 pub use plugin::IstioRedirect;

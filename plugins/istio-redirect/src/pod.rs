@@ -139,11 +139,7 @@ impl PodInfo {
 
     /// What ambient's enrolment reads of the pod.
     pub fn candidate(&self) -> Candidate<'_> {
-        Candidate {
-            labels: &self.labels,
-            host_network: self.host_network,
-            has_sidecar: self.annotations.contains_key(STATUS),
-        }
+        Candidate::new(&self.labels, &self.annotations, self.host_network)
     }
 
     /// Istio's reasons to leave a pod alone (after its own pod, missing

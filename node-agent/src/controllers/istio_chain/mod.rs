@@ -55,6 +55,14 @@ impl Options {
         if entry.get("kubeconfig").is_none() {
             entry["kubeconfig"] = json!(settings.istio_kubeconfig);
         }
+        if settings.ambient_enabled {
+            entry["ambient_enabled"] = json!(true);
+            if entry.get("cni_agent_run_dir").is_none()
+                && let Some(dir) = settings.istio_kubeconfig.parent()
+            {
+                entry["cni_agent_run_dir"] = json!(dir);
+            }
+        }
         if let Some(socket) = settings.plugin_log_socket() {
             conf_dir::with_log_socket(&mut entry, &socket);
         }

@@ -7,33 +7,24 @@
 //! that never sends or never reads costs one small task for a few
 //! seconds and no more.
 //!
-//! A gate that cannot listen (something left at the path that is not a
-//! former agent's socket: a file, a directory, a link, another user's
-//! socket) leaves that in place, keeps the agent not ready and
-//! `cni_suite_policy_gate_up` at 0, and tries again every [`LOOK_AGAIN`];
-//! a listening gate looks as often whether its socket is still there, and
-//! binds again when someone removed it. One a newer agent of a rollout
-//! replaced is left to that agent.
+//! A gate that cannot listen (see `run_socket::Kept`) keeps the agent not
+//! ready and `cni_suite_policy_gate_up` at 0 until it does.
 
 use std::io;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent_wire::policy::{Admission, Answer, MAX_LINE, WAIT};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::run_socket::{self, Bound, Place};
+use crate::run_socket::Kept;
 
 /// The most a plugin may take to send its line once connected.
 const READ_WAIT: Duration = Duration::from_secs(1);
-
-/// How often a gate that cannot listen tries again, and a listening one
-/// looks whether its socket is still at its path.
-const LOOK_AGAIN: Duration = Duration::from_secs(5);
 
 /// An admission and where its answer goes.
 #[derive(Debug)]
@@ -46,143 +37,40 @@ pub struct Asked {
 /// attempts to bind it.
 #[derive(Debug)]
 pub struct Gate {
-    path: PathBuf,
-    listening: Option<Listening>,
-    /// Whether a socket of the agent's user at the path may be replaced:
-    /// at start (a former agent's, or the one of the agent this one
-    /// replaces in a rollout), no longer once another took the place of
-    /// this agent's (two agents would take it from each other in turn).
-    may_replace: bool,
-    next_look: Instant,
-    /// Why it does not listen, said when it first shows.
-    problem: Option<String>,
-    health: Health,
-    metrics: Metrics,
-}
-
-#[derive(Debug)]
-struct Listening {
-    listener: UnixListener,
-    bound: Bound,
+    socket: Kept,
 }
 
 impl Gate {
-    /// Binds the socket at `path` now (see `run_socket::bind`), or says
+    /// Binds the socket at `path` now (see `run_socket::Kept`), or says
     /// why it cannot and tries again as the controller runs: meanwhile
     /// the bridge's ADD finds no one listening, and fails when its
     /// namespace has a policy; a pod of another namespace starts open
     /// until the API server reports its addresses.
     pub fn new(path: PathBuf, health: Health, metrics: Metrics) -> Gate {
-        let mut gate = Gate {
-            path,
-            listening: None,
-            may_replace: true,
-            next_look: Instant::now(),
-            problem: None,
-            health,
-            metrics,
-        };
-        gate.bind();
-        gate
+        let said = (
+            "NetworkPolicy",
+            "new pods' ADDs wait on",
+            "a new pod is open until its address reaches the agent",
+        );
+        let socket = Kept::new(path, said, move |listening| {
+            health.set_gate_listening(listening);
+            metrics.policy_gate_listening(listening);
+        });
+        Gate { socket }
     }
 
     /// The next connection, answered on a task of its own (the controller
-    /// has the answer); every [`LOOK_AGAIN`], the socket looked at or
-    /// bound again instead.
+    /// has the answer); every `LOOK_AGAIN`, the socket looked at or bound
+    /// again instead.
     pub async fn accept(&mut self, asked: &mpsc::Sender<Asked>) {
-        let look = tokio::time::sleep_until(self.next_look.into());
-        let accepted = match &self.listening {
-            Some(listening) => tokio::select! {
-                accepted = listening.listener.accept() => Some(accepted),
-                () = look => None,
-            },
-            None => {
-                look.await;
-                None
-            }
-        };
-        match accepted {
-            Some(Ok((stream, _))) => {
-                tokio::spawn(answer(stream, asked.clone()));
-            }
-            Some(Err(e)) => {
-                log::warn!("NetworkPolicy gate: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            None => self.look(),
+        if let Some(stream) = self.socket.accept().await {
+            tokio::spawn(answer(stream, asked.clone()));
         }
     }
 
-    /// Whether the socket is still there; binds it when it is not.
+    #[cfg(test)]
     fn look(&mut self) {
-        let Some(listening) = &self.listening else {
-            self.bind();
-            return;
-        };
-        self.next_look = Instant::now() + LOOK_AGAIN;
-        match listening.bound.place() {
-            Place::Ours => {}
-            Place::Empty => {
-                log::warn!(
-                    "NetworkPolicy: {} was removed; binding it again",
-                    self.path.display()
-                );
-                self.listening = None;
-                self.bind();
-            }
-            Place::Taken => {
-                self.may_replace = false;
-                self.listening = None;
-                self.bind();
-            }
-        }
-    }
-
-    fn bind(&mut self) {
-        self.next_look = Instant::now() + LOOK_AGAIN;
-        let path = self.path.display();
-        let taken = !self.may_replace
-            && std::fs::symlink_metadata(&self.path)
-                .map_or_else(|e| e.kind() != io::ErrorKind::NotFound, |_| true);
-        if taken {
-            let problem = format!(
-                "{path} is no longer this agent's socket (a newer agent's, or something put there); \
-                 it is bound again only once it is gone"
-            );
-            self.down(problem, log::Level::Warn);
-            return;
-        }
-        let bound = run_socket::bind(&self.path, |path| {
-            let listener = std::os::unix::net::UnixListener::bind(path)?;
-            listener.set_nonblocking(true)?;
-            UnixListener::from_std(listener)
-        });
-        match bound {
-            Ok((listener, bound)) => {
-                log::info!("NetworkPolicy: new pods' ADDs wait on {path}");
-                self.listening = Some(Listening { listener, bound });
-                self.problem = None;
-                self.health.set_gate_listening(true);
-                self.metrics.policy_gate_listening(true);
-            }
-            Err(e) => {
-                let problem = format!(
-                    "cannot listen on {path}: {e}; a new pod is open until its address reaches the agent; \
-                     trying again every {LOOK_AGAIN:?}"
-                );
-                self.down(problem, log::Level::Error);
-            }
-        }
-    }
-
-    /// Not listening, for `problem`: said when it first shows.
-    fn down(&mut self, problem: String, level: log::Level) {
-        self.health.set_gate_listening(false);
-        self.metrics.policy_gate_listening(false);
-        if self.problem.as_ref() != Some(&problem) {
-            log::log!(level, "NetworkPolicy: {problem}");
-            self.problem = Some(problem);
-        }
+        self.socket.look();
     }
 }
 

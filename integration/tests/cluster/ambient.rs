@@ -1,0 +1,275 @@
+//! Istio's ambient mode with the agent as Istio's node agent, against the
+//! API test server and a ztunnel standing in on the ZDS socket
+//! (`test_kit::fakes::ztunnel`): an enrolled pod's ADD, run through the
+//! agent's conflist as a runtime runs it, returns only once the in-pod
+//! rules are in its namespace and ztunnel acked that very namespace; it
+//! fails closed without ztunnel; real connections land on ztunnel's ports;
+//! a second ztunnel gets the snapshot, and a deleted pod leaves both.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use test_kit::fakes::api_server::ApiServer;
+use test_kit::fakes::ztunnel::{Ztunnel, netns_inode};
+use test_kit::node_agent::{Agent, AgentFixture, ReadyNode, host_bin, lab_node};
+use test_kit::probe::Probe;
+use test_kit::{Netns, Node, Run, require_root};
+
+use crate::common::{Pause, sample, scrape};
+
+const TOKEN: &str = "ambient-token";
+const DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+
+fn pod_object(namespace: &str, name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace, "uid": format!("u-{name}"), "labels": labels},
+           "spec": {"nodeName": "n1", "serviceAccountName": "web", "containers": [{"name": "app"}]},
+           "status": {"phase": "Pending"}})
+}
+
+/// The pod's ADD through the agent's conflist, as kubelet's runtime runs
+/// it: its namespace and the run.
+fn add(node: &Node, namespace: &str, name: &str) -> (Netns, Run) {
+    let bin = host_bin(node);
+    let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
+    let env = [
+        ("CNI_PATH", bin.to_str().expect("UTF-8")),
+        ("CNI_ARGS", args.as_str()),
+    ];
+    let pod = node.pod(name);
+    pod.ip(&["link", "set", "lo", "up"]).success();
+    let run = node.cnictl_env(&["--json", "add", "cni-suite", pod.path_str()], &env);
+    (pod, run)
+}
+
+fn address(run: Run) -> String {
+    let result = run.success().json();
+    let cidr = result["ips"][0]["address"].as_str().expect("an address");
+    cidr.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// The agent's settings in ambient mode, its ZDS socket at `zds`.
+fn ambient_settings(zds: &str) -> [(&str, &str); 3] {
+    [
+        ("ISTIO_CHAINED", "true"),
+        ("AMBIENT_ENABLED", "true"),
+        ("ZTUNNEL_UDS_ADDRESS", zds),
+    ]
+}
+
+/// A node whose agent runs in ambient mode, the API server holding
+/// namespace `mesh` (labelled for ambient) with pod `web-0`, and `default`
+/// with pod `plain`, which is set up. Fields drop in order.
+struct AmbientNode {
+    agent: Agent,
+    /// Enrolled by no selector: it passes through, ztunnel or not.
+    plain: Netns,
+    plain_ip: String,
+    zds_socket: PathBuf,
+    server: ApiServer,
+    node: Node,
+}
+
+fn ambient_node() -> AmbientNode {
+    let node = lab_node();
+    let zds_socket = node.path("run/ztunnel/ztunnel.sock");
+    let zds = zds_socket.to_str().expect("UTF-8").to_owned();
+    let ReadyNode { agent, server, node } = AgentFixture::new(TOKEN)
+        .on(node)
+        // The pods' bridge takes its MTU (the loopback's would be refused).
+        .uplink()
+        .settings(&ambient_settings(&zds))
+        .start();
+    server.apply_namespace(json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "mesh", "labels": {DATAPLANE_MODE: "ambient"}}}));
+    server.apply_namespace(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}));
+    server.add_pod("default", "plain", pod_object("default", "plain", json!({})));
+    server.add_pod(
+        "mesh",
+        "web-0",
+        pod_object("mesh", "web-0", json!({"app": "web"})),
+    );
+    let (plain, run) = add(&node, "default", "plain");
+    AmbientNode {
+        agent,
+        plain,
+        plain_ip: address(run),
+        zds_socket,
+        server,
+        node,
+    }
+}
+
+#[test]
+fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
+    require_root();
+    let AmbientNode {
+        mut agent,
+        plain,
+        plain_ip,
+        zds_socket,
+        server,
+        node,
+    } = ambient_node();
+
+    // No ztunnel: the enrolled pod does not start, in Istio's words.
+    let (refused_pod, refused) = add(&node, "mesh", "web-0");
+    assert_ne!(refused.code, Some(0), "{refused:?}");
+    let said = refused.json()["msg"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        said.contains("unable to push CNI event (status code 500)") && said.contains("no ztunnel connection"),
+        "{said}"
+    );
+    // As the runtime does with a sandbox whose ADD failed.
+    let bin = host_bin(&node);
+    let cni_path = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    node.cnictl_env(&["del", "cni-suite", refused_pod.path_str()], &cni_path)
+        .success();
+
+    // ztunnel connects: its snapshot is empty; the retried sandbox starts
+    // in the mesh, its own namespace handed over.
+    let ztunnel = Ztunnel::connect(&zds_socket);
+    ztunnel.wait_for("snapshot", "");
+    let (web, run) = add(&node, "mesh", "web-0");
+    let web_ip = address(run);
+    let added = ztunnel.wait_for("add", "u-web-0");
+    assert_eq!(added.pod, "mesh/web-0");
+    assert_eq!(
+        added.netns,
+        Some(netns_inode(web.path())),
+        "the pod's own namespace"
+    );
+    assert!(
+        ztunnel.seen().iter().all(|seen| seen.uid != "u-plain"),
+        "{:?}",
+        ztunnel.seen()
+    );
+
+    // Real connections: the pod's own outbound and its inbound land on
+    // ztunnel's ports in its namespace; the plain pod's app sees nothing.
+    let probe = Probe::new();
+    let web_rx = probe.listen(&web, &[15001, 15006, 8080]);
+    let plain_rx = probe.listen(&plain, &[8080]);
+    probe.connect(&web, None, &plain_ip, 8080, None).success();
+    web_rx.wait_for(&format!("tcp 15001 {plain_ip}:8080"));
+    probe.connect(&plain, None, &web_ip, 8080, None).success();
+    web_rx.wait_for(&format!("tcp 15006 {web_ip}:8080"));
+    assert!(plain_rx.all().is_empty(), "{:?}", plain_rx.all());
+
+    // A second ztunnel (an upgrade's) gets the pod with its namespace in
+    // its snapshot; a deleted pod leaves both.
+    let next = Ztunnel::connect(&zds_socket);
+    next.wait_for("snapshot", "");
+    let snapshot = next.seen();
+    assert_eq!(snapshot.len(), 2, "{snapshot:?}");
+    assert_eq!(
+        (snapshot[0].kind, snapshot[0].uid.as_str(), snapshot[0].netns),
+        ("add", "u-web-0", added.netns)
+    );
+    server.delete_pod("mesh", "web-0");
+    ztunnel.wait_for("del", "u-web-0");
+    next.wait_for("del", "u-web-0");
+
+    let (_, metrics) = scrape(&node, &agent);
+    for (series, expected) in [
+        (r#"istio_cni_plugin_requests_total{response_code="200"}"#, 1.0),
+        (r#"istio_cni_plugin_requests_total{response_code="500"}"#, 1.0),
+        ("ztunnel_connected", 2.0),
+        ("cni_suite_ambient_pods_enrolled", 0.0),
+        (r#"cni_suite_zds_acks_total{result="acked"}"#, 1.0),
+    ] {
+        assert_eq!(sample(&metrics, series), Some(expected), "{series}:\n{metrics}");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("pod mesh/web-0 is not in the mesh: no ztunnel connection"),
+        "{log}"
+    );
+    assert!(log.contains("pod mesh/web-0 is in the mesh"), "{log}");
+}
+
+#[test]
+fn an_agent_killed_and_restarted_lets_no_packet_out_of_the_mesh_and_hands_the_next_ztunnel_its_pods() {
+    require_root();
+    let AmbientNode {
+        mut agent,
+        plain,
+        plain_ip,
+        zds_socket,
+        server,
+        node,
+    } = ambient_node();
+    let ztunnel = Ztunnel::connect(&zds_socket);
+    ztunnel.wait_for("snapshot", "");
+    let (web, run) = add(&node, "mesh", "web-0");
+    let web_ip = address(run);
+    let _pause = Pause::start(&web);
+    // As kubelet reports the running pod.
+    let mut running = pod_object("mesh", "web-0", json!({"app": "web"}));
+    running["status"] = json!({"phase": "Running", "podIP": web_ip, "podIPs": [{"ip": web_ip}]});
+    server.add_pod("mesh", "web-0", running);
+    let inode = ztunnel.wait_for("add", "u-web-0").netns;
+
+    // The pod's app connects out throughout: every connection must land on
+    // ztunnel's port in the pod, none reach the other pod's app.
+    let probe = Probe::new();
+    let web_rx = probe.listen(&web, &[15001]);
+    let plain_rx = probe.listen(&plain, &[8080]);
+    let stop = AtomicBool::new(false);
+    let (tried, next, mut agent) = std::thread::scope(|scope| {
+        let connecting = scope.spawn(|| {
+            let (mut tried, started) = (0, Instant::now());
+            while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(60) {
+                let _ = probe.connect(&web, None, &plain_ip, 8080, None);
+                tried += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            tried
+        });
+        agent.kill();
+        drop(ztunnel);
+        // No agent: a new enrolled pod does not start.
+        server.add_pod(
+            "mesh",
+            "web-1",
+            pod_object("mesh", "web-1", json!({"app": "web"})),
+        );
+        let (_, refused) = add(&node, "mesh", "web-1");
+        assert_ne!(refused.code, Some(0), "{refused:?}");
+        let said = refused.json()["msg"].as_str().unwrap_or_default().to_owned();
+        assert!(said.contains("failed to send event request"), "{said}");
+
+        let zds = zds_socket.to_str().expect("UTF-8").to_owned();
+        let agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &ambient_settings(&zds));
+        test_kit::wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+        let next = Ztunnel::connect(&zds_socket);
+        next.wait_for("snapshot", "");
+        stop.store(true, Ordering::SeqCst);
+        (connecting.join().expect("the connecting thread"), next, agent)
+    });
+
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let snapshot = next.seen();
+    assert_eq!(snapshot.len(), 2, "{snapshot:?}\n{log}");
+    assert_eq!(
+        (snapshot[0].kind, snapshot[0].uid.as_str(), snapshot[0].netns),
+        ("add", "u-web-0", inode),
+        "the pod found again in its own namespace:\n{log}"
+    );
+    let escaped = plain_rx.all().len();
+    let redirected = web_rx.all().len();
+    assert_eq!(escaped, 0, "connections outside the mesh: {:?}", plain_rx.all());
+    assert!(redirected > 0 && tried > 0, "{redirected} of {tried}");
+    eprintln!("agent restart: {tried} connections, {redirected} to ztunnel's port, {escaped} outside");
+
+    assert!(
+        log.contains(
+            "enrolled pods found in their namespaces: 1 by their records, 0 through /proc; 0 kept without"
+        ),
+        "{log}"
+    );
+}
