@@ -21,9 +21,16 @@ BASE = HERE / "cni-suite.yaml"
 OUT = HERE / "cni-suite-istio.yaml"
 ISTIO_ONLY_OUT = HERE / "istio-cni.yaml"
 
-SETTINGS = {"ISTIO_CHAINED": "true"}
+SETTINGS = {"ISTIO_CHAINED": "true", "AMBIENT_ENABLED": "false"}
+# Ambient mode (AMBIENT_ENABLED): ztunnel's socket directory, shared with
+# ztunnel's DaemonSet. The runtimes' namespaces need no mount: the agent
+# opens a pod's through the host's root (/proc/1/root, hostPID), wherever
+# the runtime keeps them, with no mount propagation asked of the node.
+AMBIENT_MOUNTS = [
+    ("ztunnel-run", "/var/run/ztunnel", None),
+]
 RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "patch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
@@ -34,9 +41,12 @@ HEADER = """\
 # not edit: change that file or render.py and run `make manifests` again
 # (`make validate-manifest` fails while this file is stale). Same objects,
 # same names; only these differ, for Istio's chained mode:
-# - ConfigMap: ISTIO_CHAINED "true".
+# - ConfigMap: ISTIO_CHAINED "true", AMBIENT_ENABLED "false" (true: Istio's
+#   ambient mode; ztunnel connects to /var/run/ztunnel/ztunnel.sock).
+# - DaemonSet: the host's /var/run/ztunnel, for ambient mode.
 # - ClusterRole: pods get (the plugin looks up each pod), list and watch
-#   (repair follows its node's pods), delete (ISTIO_REPAIR=delete);
+#   (repair follows its node's pods), delete (ISTIO_REPAIR=delete), patch
+#   (ambient mode's ambient.istio.io/redirection annotation);
 #   pods/status patch (ISTIO_REPAIR=label); events create and patch (each
 #   repair, deletion or label is recorded on its pod).
 # - Capabilities SYS_ADMIN and SYS_PTRACE: ISTIO_REPAIR=repair enters a
@@ -62,6 +72,7 @@ ISTIO_ONLY_SETTINGS = {
     "ISTIO_OWNED_CNI_CONFIG": "false",
     "ISTIO_OWNED_CNI_CONF_FILENAME": "02-istio-cni.conflist",
     "READINESS_TAINT": "cni.istio.io/not-ready",
+    "AMBIENT_ENABLED": "false",
     "HEALTH_LISTEN": "[::]:9471",
     "IPTABLES_MODE": "auto",
     "UNINSTALL_ON_STOP": "false",
@@ -92,6 +103,9 @@ ISTIO_ONLY_HEADER = """\
 #   it (kubelet --register-with-taints=cni.istio.io/not-ready:NoSchedule)
 #   so that no pod needing the capture lands before. Empty: no Node is
 #   changed (the nodes rule can then go).
+# - AMBIENT_ENABLED "true": Istio's ambient mode; enrolled pods start only
+#   once their in-pod redirection is in and ztunnel (Istio's ztunnel
+#   DaemonSet, on /var/run/ztunnel/ztunnel.sock) acked them.
 # - UNINSTALL_ON_STOP "true" before `kubectl delete`: each agent takes its
 #   entry, kubeconfig and binary away when it stops. Leave it "false" for
 #   upgrades: a node keeps everything while its agent is replaced.
@@ -105,6 +119,16 @@ def only(documents, kind):
     return found[0]
 
 
+def mount_ambient(pod, agent):
+    """The host directories ambient mode reads and serves."""
+    for name, path, propagation in AMBIENT_MOUNTS:
+        mount = {"name": name, "mountPath": path}
+        if propagation:
+            mount["mountPropagation"] = propagation
+        agent["volumeMounts"].append(mount)
+        pod["volumes"].append({"name": name, "hostPath": {"path": path, "type": "DirectoryOrCreate"}})
+
+
 def render():
     documents = [d for d in yaml.safe_load_all(BASE.read_text()) if d]
     config = only(documents, "ConfigMap")["data"]
@@ -116,6 +140,7 @@ def render():
     pod = only(documents, "DaemonSet")["spec"]["template"]["spec"]
     (agent,) = [c for c in pod["containers"] if c["name"] == "node-agent"]
     agent["securityContext"]["capabilities"]["add"].extend(CAPABILITIES)
+    mount_ambient(pod, agent)
     body = yaml.safe_dump_all(
         documents, explicit_start=True, sort_keys=False, default_flow_style=False, width=1000
     )
@@ -139,6 +164,7 @@ def render_istio_only():
     pod = only(documents, "DaemonSet")["spec"]["template"]["spec"]
     (agent,) = [c for c in pod["containers"] if c["name"] == "node-agent"]
     agent["securityContext"]["capabilities"]["add"].extend(CAPABILITIES)
+    mount_ambient(pod, agent)
     for probe in ("readinessProbe", "livenessProbe"):
         agent[probe]["httpGet"]["port"] = ISTIO_ONLY_PORT
     body = yaml.safe_dump_all(

@@ -35,17 +35,25 @@ fn start_time(proc_root: &Path, pid: &str) -> Option<u64> {
 /// processes (a failing init container's may be gone a moment later).
 /// The agent's own namespace (the host's) is never a pod's.
 pub fn find(proc_root: &Path, ips: &[IpAddr]) -> Result<Option<PathBuf>, Error> {
-    let mut found = find_all(proc_root, &[ips.to_vec()])?;
-    Ok(found.pop().flatten())
+    let (mut found, unread) = find_all(proc_root, &[ips.to_vec()])?;
+    match (found.pop().flatten(), unread) {
+        (Some(path), _) => Ok(Some(path)),
+        (None, Some(unread)) => Err(Error::Io(unread)),
+        (None, None) => Ok(None),
+    }
 }
 
 /// [`find`] for many pods in one scan of /proc (an agent that restarted
 /// finds every enrolled pod's at once): for each pod's addresses, in
-/// order, the namespace that holds one of them.
-pub fn find_all(proc_root: &Path, pods: &[Vec<IpAddr>]) -> Result<Vec<Option<PathBuf>>, Error> {
+/// order, the namespace that holds one of them; and, when some were not
+/// found and some processes could not be read, what could not.
+pub fn find_all(
+    proc_root: &Path,
+    pods: &[Vec<IpAddr>],
+) -> Result<(Vec<Option<PathBuf>>, Option<String>), Error> {
     let mut found = vec![None; pods.len()];
     if pods.is_empty() {
-        return Ok(found);
+        return Ok((found, None));
     }
     let own = namespace_id(&proc_root.join("self/ns/net"))
         .map_err(|e| Error::read(&proc_root.join("self/ns/net"), e))?;
@@ -104,17 +112,18 @@ pub fn find_all(proc_root: &Path, pods: &[Vec<IpAddr>]) -> Result<Vec<Option<Pat
     // Not found where it could look: say where it could not, since that
     // is usually a missing capability (SYS_PTRACE to open another user's
     // namespace, SYS_ADMIN to enter it).
-    if left > 0 && unreadable > 0 {
-        return Err(Error::Io(format!(
-            "no network namespace this agent could read holds {:?}, and {unreadable} processes' could not be read (the last: {last_error})",
-            pods.iter()
-                .zip(&found)
-                .filter(|(_, f)| f.is_none())
-                .map(|(ips, _)| ips)
-                .collect::<Vec<_>>()
-        )));
-    }
-    Ok(found)
+    let unread = (left > 0 && unreadable > 0).then(|| {
+        let missing: Vec<&Vec<IpAddr>> = pods
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(ips, _)| ips)
+            .collect();
+        format!(
+            "no network namespace this agent could read holds {missing:?}, and {unreadable} processes' could not be read (the last: {last_error})"
+        )
+    });
+    Ok((found, unread))
 }
 
 /// Whether the network namespace at `path` holds one of `ips`.

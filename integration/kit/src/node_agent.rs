@@ -369,6 +369,7 @@ pub struct ReadyNode {
 pub struct AgentFixture<'a> {
     token: &'a str,
     uplink: bool,
+    pod_cidr: &'a str,
     settings: Vec<(&'a str, &'a str)>,
     node: Option<Node>,
 }
@@ -380,6 +381,7 @@ impl<'a> AgentFixture<'a> {
         AgentFixture {
             token,
             uplink: false,
+            pod_cidr: "10.244.1.0/24",
             settings: Vec::new(),
             node: None,
         }
@@ -395,6 +397,13 @@ impl<'a> AgentFixture<'a> {
     /// The node has its [`uplink`], `n1`'s InternalIP on it.
     pub fn uplink(mut self) -> Self {
         self.uplink = true;
+        self
+    }
+
+    /// `n1`'s pod CIDR, 10.244.1.0/24 unless a test needs addresses no
+    /// other test's pods hold (a pod found through /proc by its address).
+    pub fn pod_cidr(mut self, cidr: &'a str) -> Self {
+        self.pod_cidr = cidr;
         self
     }
 
@@ -415,7 +424,7 @@ impl<'a> AgentFixture<'a> {
             "127.0.0.1"
         };
         let server = ApiServer::start(node.netns.path(), self.token);
-        server.apply_node(node_object("n1", &["10.244.1.0/24"], &[internal_ip]));
+        server.apply_node(node_object("n1", &[self.pod_cidr], &[internal_ip]));
         let agent = Agent::start(&node, "n1", &server, "127.0.0.1", self.token, &self.settings);
         crate::wait_for("readiness", std::time::Duration::from_secs(20), || {
             agent.ready(&node)

@@ -72,7 +72,10 @@ struct AmbientNode {
     node: Node,
 }
 
-fn ambient_node() -> AmbientNode {
+/// `n1`'s pod range is `cidr`: addresses no other test's pods hold, since
+/// the agent finds a running pod's namespace through /proc by its address
+/// (pods of every test's nodes run on this one machine).
+fn ambient_node(cidr: &str) -> AmbientNode {
     let node = lab_node();
     let zds_socket = node.path("run/ztunnel/ztunnel.sock");
     let zds = zds_socket.to_str().expect("UTF-8").to_owned();
@@ -80,6 +83,7 @@ fn ambient_node() -> AmbientNode {
         .on(node)
         // The pods' bridge takes its MTU (the loopback's would be refused).
         .uplink()
+        .pod_cidr(cidr)
         .settings(&ambient_settings(&zds))
         .start();
     server.apply_namespace(json!({"apiVersion": "v1", "kind": "Namespace",
@@ -112,7 +116,7 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
         zds_socket,
         server,
         node,
-    } = ambient_node();
+    } = ambient_node("10.247.1.0/24");
 
     // No ztunnel: the enrolled pod does not start, in Istio's words.
     let (refused_pod, refused) = add(&node, "mesh", "web-0");
@@ -140,6 +144,16 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
         added.netns,
         Some(netns_inode(web.path())),
         "the pod's own namespace"
+    );
+    // Marked as Istio's agent marks it; the plain pod is not.
+    test_kit::wait_for("the pod's annotation", Duration::from_secs(10), || {
+        server.pod("mesh", "web-0").expect("the pod")["metadata"]["annotations"]["ambient.istio.io/redirection"]
+            == "enabled"
+    });
+    let plain_object = server.pod("default", "plain").expect("the pod");
+    assert!(
+        plain_object["metadata"]["annotations"].is_null(),
+        "{plain_object}"
     );
     assert!(
         ztunnel.seen().iter().all(|seen| seen.uid != "u-plain"),
@@ -201,7 +215,7 @@ fn an_agent_killed_and_restarted_lets_no_packet_out_of_the_mesh_and_hands_the_ne
         zds_socket,
         server,
         node,
-    } = ambient_node();
+    } = ambient_node("10.247.2.0/24");
     let ztunnel = Ztunnel::connect(&zds_socket);
     ztunnel.wait_for("snapshot", "");
     let (web, run) = add(&node, "mesh", "web-0");
@@ -271,5 +285,54 @@ fn an_agent_killed_and_restarted_lets_no_packet_out_of_the_mesh_and_hands_the_ne
             "enrolled pods found in their namespaces: 1 by their records, 0 through /proc; 0 kept without"
         ),
         "{log}"
+    );
+}
+
+#[test]
+fn a_namespace_labelled_while_its_pod_runs_puts_it_in_the_mesh_there_and_unlabelled_takes_it_out() {
+    require_root();
+    let AmbientNode {
+        agent: _agent,
+        plain,
+        plain_ip,
+        zds_socket,
+        server,
+        node: _node,
+    } = ambient_node("10.247.3.0/24");
+    let ztunnel = Ztunnel::connect(&zds_socket);
+    ztunnel.wait_for("snapshot", "");
+    let _pause = Pause::start(&plain);
+    let mut running = pod_object("default", "plain", json!({}));
+    running["status"] = json!({"phase": "Running", "podIP": plain_ip, "podIPs": [{"ip": plain_ip}]});
+    server.add_pod("default", "plain", running);
+    let annotation = || {
+        server.pod("default", "plain").expect("the pod")["metadata"]["annotations"]["ambient.istio.io/redirection"]
+            .clone()
+    };
+    let namespace = |labels: Value| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": labels}});
+
+    server.apply_namespace(namespace(json!({DATAPLANE_MODE: "ambient"})));
+    let added = ztunnel.wait_for("add", "u-plain");
+    assert_eq!(added.pod, "default/plain");
+    assert_eq!(added.netns, Some(netns_inode(plain.path())), "where it runs");
+    test_kit::wait_for("the mark", Duration::from_secs(10), || annotation() == "enabled");
+    let probe = Probe::new();
+    let rx = probe.listen(&plain, &[15001, 8080]);
+    probe.connect(&plain, None, "10.247.3.1", 8080, None).success();
+    rx.wait_for("tcp 15001 10.247.3.1:8080");
+
+    server.apply_namespace(namespace(json!({})));
+    ztunnel.wait_for("del", "u-plain");
+    test_kit::wait_for("the mark gone", Duration::from_secs(10), || {
+        annotation().is_null()
+    });
+    let rules = plain.nat_rules("iptables-save");
+    assert!(!rules.contains("ISTIO"), "{rules}");
+    // Its own traffic is its own again.
+    probe.connect(&plain, None, &plain_ip, 8080, None).success();
+    rx.wait_for(&format!("tcp 8080 {plain_ip}:8080"));
+    assert_eq!(
+        rx.all(),
+        test_kit::probe::sorted(&["tcp 15001 10.247.3.1:8080", &format!("tcp 8080 {plain_ip}:8080")])
     );
 }

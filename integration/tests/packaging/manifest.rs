@@ -28,11 +28,14 @@ const ISTIO_ONLY: &str = "istio-cni.yaml";
 const MANIFESTS: [&str; 3] = [BASE, ISTIO, ISTIO_ONLY];
 
 /// What Istio mode adds to the base, all of it.
-const ISTIO_SETTING: (&str, &str) = ("ISTIO_CHAINED", "true");
+const ISTIO_SETTINGS: [(&str, &str); 2] = [("ISTIO_CHAINED", "true"), ("AMBIENT_ENABLED", "false")];
+/// Ambient mode's host directory, mounted last: ztunnel's socket (pods'
+/// namespaces are opened through the host's root, no mount needed).
+const AMBIENT_MOUNT: &str = "/var/run/ztunnel";
 const ISTIO_CAPABILITIES: [&str; 2] = ["SYS_ADMIN", "SYS_PTRACE"];
 fn istio_rules() -> Value {
     json!([
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete", "patch"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ])
@@ -219,17 +222,18 @@ fn settings_and_mounts(file: &str, help: &str) {
         assert_eq!(host.path, mount.mount_path, "{}", mount.name);
         mounted.insert(mount.mount_path.clone());
     }
-    assert_eq!(
-        mounted,
-        [
-            "/etc/cni/net.d",
-            "/opt/cni/bin",
-            "/run/cni-suite",
-            "/run/xtables.lock"
-        ]
-        .map(str::to_owned)
-        .into()
-    );
+    let mut expected: BTreeSet<String> = [
+        "/etc/cni/net.d",
+        "/opt/cni/bin",
+        "/run/cni-suite",
+        "/run/xtables.lock",
+    ]
+    .map(str::to_owned)
+    .into();
+    if file != BASE {
+        expected.insert(AMBIENT_MOUNT.to_owned());
+    }
+    assert_eq!(mounted, expected, "{file}");
     // ISTIO_KUBECONFIG's, PLUGIN_LOG_SOCKET's and POLICY_SOCKET's defaults
     // too: none needs a mount of its own, and the plugins reach the
     // sockets at the paths the entries name.
@@ -354,8 +358,9 @@ fn the_istio_manifest_is_the_base_plus_istio_mode_and_nothing_else() {
     let data = of_kind_mut(&mut istio, "ConfigMap")["data"]
         .as_object_mut()
         .expect("data");
-    let (key, value) = ISTIO_SETTING;
-    assert_eq!(data.remove(key), Some(json!(value)));
+    for (key, value) in ISTIO_SETTINGS {
+        assert_eq!(data.remove(key), Some(json!(value)));
+    }
 
     let rules = of_kind_mut(&mut istio, "ClusterRole")["rules"]
         .as_array_mut()
@@ -372,6 +377,21 @@ fn the_istio_manifest_is_the_base_plus_istio_mode_and_nothing_else() {
     assert!(capabilities.len() > ISTIO_CAPABILITIES.len(), "{capabilities:?}");
     let extra = capabilities.split_off(capabilities.len() - ISTIO_CAPABILITIES.len());
     assert_eq!(extra, ISTIO_CAPABILITIES);
+
+    let pod = of_kind_mut(&mut istio, "DaemonSet")
+        .pointer_mut("/spec/template/spec")
+        .expect("pod spec");
+    for list in ["/volumes", "/containers/0/volumeMounts"] {
+        let entries = pod
+            .pointer_mut(list)
+            .and_then(Value::as_array_mut)
+            .expect("a list");
+        let extra = entries.pop().expect("ambient's mount");
+        let path = extra
+            .pointer("/mountPath")
+            .or_else(|| extra.pointer("/hostPath/path"));
+        assert_eq!(path, Some(&json!(AMBIENT_MOUNT)), "{list}");
+    }
 
     assert_eq!(istio, base);
 }

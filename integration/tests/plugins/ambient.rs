@@ -15,7 +15,7 @@ use agent_wire::pod_event::{self, PodEvent};
 use firewall::Family;
 use istio_redirect::enrolment::DATAPLANE_MODE;
 use istio_redirect::rules::Outcome;
-use istio_redirect::rules::ambient::{INPOD_MARK, InPod, PROBE_SNAT_V4, PodOverrides, program};
+use istio_redirect::rules::ambient::{INPOD_MARK, InPod, PROBE_SNAT_V4, PodOverrides, program, unprogram};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::probe::{Probe, sorted};
@@ -161,6 +161,41 @@ fn a_pods_overrides_leave_inbound_and_dns_alone() {
         gateway_rx.all(),
         sorted(&["tcp 8080 10.60.0.3:8080", "tcp 15001 10.60.0.2:8080"])
     );
+}
+
+#[test]
+fn a_pod_that_leaves_the_mesh_has_its_traffic_back_and_nothing_of_ztunnels_left() {
+    let probe = Probe::new();
+    let (_node, pods) = node_with(&["other", "app"]);
+    let (other, app) = (&pods[0], &pods[1]);
+    let before: Vec<String> = ["-4", "-6"]
+        .iter()
+        .map(|family| app.ip(&[family, "rule"]).success().stdout)
+        .collect();
+    enrol(app, &PodOverrides::default());
+    let ns = netns::NetNs::open(app.path()).expect("the pod's namespace");
+    let families = [Family::V4, Family::V6];
+    assert!(unprogram(&ns, &families, None).expect("removed"));
+    assert!(
+        !unprogram(&ns, &families, None).expect("again"),
+        "nothing left the second time"
+    );
+    assert!(istio_rules(app).is_empty(), "{:?}", istio_rules(app));
+    for (family, before) in ["-4", "-6"].iter().zip(&before) {
+        assert_eq!(&app.ip(&[family, "rule"]).success().stdout, before);
+        let table = app
+            .ip(&[family, "route", "show", "table", "100"])
+            .success()
+            .stdout;
+        assert!(table.trim().is_empty(), "{table}");
+    }
+    let app_rx = probe.listen(app, &[15001, 15006, 8080]);
+    let other_rx = probe.listen(other, &[8080]);
+    probe.connect(app, None, "10.60.0.2", 8080, None).success();
+    other_rx.wait_for("tcp 8080 10.60.0.2:8080");
+    probe.connect(other, None, "10.60.0.3", 8080, None).success();
+    app_rx.wait_for("tcp 8080 10.60.0.3:8080");
+    assert_eq!(app_rx.all(), ["tcp 8080 10.60.0.3:8080"]);
 }
 
 // --- the plugin's pod event (ambient mode) ---------------------------------

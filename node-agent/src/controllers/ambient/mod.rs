@@ -10,152 +10,52 @@
 //! first packet, or its ADD fails and the runtime retries.
 //!
 //! A pod deleted, or finished, leaves the mesh (a delete to every ztunnel);
-//! its rules go with its namespace. DEL sends nothing, as Istio's.
+//! its rules go with its namespace. DEL sends nothing, as Istio's. A pod
+//! whose enrolment changes while it runs joins or leaves where it runs
+//! ([`live`]).
 
+pub mod cache;
+pub mod in_pod;
+pub mod live;
+pub mod options;
 pub mod plugin_events;
 pub mod records;
 pub mod zds_server;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use firewall::Family;
 use futures::StreamExt;
-use istio_redirect::enrolment::{Candidate, Enrolment};
-use istio_redirect::rules::ambient::{InPod, program};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
-use labels::Labels;
-use netns::NetNs;
-use serde_json::Value;
 use tokio::sync::mpsc;
 use zds::WorkloadInfo;
 
+pub use self::options::Options;
+
+use self::cache::{Key, PodFacts, Shared, is_enrolled};
+use self::in_pod::{annotate, program_in};
+use self::live::{Live, RECHECK};
 use self::plugin_events::{Event, PluginEvents};
 use self::records::Records;
 use self::zds_server::{Listener, Zds};
 use crate::cluster::pods::PodEvents;
-use crate::cluster::watched::Watched;
-use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::run_socket::LOOK_AGAIN;
-use crate::settings::Settings;
+
+/// How long the agent works on a pod event: inside the plugin's wait
+/// (`agent_wire::pod_event::WAIT`), so the plugin hears the answer, and an
+/// add it gave up on is never sent to ztunnel.
+pub const ENROL_WAIT: Duration = agent_wire::pod_event::WAIT.saturating_sub(Duration::from_millis(500));
 
 /// How often a pod event's pod is looked for in the cache, and the pause
 /// between looks (Istio's agent: 10 × 10 ms).
 pub const LOOKUPS: u32 = 10;
 pub const LOOKUP_PAUSE: Duration = Duration::from_millis(10);
-
-/// What ambient mode needs of the settings and of Istio's entry.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub node_name: String,
-    /// Where the plugin sends its pod events: the entry's
-    /// `cni_agent_run_dir`, as the plugin reads it.
-    pub pod_event_socket: PathBuf,
-    pub ztunnel_socket: PathBuf,
-    /// The entry's selectors, as the plugin reads them.
-    pub enrolment: Enrolment,
-    pub exclude_namespaces: Vec<String>,
-    /// DNS to ztunnel's proxy unless a pod says otherwise.
-    pub dns_capture: bool,
-    /// IPv6 rules for pods with IPv6 addresses.
-    pub ipv6: bool,
-}
-
-impl Options {
-    /// Where the pods' records are: beside the pod event socket.
-    fn records_dir(&self) -> PathBuf {
-        let run_dir = self.pod_event_socket.parent().unwrap_or(Path::new("/"));
-        run_dir.join("ambient-pods")
-    }
-
-    /// None unless Istio's entry (`entry`, as the agent writes it) enables
-    /// ambient mode.
-    pub fn from_settings(settings: &Settings, entry: &Value) -> Result<Option<Options>, Error> {
-        let read = istio_redirect::ambient_of_entry(entry)
-            .map_err(|e| Error::Setting(format!("Istio's entry in ambient mode: {}", e.msg)))?;
-        Ok(read.map(|read| Options {
-            node_name: settings.node_name.clone(),
-            pod_event_socket: read.ambient.pod_event_socket,
-            ztunnel_socket: settings.ztunnel_uds_address.clone(),
-            enrolment: read.ambient.enrolment,
-            exclude_namespaces: read.exclude_namespaces,
-            dns_capture: settings.ambient_dns_capture,
-            ipv6: settings.ambient_ipv6,
-        }))
-    }
-}
-
-/// What the controller reads of a pod of this node; None for one that
-/// finished (it leaves the mesh).
-#[derive(Debug, Clone, PartialEq)]
-struct PodFacts {
-    uid: String,
-    labels: Labels,
-    annotations: BTreeMap<String, String>,
-    host_network: bool,
-    service_account: String,
-    /// As its status reports them: how an agent that restarted finds the
-    /// pod's namespace.
-    ips: Vec<IpAddr>,
-}
-
-impl PodFacts {
-    fn of(pod: &Pod) -> Option<PodFacts> {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
-            return None;
-        }
-        let spec = pod.spec.as_ref();
-        Some(PodFacts {
-            uid: pod.metadata.uid.clone()?,
-            labels: pod.metadata.labels.clone().unwrap_or_default(),
-            annotations: pod.metadata.annotations.clone().unwrap_or_default(),
-            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
-            service_account: spec
-                .and_then(|s| s.service_account_name.clone())
-                .filter(|name| !name.is_empty())
-                .unwrap_or_else(|| "default".to_owned()),
-            ips: pod
-                .status
-                .as_ref()
-                .and_then(|status| status.pod_ips.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|ip| ip.ip.parse().ok())
-                .collect(),
-        })
-    }
-}
-
-/// This node's pods and every namespace's labels, as the watches left them.
-#[derive(Debug, Default)]
-struct Cache {
-    pods: Watched<(String, String), PodFacts>,
-    namespaces: Watched<String, Labels>,
-}
-
-/// The cache, shared by the watch loop and the pod events' tasks.
-#[derive(Debug, Clone, Default)]
-struct Shared(Arc<Mutex<Cache>>);
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Cache> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether both watches have listed once.
-    fn listed(&self) -> bool {
-        let cache = self.lock();
-        cache.pods.listed_once() && cache.namespaces.listed_once()
-    }
-}
 
 /// Serves ambient mode until the task is aborted: the pod event socket,
 /// the ZDS socket, and the watches that tell which pods are enrolled.
@@ -170,22 +70,38 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
     let cache = Shared::default();
     let mut plugin_events = PluginEvents::new(options.pod_event_socket.clone());
     let (events, mut received) = mpsc::channel::<Event>(64);
-    let mut namespaces = watcher::watcher(Api::<Namespace>::all(client), watcher::Config::default())
+    let mut namespaces = watcher::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .boxed();
+    let live = Live::new(
+        cache.clone(),
+        zds.clone(),
+        Arc::clone(&options),
+        records.clone(),
+        client.clone(),
+    );
+    let mut recheck = tokio::time::interval(RECHECK);
     loop {
         tokio::select! {
             () = plugin_events.accept(&events, &metrics) => {}
+            _ = recheck.tick() => {}
             Some(Event { event, answer }) = received.recv() => {
                 let (cache, zds, options, records) = (cache.clone(), zds.clone(), Arc::clone(&options), records.clone());
+                let client = client.clone();
                 tokio::spawn(async move {
-                    let who = format!("{}/{}", event.pod_namespace, event.pod_name);
-                    let outcome = enrol(event, &cache, &zds, &options, &records).await;
-                    match &outcome {
-                        Ok(()) => log::info!("ambient: pod {who} is in the mesh"),
-                        Err(reason) => log::warn!("ambient: pod {who} is not in the mesh: {reason}"),
+                    let deadline = Instant::now() + ENROL_WAIT;
+                    let (namespace, name) = (event.pod_namespace.clone(), event.pod_name.clone());
+                    match enrol(event, deadline, &cache, &zds, &options, &records).await {
+                        Ok(pod) => {
+                            log::info!("ambient: pod {namespace}/{name} is in the mesh");
+                            let _ = answer.send(Ok(()));
+                            annotate(&client, &namespace, &name, &pod, Some("enabled")).await;
+                        }
+                        Err(reason) => {
+                            log::warn!("ambient: pod {namespace}/{name} is not in the mesh: {reason}");
+                            let _ = answer.send(Err(reason));
+                        }
                     }
-                    let _ = answer.send(outcome);
                 });
             }
             Some(event) = pods.next() => {
@@ -204,6 +120,9 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
         if listening.is_empty() && cache.listed() {
             restore(&cache, &zds, &options, &records).await;
             listening.spawn(listen_for_ztunnel(zds.clone(), options.ztunnel_socket.clone()));
+        }
+        if !listening.is_empty() {
+            live.look();
         }
     }
 }
@@ -229,13 +148,7 @@ async fn listen_for_ztunnel(zds: Zds, path: PathBuf) {
 /// Takes out of the mesh every pod the cache no longer has (deleted,
 /// finished, gone while the watch was down).
 fn leave_the_gone(cache: &Shared, zds: &Zds, records: &Records) {
-    let present: BTreeSet<String> = cache
-        .lock()
-        .pods
-        .known()
-        .values()
-        .map(|pod| pod.uid.clone())
-        .collect();
+    let present = cache.uids();
     for uid in zds.uids() {
         if !present.contains(&uid) {
             log::info!("ambient: pod {uid} is gone; out of the mesh");
@@ -259,41 +172,49 @@ async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Re
             .pods
             .known()
             .iter()
-            .filter(|(key, pod)| !pod.ips.is_empty() && is_enrolled(&cache, options, key, pod))
+            .filter(|(key, pod)| is_enrolled(&cache, options, key, pod))
             .map(|(key, pod)| (key.clone(), pod.clone()))
             .collect()
     };
-    if enrolled.is_empty() {
-        return;
-    }
+    let present = cache.uids();
     let (options, records) = (Arc::clone(options), records.clone());
     let restored = tokio::task::spawn_blocking(move || {
+        // Records of pods gone while no agent ran.
+        records.prune(&present);
+        // A pod without a record and without an address yet (kubelet had
+        // not posted it) was never in the mesh.
+        let enrolled: Vec<(Key, PodFacts)> = enrolled
+            .into_iter()
+            .filter(|(_, pod)| !pod.ips.is_empty() || records.netns_of(&pod.uid).is_some())
+            .collect();
         let noted: Vec<Option<PathBuf>> = enrolled
             .iter()
-            .map(|(_, pod)| {
-                records
-                    .netns_of(&pod.uid)
-                    .filter(|path| crate::pod_netns::holds_any(path, &pod.ips).unwrap_or(false))
-            })
+            .map(|(_, pod)| records.netns_still_of(&pod.uid, &pod.ips))
             .collect();
         let unnoted: Vec<Vec<IpAddr>> = enrolled
             .iter()
             .zip(&noted)
-            .filter(|(_, noted)| noted.is_none())
+            .filter(|((_, pod), noted)| noted.is_none() && !pod.ips.is_empty())
             .map(|((_, pod), _)| pod.ips.clone())
             .collect();
-        let mut scanned = crate::pod_netns::find_all(Path::new("/proc"), &unnoted)
-            .unwrap_or_else(|e| {
-                log::warn!("ambient: finding the enrolled pods' namespaces: {e}");
-                vec![None; unnoted.len()]
-            })
-            .into_iter();
+        let scan = crate::pod_netns::find_all(Path::new("/proc"), &unnoted).unwrap_or_else(|e| {
+            log::warn!("ambient: finding the enrolled pods' namespaces: {e}");
+            (vec![None; unnoted.len()], None)
+        });
+        if let Some(unread) = &scan.1 {
+            log::warn!("ambient: finding the enrolled pods' namespaces: {unread}");
+        }
+        let mut scanned = scan.0.into_iter();
         enrolled
             .into_iter()
             .zip(noted)
             .map(|((key, pod), noted)| {
                 let by_record = noted.is_some();
-                let path = noted.or_else(|| scanned.next().flatten());
+                let path = match noted {
+                    Some(path) => Some(path),
+                    None if pod.ips.is_empty() => None,
+                    None => scanned.next().flatten(),
+                };
                 let netns = path.and_then(|path| {
                     program_in(&path, &options, &pod, &pod.ips)
                         .map_err(|e| log::warn!("ambient: pod {}/{}: {e}", key.0, key.1))
@@ -337,50 +258,16 @@ async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Re
     );
 }
 
-/// A pod's namespace and name.
-type Key = (String, String);
-
-/// Whether the pod is enrolled, by the cache's view of it and of its
-/// namespace.
-fn is_enrolled(cache: &Cache, options: &Options, (namespace, _): &Key, pod: &PodFacts) -> bool {
-    if options.exclude_namespaces.contains(namespace) {
-        return false;
-    }
-    let Some(namespace_labels) = cache.namespaces.known().get(namespace) else {
-        return false;
-    };
-    let candidate = Candidate::new(&pod.labels, &pod.annotations, pod.host_network);
-    options.enrolment.matches(candidate, namespace_labels)
-}
-
-/// Opens the namespace at `path` and programs the pod's in-pod rules
-/// there, in the families of `addresses` (IPv4 when there are none; IPv6
-/// only when the agent does IPv6). Blocks: run off the async threads.
-fn program_in(path: &Path, options: &Options, pod: &PodFacts, addresses: &[IpAddr]) -> Result<NetNs, String> {
-    let mut families = Vec::new();
-    if addresses.iter().any(IpAddr::is_ipv4) || addresses.is_empty() {
-        families.push(Family::V4);
-    }
-    if options.ipv6 && addresses.iter().any(IpAddr::is_ipv6) {
-        families.push(Family::V6);
-    }
-    let in_pod = InPod::new(
-        options.dns_capture,
-        &istio_redirect::ambient_overrides(&pod.annotations),
-    );
-    let netns = NetNs::open(path).map_err(|e| e.to_string())?;
-    program(&netns, &in_pod, &families, None).map_err(|e| format!("the in-pod rules: {e}"))?;
-    Ok(netns)
-}
-
-/// The pod of a plugin's event in the mesh, or why not.
+/// The pod of a plugin's event in the mesh (the cache's view of it), or
+/// why not.
 async fn enrol(
     event: agent_wire::pod_event::PodEvent,
+    deadline: Instant,
     cache: &Shared,
     zds: &Zds,
     options: &Arc<Options>,
     records: &Records,
-) -> Result<(), String> {
+) -> Result<PodFacts, String> {
     let key: Key = (event.pod_namespace.clone(), event.pod_name.clone());
     let (namespace, name) = &key;
     let mut found = None;
@@ -418,9 +305,9 @@ async fn enrol(
         let (options, pod, records) = (Arc::clone(options), pod.clone(), records.clone());
         let addresses = event.addresses();
         tokio::task::spawn_blocking(move || {
-            let path = Path::new(&event.netns);
-            let netns = program_in(path, &options, &pod, &addresses)?;
-            records.remember(&pod.uid, path);
+            let path = in_pod::reachable(Path::new(&event.netns), Path::new(in_pod::HOST_ROOT));
+            let netns = program_in(&path, &options, &pod, &addresses)?;
+            records.remember(&pod.uid, &path);
             Ok::<_, String>(netns)
         })
     };
@@ -430,11 +317,22 @@ async fn enrol(
     let info = WorkloadInfo {
         name: name.clone(),
         namespace: namespace.clone(),
-        service_account: pod.service_account,
+        service_account: pod.service_account.clone(),
     };
-    let added = zds.add(&pod.uid, info, Arc::new(netns)).await;
-    if added.is_err() {
-        records.forget(&pod.uid);
+    if let Err(e) = zds.add(&pod.uid, info, Arc::new(netns), deadline).await {
+        // Unless a later enrolment of the pod holds it now.
+        if !zds.in_mesh(&pod.uid) {
+            records.forget(&pod.uid);
+        }
+        return Err(e.to_string());
     }
-    added.map_err(|e| e.to_string())
+    // Deleted meanwhile, the watch's delete found it not yet in the mesh.
+    if !cache.uids().contains(&pod.uid) {
+        zds.remove(&pod.uid);
+        records.forget(&pod.uid);
+        return Err(format!(
+            "pod {namespace}/{name} was deleted while it was put in the mesh"
+        ));
+    }
+    Ok(pod)
 }

@@ -136,6 +136,9 @@ fn parse(raw: &[u8]) -> Option<Request> {
     if method != "POST" || path != ADD_PATH {
         return Some(Request::Bad(404, format!("{method} {path}: not found")));
     }
+    if length > MAX_REQUEST {
+        return Some(Request::Bad(413, "the request is too large".into()));
+    }
     let body = raw.get(end + 4..end + 4 + length)?;
     Some(match serde_json::from_slice(body) {
         Ok(event) => Request::Event(event),
@@ -198,6 +201,10 @@ mod tests {
             panic!("no event");
         };
         assert!(said.contains("not a CNI plugin event"), "{said}");
+        let huge = format!("POST /cmdadd HTTP/1.1\r\nContent-Length: {}\r\n\r\n", usize::MAX);
+        let Some(Request::Bad(413, _)) = parse(huge.as_bytes()) else {
+            panic!("a length past any request");
+        };
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,8 +9,11 @@
 //! Under /run, so a reboot, which takes every namespace with it, takes the
 //! records too.
 
+use std::net::IpAddr;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+
+use netns::NetNs;
 
 use crate::atomic;
 
@@ -57,6 +60,38 @@ impl Records {
         Some(PathBuf::from(text))
     }
 
+    /// Where the pod of `uid` has its namespace, if noted and it is still
+    /// the pod's: one of its addresses `ips` there, or, for a pod whose
+    /// addresses kubelet has not posted yet, a namespace that is not the
+    /// agent's own. Blocks.
+    pub fn netns_still_of(&self, uid: &str, ips: &[IpAddr]) -> Option<PathBuf> {
+        let path = self.netns_of(uid)?;
+        let still = if ips.is_empty() {
+            match (NetNs::open(&path), NetNs::current()) {
+                (Ok(recorded), Ok(own)) => !recorded.same_as(&own),
+                _ => false,
+            }
+        } else {
+            crate::pod_netns::holds_any(&path, ips).unwrap_or(false)
+        };
+        still.then_some(path)
+    }
+
+    /// Forgets every pod but those of `keep` (pods gone while no agent
+    /// ran). Blocks.
+    pub fn prune(&self, keep: &std::collections::BTreeSet<String>) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let kept = name.to_str().is_some_and(|uid| keep.contains(uid));
+            if !kept && entry.file_type().is_ok_and(|t| t.is_file()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
     /// Forgets the pod of `uid`. Blocks.
     pub fn forget(&self, uid: &str) {
         if let Some(file) = self.file(uid) {
@@ -85,6 +120,12 @@ mod tests {
             records.remember(odd, Path::new("/x"));
             assert_eq!(records.netns_of(odd), None);
         }
+        records.remember("u-2", Path::new("/var/run/netns/cni-2"));
+        records.remember("u-3", Path::new("/var/run/netns/cni-3"));
+        records.prune(&["u-3".to_owned()].into());
+        assert_eq!(records.netns_of("u-2"), None, "gone while no agent ran");
+        assert!(records.netns_of("u-3").is_some());
+        records.forget("u-3");
         let entries: Vec<_> = std::fs::read_dir(scratch.path().join("ambient"))
             .expect("made")
             .collect();

@@ -72,6 +72,7 @@ struct Shared {
     /// Oldest first: the last is where adds go.
     connections: Vec<Connection>,
     next_connection: u64,
+    next_generation: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +80,9 @@ struct Workload {
     info: WorkloadInfo,
     /// None: in the mesh, its netns not open here (a keep in snapshots).
     netns: Option<Arc<NetNs>>,
+    /// Which add put it there: a failed add takes out only its own, never
+    /// a later one for the same pod (a runtime's retry of its sandbox).
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -95,6 +99,9 @@ struct Job {
     /// None: the outcome is only logged (snapshots, deletes).
     outcome: Option<oneshot::Sender<Result<(), ZdsError>>>,
     uid: String,
+    /// When whoever waits for the outcome gives up: a job still queued
+    /// then is answered without being sent.
+    deadline: Option<Instant>,
 }
 
 impl Zds {
@@ -122,18 +129,29 @@ impl Zds {
         self.lock().workloads.keys().cloned().collect()
     }
 
+    /// The namespace of the pod of `uid`, when it is in the mesh with one.
+    pub fn netns_of(&self, uid: &str) -> Option<Arc<NetNs>> {
+        self.lock().workloads.get(uid)?.netns.clone()
+    }
+
     /// Whether the pod of `uid` is in the mesh.
     pub fn in_mesh(&self, uid: &str) -> bool {
         self.lock().workloads.contains_key(uid)
     }
 
     /// Puts the pod in the mesh: its add, with its netns, to the newest
-    /// connection, and its ack awaited. Not in the mesh when that fails,
-    /// and deleted from every connection, since one that took the add and
-    /// did not answer in time may hold it.
-    pub async fn add(&self, uid: &str, info: WorkloadInfo, netns: Arc<NetNs>) -> Result<(), ZdsError> {
+    /// connection, and its ack awaited until `deadline`. Not in the mesh
+    /// when that fails, and deleted from every connection, since one that
+    /// took the add and did not answer in time may hold it.
+    pub async fn add(
+        &self,
+        uid: &str,
+        info: WorkloadInfo,
+        netns: Arc<NetNs>,
+        deadline: Instant,
+    ) -> Result<(), ZdsError> {
         let started = Instant::now();
-        let acked = {
+        let (acked, generation) = {
             let mut shared = self.lock();
             let Some(newest) = shared.connections.last() else {
                 return Err(ZdsError::NoConnection);
@@ -144,30 +162,23 @@ impl Zds {
                 netns: Some(Arc::clone(&netns)),
                 outcome: Some(tell),
                 uid: uid.to_owned(),
+                deadline: Some(deadline),
             };
             if newest.queue.send(job).is_err() {
                 return Err(ZdsError::NoConnection);
             }
-            shared.workloads.insert(
-                uid.to_owned(),
-                Workload {
-                    info,
-                    netns: Some(netns),
-                },
-            );
+            let generation = shared.insert(uid, info, Some(netns));
             self.metrics.pods_in_mesh(shared.workloads.len());
-            acked
+            (acked, generation)
         };
-        // The connection's task answers within its own bounds; this one
-        // only guards against a task that is gone.
-        let outcome = match tokio::time::timeout(ACK_WAIT * 2, acked).await {
+        let outcome = match tokio::time::timeout_at(deadline.into(), acked).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Err(ZdsError::Lost("its task ended".into())),
-            Err(_) => Err(ZdsError::Lost(format!("no ack in {:?}", ACK_WAIT * 2))),
+            Err(_) => Err(ZdsError::Lost("no ack before the plugin's wait ran out".into())),
         };
         self.metrics.zds_acked(outcome.is_ok(), started.elapsed());
         if outcome.is_err() {
-            self.remove(uid);
+            self.remove_added(uid, Some(generation));
         }
         outcome
     }
@@ -179,14 +190,27 @@ impl Zds {
     /// on serving it.
     pub fn restore(&self, uid: &str, info: WorkloadInfo, netns: Option<Arc<NetNs>>) {
         let mut shared = self.lock();
-        shared.workloads.insert(uid.to_owned(), Workload { info, netns });
+        shared.insert(uid, info, netns);
         self.metrics.pods_in_mesh(shared.workloads.len());
     }
 
     /// Takes the pod of `uid` out of the mesh: a delete to every
     /// connection, not awaited (each connection logs what it was answered).
     pub fn remove(&self, uid: &str) {
+        self.remove_added(uid, None);
+    }
+
+    /// [`Zds::remove`], only when the pod is there from the add of
+    /// `generation` (None: whichever).
+    fn remove_added(&self, uid: &str, generation: Option<u64>) {
         let mut shared = self.lock();
+        let ours = shared
+            .workloads
+            .get(uid)
+            .is_some_and(|w| generation.is_none_or(|g| g == w.generation));
+        if !ours && generation.is_some() {
+            return;
+        }
         shared.workloads.remove(uid);
         self.metrics.pods_in_mesh(shared.workloads.len());
         for connection in &shared.connections {
@@ -195,6 +219,7 @@ impl Zds {
                 netns: None,
                 outcome: None,
                 uid: uid.to_owned(),
+                deadline: None,
             });
         }
     }
@@ -254,6 +279,7 @@ impl Zds {
                     netns: workload.netns.clone(),
                     outcome: None,
                     uid: uid.clone(),
+                    deadline: None,
                 });
             }
             let _ = queue.send(Job {
@@ -261,6 +287,7 @@ impl Zds {
                 netns: None,
                 outcome: None,
                 uid: String::new(),
+                deadline: None,
             });
             shared.connections.push(Connection { id, queue });
             self.metrics.ztunnels_connected(shared.connections.len());
@@ -269,20 +296,21 @@ impl Zds {
         log::info!("ambient: ztunnel {id} connected; sending it the {pods} pods in the mesh");
         let ended = loop {
             tokio::select! {
-                job = jobs.recv() => {
-                    let Some(job) = job else { break "its queue closed".to_owned() };
-                    if let Err(e) = self.exchange(&stream, job, id).await {
-                        break e;
-                    }
-                }
-                // Nothing is asked: what comes now is the peer hanging up,
-                // or a message out of turn.
+                // What ztunnel sent unasked first: taken for an ack, it
+                // would answer the next job before ztunnel saw it.
+                biased;
                 unasked = receive::<WorkloadResponse>(&stream) => {
                     break match unasked {
                         Err(PacketError::Closed) => "it hung up".to_owned(),
                         Err(e) => e.to_string(),
                         Ok(_) => "protocol error: an ack nothing asked for".to_owned(),
                     };
+                }
+                job = jobs.recv() => {
+                    let Some(job) = job else { break "its queue closed".to_owned() };
+                    if let Err(e) = self.exchange(&stream, job, id).await {
+                        break e;
+                    }
                 }
             }
         };
@@ -303,6 +331,14 @@ impl Zds {
     /// Sends one request and awaits its ack; Err (why) when the connection
     /// is to close. A refusal answers the job and keeps the connection.
     async fn exchange(&self, stream: &UnixStream, job: Job, id: u64) -> Result<(), String> {
+        if job.deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+            if let Some(tell) = job.outcome {
+                let _ = tell.send(Err(ZdsError::Lost(
+                    "its turn came after the plugin's wait ran out".into(),
+                )));
+            }
+            return Ok(());
+        }
         let netns = job.netns.as_deref().map(AsFd::as_fd);
         let answered = tokio::time::timeout(ACK_WAIT, async {
             send(stream, &job.request, netns).await?;
@@ -328,6 +364,24 @@ impl Zds {
             let _ = tell.send(Err(ZdsError::Lost(failed.clone())));
         }
         Err(format!("{what}: {failed}"))
+    }
+}
+
+impl Shared {
+    /// Puts a pod in the mesh, replacing what was there for it; the
+    /// generation of this insert.
+    fn insert(&mut self, uid: &str, info: WorkloadInfo, netns: Option<Arc<NetNs>>) -> u64 {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.workloads.insert(
+            uid.to_owned(),
+            Workload {
+                info,
+                netns,
+                generation,
+            },
+        );
+        generation
     }
 }
 
@@ -469,6 +523,12 @@ mod tests {
             (request, inode)
         }
 
+        /// Acks the last request with `error`, then reads the next.
+        fn next_after_ack(&self, error: &str) -> (WorkloadRequest, Option<u64>) {
+            self.ack(error);
+            self.next()
+        }
+
         fn ack(&self, error: &str) {
             zds::send(self.0.as_fd(), &WorkloadResponse::ack(error), None).expect("ack");
         }
@@ -485,6 +545,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The plugin's wait, from now.
+    fn soon() -> Instant {
+        Instant::now() + ACK_WAIT * 2
     }
 
     fn info(name: &str) -> WorkloadInfo {
@@ -540,7 +605,10 @@ mod tests {
     async fn without_ztunnel_no_pod_enters_the_mesh() {
         let (zds, _path, _dir) = serving().await;
         let (netns, _) = own_netns();
-        assert_eq!(zds.add("u1", info("a"), netns).await, Err(ZdsError::NoConnection));
+        assert_eq!(
+            zds.add("u1", info("a"), netns, soon()).await,
+            Err(ZdsError::NoConnection)
+        );
         assert!(!zds.in_mesh("u1"));
     }
 
@@ -558,9 +626,11 @@ mod tests {
             (peer, request, sent, refused)
         });
         wait_connected(&zds, 1).await;
-        zds.add("u1", info("a"), Arc::clone(&netns)).await.expect("acked");
+        zds.add("u1", info("a"), Arc::clone(&netns), soon())
+            .await
+            .expect("acked");
         assert!(zds.in_mesh("u1"));
-        let refused = zds.add("u2", info("b"), netns).await;
+        let refused = zds.add("u2", info("b"), netns, soon()).await;
         assert_eq!(refused, Err(ZdsError::Refused("no such workload".into())));
         assert!(!zds.in_mesh("u2"));
         let (peer, request, sent, _) = peer.join().expect("peer");
@@ -569,6 +639,67 @@ mod tests {
         // The refused add was deleted from the connection, in case.
         let deleted = on_thread(move || peer.next().0).join().expect("peer");
         assert_eq!(deleted, WorkloadRequest::del("u2"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_add_never_takes_out_a_later_one_for_the_same_pod() {
+        let (zds, path, _dir) = serving().await;
+        let (netns, _) = own_netns();
+        let peer = Peer::connect(&path);
+        let peer = on_thread(move || {
+            peer.take_snapshot();
+            let (first, _) = peer.next();
+            let (second, _) = peer.next_after_ack("a stale sandbox");
+            peer.ack("");
+            // Kept open until the agent read the ack.
+            (peer, first, second)
+        });
+        wait_connected(&zds, 1).await;
+        let (stale, retried) = tokio::join!(
+            zds.add("u1", info("a"), Arc::clone(&netns), soon()),
+            zds.add("u1", info("a"), Arc::clone(&netns), soon()),
+        );
+        assert!(matches!(stale, Err(ZdsError::Refused(_))), "{stale:?}");
+        retried.expect("acked");
+        assert!(zds.in_mesh("u1"), "the retry's add stands");
+        let (_peer, first, second) = peer.join().expect("peer");
+        assert_eq!(
+            (first, second),
+            (
+                WorkloadRequest::add("u1", info("a")),
+                WorkloadRequest::add("u1", info("a"))
+            )
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_add_whose_plugin_gave_up_while_queued_is_never_sent() {
+        let (zds, path, _dir) = serving().await;
+        let (netns, _) = own_netns();
+        let peer = Peer::connect(&path);
+        let peer = on_thread(move || {
+            peer.take_snapshot();
+            let (slow, _) = peer.next();
+            std::thread::sleep(Duration::from_millis(600));
+            let (next, _) = peer.next_after_ack("");
+            peer.ack("");
+            (peer, slow, next)
+        });
+        wait_connected(&zds, 1).await;
+        let (slow, late) = tokio::join!(
+            zds.add("u1", info("a"), Arc::clone(&netns), soon()),
+            zds.add(
+                "u2",
+                info("b"),
+                Arc::clone(&netns),
+                Instant::now() + Duration::from_millis(200)
+            ),
+        );
+        slow.expect("acked");
+        assert!(matches!(late, Err(ZdsError::Lost(_))), "{late:?}");
+        let (_peer, slow, next) = peer.join().expect("peer");
+        assert_eq!(slow, WorkloadRequest::add("u1", info("a")));
+        assert_eq!(next, WorkloadRequest::del("u2"), "the add of u2 never went");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -583,7 +714,9 @@ mod tests {
             old
         });
         wait_connected(&zds, 1).await;
-        zds.add("u1", info("a"), Arc::clone(&netns)).await.expect("acked");
+        zds.add("u1", info("a"), Arc::clone(&netns), soon())
+            .await
+            .expect("acked");
         let old = old.join().expect("old");
         zds.restore("u0", info("kept"), None);
 
@@ -605,7 +738,7 @@ mod tests {
             (snapshot, added, deleted)
         });
         wait_connected(&zds, 2).await;
-        zds.add("u2", info("b"), Arc::clone(&netns))
+        zds.add("u2", info("b"), Arc::clone(&netns), soon())
             .await
             .expect("the new one acks");
         zds.remove("u1");
@@ -655,7 +788,7 @@ mod tests {
             drop(quitter);
         });
         wait_accepted(&zds, 3, 2).await;
-        let lost = zds.add("u1", info("a"), Arc::clone(&netns)).await;
+        let lost = zds.add("u1", info("a"), Arc::clone(&netns), soon()).await;
         quitter.join().expect("quitter");
         assert!(matches!(lost, Err(ZdsError::Lost(_))), "{lost:?}");
         wait_connected(&zds, 1).await;
@@ -667,7 +800,7 @@ mod tests {
             steady.ack("");
             (deleted, added)
         });
-        zds.add("u2", info("b"), netns).await.expect("acked");
+        zds.add("u2", info("b"), netns, soon()).await.expect("acked");
         let (deleted, added) = steady.join().expect("steady");
         assert_eq!(deleted, WorkloadRequest::del("u1"));
         assert_eq!(added, WorkloadRequest::add("u2", info("b")));
@@ -685,7 +818,7 @@ mod tests {
         });
         wait_connected(&zds, 1).await;
         let started = Instant::now();
-        let lost = zds.add("u1", info("a"), netns).await;
+        let lost = zds.add("u1", info("a"), netns, soon()).await;
         assert!(matches!(lost, Err(ZdsError::Lost(_))), "{lost:?}");
         let waited = started.elapsed();
         assert!(waited >= ACK_WAIT && waited < ACK_WAIT * 2, "{waited:?}");

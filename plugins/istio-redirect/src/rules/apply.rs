@@ -313,6 +313,25 @@ pub fn apply(ns: &NetNs, family: Family, rules: &IstioRules, flavour: IptablesFl
     run(ns, &restore, &args, &current.replacement(rules), &env).map(|_| Outcome::Replaced)
 }
 
+/// Takes every Istio rule out of the pod's tables for one family, in one
+/// transaction; whether there was any.
+pub fn remove(ns: &NetNs, family: Family, flavour: IptablesFlavour) -> Result<bool> {
+    let current = read(ns, family, flavour)?;
+    if !current.has_istio() {
+        return Ok(false);
+    }
+    let restore = flavour.tool(family, "restore");
+    let none = current.replacement(&IstioRules::default());
+    run(
+        ns,
+        &restore,
+        &restore_args(flavour),
+        &none,
+        &lock_env(flavour, ns),
+    )
+    .map(|_| true)
+}
+
 /// Picks the flavour for a family, entering the pod's namespace to look.
 pub fn flavour_for(ns: &NetNs, family: Family, forced: Option<IptablesFlavour>) -> Result<IptablesFlavour> {
     if let Some(flavour) = forced {

@@ -21,7 +21,7 @@ use netlink::route::FwmarkRule;
 use netns::NetNs;
 
 use super::Outcome;
-use super::apply::{IptablesFlavour, apply, flavour_for};
+use super::apply::{IptablesFlavour, apply, flavour_for, remove};
 use super::render::{Builder, IstioRules};
 
 /// ztunnel's outbound listener in the pod.
@@ -233,6 +233,29 @@ pub fn program(
         ));
     }
     Ok(outcomes)
+}
+
+/// Takes the in-pod redirection out of the pod's namespace `ns` (a pod
+/// that left the mesh while it runs): each family's Istio rules in one
+/// transaction, then the mark's rule and the local route; whether any
+/// rules were there. Like [`program`], it converges.
+pub fn unprogram(
+    ns: &NetNs,
+    families: &[Family],
+    forced: Option<IptablesFlavour>,
+) -> Result<bool, InPodError> {
+    let mut removed = false;
+    for family in families {
+        removed |= remove(ns, *family, flavour_for(ns, *family, forced)?)?;
+    }
+    let nl = Netlink::connect_in(ns)?;
+    let lo = nl.require_link("lo")?;
+    for family in families {
+        let v4 = *family == Family::V4;
+        nl.del_fwmark_rule(v4, &INPOD_RULE)?;
+        nl.del_local_default_route(v4, &lo, INBOUND_ROUTE_TABLE)?;
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
