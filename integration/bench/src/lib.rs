@@ -27,6 +27,7 @@ pub mod suite;
 
 // `cni-bench`'s phases, and the run that calls them in turn.
 mod add_del;
+pub mod ambient;
 mod chained;
 mod cri;
 mod floors;

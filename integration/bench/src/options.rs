@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::{gate, policy_path};
+use crate::{ambient, gate, policy_path};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -16,7 +16,7 @@ pub struct Options {
 }
 
 /// The phases of a round, as `--only` names them.
-pub const PHASES: [&str; 13] = [
+pub const PHASES: [&str; 14] = [
     "seq",
     "burst",
     "full",
@@ -30,4 +30,5 @@ pub const PHASES: [&str; 13] = [
     "cri",
     policy_path::PHASE,
     gate::PHASE,
+    ambient::PHASE,
 ];

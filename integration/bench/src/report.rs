@@ -207,7 +207,9 @@ fn display_name(metric: &str) -> String {
         crate::log_socket::UNREAD_METRIC,
         crate::log_socket::CONTROL_METRIC,
     ];
-    if metric.starts_with(crate::gate::ADD_PREFIX) {
+    if metric.starts_with(crate::ambient::ADD_METRIC) {
+        format!("{metric} (reference: the same chain, a pod not enrolled)")
+    } else if metric.starts_with(crate::gate::ADD_PREFIX) {
         format!("{metric} (reference: the same ADD, no policySocket)")
     } else if metric.starts_with(crate::gate::BESIDE_PREFIX) {
         format!("{metric} (reference: one without policySocket started with it)")

@@ -14,7 +14,7 @@ use crate::profile::profile;
 use crate::setup::Setup;
 use crate::stop::stopping;
 use crate::suite::Suite;
-use crate::{gate, log_socket, policy_path};
+use crate::{ambient, gate, log_socket, policy_path};
 
 /// Runs every phase `repeats` times. The drop-in setup is the headline;
 /// the service setup runs beside it in the sequential and burst phases.
@@ -84,6 +84,9 @@ pub fn run(options: &Options) -> Outcome {
         }
         if wanted(gate::PHASE) {
             gate::phase(&mut out, options.pods);
+        }
+        if wanted(ambient::PHASE) {
+            ambient::phase(&mut out, options.pods);
         }
     }
     if stopping() {

@@ -65,10 +65,13 @@ pub fn uplink(node: &Node) {
     }
 }
 
-/// A running agent in a node's namespace, SIGTERMed when dropped.
+/// A running agent in a node's namespace, SIGTERMed when dropped. What it
+/// logs is read as it comes (a pipe left unread would stop an agent that
+/// logs more than the pipe holds) and handed over when it ends.
 #[derive(Debug)]
 pub struct Agent {
     child: Option<Child>,
+    log: Option<std::thread::JoinHandle<String>>,
     pub health: u16,
 }
 
@@ -177,8 +180,17 @@ impl Agent {
                 spawn_in(node.netns.path(), std::path::Path::new(program), &args, &env, "")
             }
         };
+        let mut child = child;
+        let log = child.stderr.take().map(|mut stderr| {
+            std::thread::spawn(move || {
+                let mut text = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut stderr, &mut text);
+                String::from_utf8_lossy(&text).into_owned()
+            })
+        });
         Agent {
             child: Some(child),
+            log,
             health,
         }
     }
@@ -214,31 +226,28 @@ impl Agent {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let output = self
-            .child
-            .take()
-            .expect("running")
-            .wait_with_output()
-            .expect("wait");
-        Some((
-            output.status,
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        ))
+        let status = self.child.take().expect("running").wait().expect("wait");
+        Some((status, self.logged()))
     }
 
     /// SIGTERM, then the exit status and what it logged.
     pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
-        let child = self.child.take().expect("running");
+        let mut child = self.child.take().expect("running");
         let pid = child.id().to_string();
         std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("kill");
-        let output = child.wait_with_output().expect("wait");
-        (
-            output.status,
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+        let status = child.wait().expect("wait");
+        (status, self.logged())
+    }
+
+    /// Everything it logged, once it has exited.
+    fn logged(&mut self) -> String {
+        self.log
+            .take()
+            .map(|reader| reader.join().unwrap_or_default())
+            .unwrap_or_default()
     }
 }
 
