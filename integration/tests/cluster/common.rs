@@ -30,8 +30,11 @@ pub(crate) struct Pause(std::process::Child);
 impl Pause {
     /// As the pause image runs it: uid and gid 65535, another user than
     /// the agent's.
+    /// Returns once the process is in the pod's namespace (nsenter has
+    /// entered it), so /proc shows it there.
     pub(crate) fn start(pod: &test_kit::Netns) -> Pause {
-        Pause(test_kit::spawn_in(
+        use std::os::unix::fs::MetadataExt;
+        let pause = Pause(test_kit::spawn_in(
             pod.path(),
             Path::new("setpriv"),
             &[
@@ -43,7 +46,13 @@ impl Pause {
             ],
             &[],
             "",
-        ))
+        ));
+        let pod_inode = std::fs::metadata(pod.path()).expect("the pod's namespace").ino();
+        let inside = format!("/proc/{}/ns/net", pause.0.id());
+        test_kit::wait_for("the pause process in its pod", Duration::from_secs(5), || {
+            std::fs::metadata(&inside).is_ok_and(|meta| meta.ino() == pod_inode)
+        });
+        pause
     }
 }
 

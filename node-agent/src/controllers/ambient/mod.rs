@@ -42,7 +42,7 @@ use self::in_pod::{annotate, program_in};
 use self::live::{Live, RECHECK};
 use self::plugin_events::{Event, PluginEvents};
 use self::records::Records;
-use self::zds_server::{Listener, Zds};
+use self::zds_server::Zds;
 use crate::cluster::pods::PodEvents;
 use crate::metrics::Metrics;
 use crate::run_socket::LOOK_AGAIN;
@@ -119,28 +119,10 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
         }
         if listening.is_empty() && cache.listed() {
             restore(&cache, &zds, &options, &records).await;
-            listening.spawn(listen_for_ztunnel(zds.clone(), options.ztunnel_socket.clone()));
+            listening.spawn(zds.clone().listen(options.ztunnel_socket.clone(), LOOK_AGAIN));
         }
         if !listening.is_empty() {
             live.look();
-        }
-    }
-}
-
-/// Binds the ZDS socket and serves ztunnel there; while it cannot bind, no
-/// ztunnel connects and enrolled pods do not start.
-async fn listen_for_ztunnel(zds: Zds, path: PathBuf) {
-    loop {
-        match Listener::bind(&path) {
-            Ok(listener) => return zds.serve(listener).await,
-            Err(e) => {
-                log::error!(
-                    "ambient: cannot listen on {} for ztunnel: {e}; enrolled pods do not start; \
-                     trying again every {LOOK_AGAIN:?}",
-                    path.display()
-                );
-                tokio::time::sleep(LOOK_AGAIN).await;
-            }
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_wire::pod_event::{ADD_PATH, PodEvent};
+use agent_wire::pod_event::{ADD_PATH, PodEvent, WAIT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
@@ -79,10 +79,13 @@ async fn answer(mut stream: UnixStream, events: mpsc::Sender<Event>, metrics: Me
                 events.send(Event { event, answer: tx }).await.ok()?;
                 rx.await.ok()
             };
-            match decided.await {
-                Some(Ok(())) => (200, String::new()),
-                Some(Err(reason)) => (500, reason),
-                None => (500, "the agent's ambient controller is stopping".to_owned()),
+            // The controller answers within the plugin's wait; this bounds
+            // a task whose pod never got an answer (a rule tool that hung).
+            match tokio::time::timeout(WAIT, decided).await {
+                Ok(Some(Ok(()))) => (200, String::new()),
+                Ok(Some(Err(reason))) => (500, reason),
+                Ok(None) => (500, "the agent's ambient controller is stopping".to_owned()),
+                Err(_) => (500, format!("no decision in {WAIT:?}")),
             }
         }
         Request::Bad(status, reason) => (status, reason),

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use zds::{PacketError, Version, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
 
 use crate::metrics::Metrics;
-use crate::run_socket::{self, Bound};
+use crate::run_socket::{self, Bound, Place};
 
 /// The most ztunnel may take to say hello, and to ack one request: inside
 /// the plugin's own wait (`agent_wire::pod_event::WAIT`, 5 s, Istio's), so
@@ -224,11 +224,42 @@ impl Zds {
         }
     }
 
-    /// Accepts ztunnel's connections until the task is aborted, each served
-    /// on a task of its own that ends with it.
-    pub async fn serve(self, listener: Listener) {
-        log::info!("ambient: ztunnel connects to {}", listener.path.display());
+    /// Binds `path` and accepts ztunnel's connections until the task is
+    /// aborted, each served on a task of its own that ends with it. While
+    /// it cannot bind, no ztunnel connects and enrolled pods do not start;
+    /// it tries again every `look_every`, and as often looks whether the
+    /// socket is still there: one someone removed is bound again (the
+    /// connections made meanwhile go on), one a newer agent of a rollout
+    /// put there is left to it.
+    pub async fn listen(self, path: PathBuf, look_every: Duration) {
         let mut connections = tokio::task::JoinSet::new();
+        loop {
+            match Listener::bind(&path) {
+                Ok(listener) => {
+                    self.serve(&listener, &mut connections, look_every).await;
+                    log::warn!("ambient: {} was removed; binding it again", path.display());
+                }
+                Err(e) => {
+                    log::error!(
+                        "ambient: cannot listen on {} for ztunnel: {e}; enrolled pods do not start; \
+                         trying again every {look_every:?}",
+                        path.display()
+                    );
+                    tokio::time::sleep(look_every).await;
+                }
+            }
+        }
+    }
+
+    /// Accepts on `listener` until its socket file is gone.
+    async fn serve(
+        &self,
+        listener: &Listener,
+        connections: &mut tokio::task::JoinSet<()>,
+        look_every: Duration,
+    ) {
+        log::info!("ambient: ztunnel connects to {}", listener.path.display());
+        let mut look = tokio::time::interval(look_every);
         loop {
             tokio::select! {
                 accepted = listener.listener.accept() => {
@@ -241,6 +272,11 @@ impl Zds {
                     tokio::time::sleep(ACCEPT_INTERVAL).await;
                 }
                 Some(_) = connections.join_next() => {}
+                _ = look.tick() => {
+                    if listener.bound.place() == Place::Empty {
+                        return;
+                    }
+                }
             }
         }
     }
@@ -451,7 +487,7 @@ fn into_io<T>(
 pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
-    _bound: Bound,
+    bound: Bound,
 }
 
 impl Listener {
@@ -476,7 +512,7 @@ impl Listener {
         Ok(Listener {
             listener,
             path: path.to_path_buf(),
-            _bound: bound,
+            bound,
         })
     }
 }
@@ -570,8 +606,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ztunnel").join("ztunnel.sock");
         let zds = Zds::new(Metrics::new(None));
-        let listener = Listener::bind(&path).expect("bound");
-        tokio::spawn(zds.clone().serve(listener));
+        tokio::spawn(zds.clone().listen(path.clone(), Duration::from_millis(100)));
+        for _ in 0..100 {
+            if path.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         (zds, path, dir)
     }
 
@@ -804,6 +845,39 @@ mod tests {
         let (deleted, added) = steady.join().expect("steady");
         assert_eq!(deleted, WorkloadRequest::del("u1"));
         assert_eq!(added, WorkloadRequest::add("u2", info("b")));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_someone_removed_is_bound_again_and_its_connections_go_on() {
+        let (zds, path, _dir) = serving().await;
+        let (netns, _) = own_netns();
+        let first = Peer::connect(&path);
+        let first = on_thread(move || {
+            first.take_snapshot();
+            first
+        });
+        wait_connected(&zds, 1).await;
+        let _first = first.join().expect("first");
+        std::fs::remove_file(&path).expect("removed");
+        let second = on_thread(move || {
+            for _ in 0..200 {
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let second = Peer::connect(&path);
+            second.take_snapshot();
+            let (request, _) = second.next();
+            second.ack("");
+            (second, request)
+        });
+        // The first connection went on; the one made at the socket bound
+        // again is the newest, and takes the add.
+        wait_connected(&zds, 2).await;
+        zds.add("u1", info("a"), netns, soon()).await.expect("acked");
+        let (_second, request) = second.join().expect("bound again");
+        assert_eq!(request, WorkloadRequest::add("u1", info("a")));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
