@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use istio_redirect::enrolment::Candidate;
 use k8s_openapi::api::core::v1::Pod;
 use labels::Labels;
+use zds::WorkloadInfo;
 
 use super::options::Options;
 use crate::cluster::watched::Watched;
@@ -31,6 +32,15 @@ pub struct PodFacts {
 }
 
 impl PodFacts {
+    /// Who the pod is to ztunnel.
+    pub fn workload(&self, (namespace, name): &Key) -> WorkloadInfo {
+        WorkloadInfo {
+            name: name.clone(),
+            namespace: namespace.clone(),
+            service_account: self.service_account.clone(),
+        }
+    }
+
     pub fn of(pod: &Pod) -> Option<PodFacts> {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {

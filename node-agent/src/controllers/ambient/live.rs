@@ -11,8 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use zds::WorkloadInfo;
-
 use super::cache::{Key, PodFacts, Shared, is_enrolled};
 use super::in_pod::{annotate, program_in, unprogram_in};
 use super::options::Options;
@@ -162,11 +160,7 @@ impl Live {
         })
         .await
         .map_err(|e| format!("finding its namespace: {e}"))??;
-        let info = WorkloadInfo {
-            name: name.clone(),
-            namespace: namespace.clone(),
-            service_account: pod.service_account.clone(),
-        };
+        let info = pod.workload(&(namespace.clone(), name.clone()));
         let deadline = Instant::now() + super::ENROL_WAIT;
         self.zds
             .add(&pod.uid, info, Arc::new(programmed), deadline)

@@ -33,7 +33,6 @@ use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
-use zds::WorkloadInfo;
 
 pub use self::options::Options;
 
@@ -227,12 +226,7 @@ async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Re
                 "ambient: pod {namespace}/{name}: its namespace was not found; ztunnel is told to keep it as it is"
             );
         }
-        let info = WorkloadInfo {
-            name,
-            namespace,
-            service_account: pod.service_account,
-        };
-        zds.restore(&pod.uid, info, netns.map(Arc::new));
+        zds.restore(&pod.uid, pod.workload(&(namespace, name)), netns.map(Arc::new));
     }
     log::info!(
         "ambient: enrolled pods found in their namespaces: {by_record} by their records, {scanned} through /proc; \
@@ -296,12 +290,10 @@ async fn enrol(
     let netns = programmed
         .await
         .map_err(|e| format!("programming the in-pod rules: {e}"))??;
-    let info = WorkloadInfo {
-        name: name.clone(),
-        namespace: namespace.clone(),
-        service_account: pod.service_account.clone(),
-    };
-    if let Err(e) = zds.add(&pod.uid, info, Arc::new(netns), deadline).await {
+    if let Err(e) = zds
+        .add(&pod.uid, pod.workload(&key), Arc::new(netns), deadline)
+        .await
+    {
         // Unless a later enrolment of the pod holds it now.
         if !zds.in_mesh(&pod.uid) {
             records.forget(&pod.uid);
