@@ -129,6 +129,15 @@ pub struct Settings {
     #[arg(long, env = "AMBIENT_ENABLED")]
     pub ambient_enabled: bool,
 
+    /// Istio's native nftables (Istio's `NATIVE_NFTABLES`; with
+    /// ISTIO_CHAINED): istio-redirect's entry gets `native_nftables`
+    /// unless it says otherwise, so sidecar pods' capture is in Istio's
+    /// `inet istio-proxy-*` tables, and in ambient mode enrolled pods' rules
+    /// in `inet istio-ambient-*` and the node's probe rule in `inet
+    /// istio-ambient-nat`. The entry's own `native_nftables` decides both.
+    #[arg(long, env = "NATIVE_NFTABLES")]
+    pub native_nftables: bool,
+
     /// The ZDS socket ztunnel connects to (ztunnel's `INPOD_UDS`).
     #[arg(
         long,

@@ -15,7 +15,9 @@ use agent_wire::pod_event::{self, PodEvent};
 use firewall::Family;
 use istio_redirect::enrolment::DATAPLANE_MODE;
 use istio_redirect::rules::Outcome;
-use istio_redirect::rules::ambient::{INPOD_MARK, InPod, PROBE_SNAT_V4, PodOverrides, program, unprogram};
+use istio_redirect::rules::ambient::{
+    INPOD_MARK, InPod, InPodBackend, PROBE_SNAT_V4, PodOverrides, program, unprogram,
+};
 use serde_json::{Value, json};
 use test_kit::fakes::api_server::ApiServer;
 use test_kit::probe::{Probe, sorted};
@@ -51,21 +53,67 @@ fn node_with(pods: &[&str]) -> (Node, Vec<Netns>) {
     (node, pods)
 }
 
-fn enrol(pod: &Netns, overrides: &PodOverrides) -> Vec<(Family, Outcome)> {
+const IPTABLES: InPodBackend = InPodBackend::Iptables(None);
+const NFTABLES: InPodBackend = InPodBackend::Nftables;
+
+fn enrol(pod: &Netns, overrides: &PodOverrides, backend: InPodBackend) -> Vec<(String, Outcome)> {
     let ns = netns::NetNs::open(pod.path()).expect("the pod's namespace");
-    program(&ns, &InPod::new(true, overrides), &[Family::V4, Family::V6], None).expect("in-pod rules")
+    program(
+        &ns,
+        &InPod::new(true, overrides),
+        &[Family::V4, Family::V6],
+        backend,
+    )
+    .expect("in-pod rules")
+}
+
+/// What each transaction of one enrolment did: one per family with
+/// iptables, one with nftables.
+fn outcomes(backend: InPodBackend, outcome: Outcome) -> Vec<(String, Outcome)> {
+    match backend {
+        InPodBackend::Nftables => vec![("nftables".into(), outcome)],
+        InPodBackend::Iptables(_) => vec![("V4".into(), outcome), ("V6".into(), outcome)],
+    }
+}
+
+/// The rules are where the backend writes them, and only there.
+fn assert_layout(pod: &Netns, backend: InPodBackend) {
+    let rules = istio_rules(pod);
+    let in_tables = rules
+        .iter()
+        .any(|l| l.starts_with("table inet istio-ambient-nat"));
+    let in_chains = rules.iter().any(|l| l.contains("ISTIO_OUTPUT"));
+    assert_eq!(
+        (in_tables, in_chains),
+        (backend == NFTABLES, backend != NFTABLES),
+        "{rules:?}"
+    );
 }
 
 #[test]
 fn an_enrolled_pods_traffic_lands_on_ztunnels_ports() {
+    traffic_lands_on_ztunnels_ports(IPTABLES);
+}
+
+#[test]
+fn an_enrolled_pods_traffic_lands_on_ztunnels_ports_with_native_nftables() {
+    traffic_lands_on_ztunnels_ports(NFTABLES);
+}
+
+fn traffic_lands_on_ztunnels_ports(backend: InPodBackend) {
     let probe = Probe::new();
     let (node, pods) = node_with(&["other", "app"]);
     let (other, app) = (&pods[0], &pods[1]);
-    let applied = [(Family::V4, Outcome::Applied), (Family::V6, Outcome::Applied)];
-    assert_eq!(enrol(app, &PodOverrides::default()), applied);
+    assert_eq!(
+        enrol(app, &PodOverrides::default(), backend),
+        outcomes(backend, Outcome::Applied)
+    );
     // Enrolled again (the agent restarted, the same event twice): nothing changes.
-    let unchanged = [(Family::V4, Outcome::Unchanged), (Family::V6, Outcome::Unchanged)];
-    assert_eq!(enrol(app, &PodOverrides::default()), unchanged);
+    assert_eq!(
+        enrol(app, &PodOverrides::default(), backend),
+        outcomes(backend, Outcome::Unchanged)
+    );
+    assert_layout(app, backend);
     for family in ["-4", "-6"] {
         let rules = app.ip(&[family, "rule"]).success().stdout;
         // Once, though programmed twice.
@@ -139,6 +187,12 @@ fn an_enrolled_pods_traffic_lands_on_ztunnels_ports() {
 
 #[test]
 fn a_pods_overrides_leave_inbound_and_dns_alone() {
+    for backend in [IPTABLES, NFTABLES] {
+        overrides_leave_inbound_and_dns_alone(backend);
+    }
+}
+
+fn overrides_leave_inbound_and_dns_alone(backend: InPodBackend) {
     let probe = Probe::new();
     let (_node, pods) = node_with(&["other", "gateway"]);
     let (other, gateway) = (&pods[0], &pods[1]);
@@ -147,7 +201,7 @@ fn a_pods_overrides_leave_inbound_and_dns_alone() {
         dns_capture: Some(false),
         ..PodOverrides::default()
     };
-    enrol(gateway, &overrides);
+    enrol(gateway, &overrides, backend);
     let gateway_rx = probe.listen(gateway, &[15001, 15006, 8080]);
     let other_rx = probe.listen_on(other, &["udp:53".into()]);
     probe.connect(other, None, "10.60.0.3", 8080, None).success();
@@ -165,6 +219,12 @@ fn a_pods_overrides_leave_inbound_and_dns_alone() {
 
 #[test]
 fn a_pod_that_leaves_the_mesh_has_its_traffic_back_and_nothing_of_ztunnels_left() {
+    for backend in [IPTABLES, NFTABLES] {
+        leaves_the_mesh(backend);
+    }
+}
+
+fn leaves_the_mesh(backend: InPodBackend) {
     let probe = Probe::new();
     let (_node, pods) = node_with(&["other", "app"]);
     let (other, app) = (&pods[0], &pods[1]);
@@ -172,7 +232,7 @@ fn a_pod_that_leaves_the_mesh_has_its_traffic_back_and_nothing_of_ztunnels_left(
         .iter()
         .map(|family| app.ip(&[family, "rule"]).success().stdout)
         .collect();
-    enrol(app, &PodOverrides::default());
+    enrol(app, &PodOverrides::default(), backend);
     let ns = netns::NetNs::open(app.path()).expect("the pod's namespace");
     let families = [Family::V4, Family::V6];
     assert!(unprogram(&ns, &families, None).expect("removed"));

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::rules::ambient::InPodBackend;
 use crate::rules::apply::IptablesFlavour;
 use cni::keys::{self, Shape, plain};
 use cni::{Error, NetConf, Result};
@@ -60,6 +61,9 @@ pub struct Ambient {
 pub struct EntryAmbient {
     pub ambient: Ambient,
     pub exclude_namespaces: Vec<String>,
+    /// How the in-pod rules are written: `native_nftables`, else iptables
+    /// in the entry's `iptables_backend`.
+    pub backend: InPodBackend,
 }
 
 /// `entry`'s ambient mode, None when it does not enable it; a value the
@@ -73,9 +77,14 @@ pub fn ambient_of_entry(entry: &serde_json::Value) -> Result<Option<EntryAmbient
     }
     keys::fold(&mut doc, &KEYS);
     let config = IstioConfig::load(&NetConf::read(doc)?)?;
+    let backend = match config.native_nftables {
+        true => InPodBackend::Nftables,
+        false => InPodBackend::Iptables(config.iptables_flavour),
+    };
     Ok(config.ambient.map(|ambient| EntryAmbient {
         ambient,
         exclude_namespaces: config.exclude_namespaces,
+        backend,
     }))
 }
 

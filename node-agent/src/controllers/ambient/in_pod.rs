@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use firewall::Family;
-use istio_redirect::rules::ambient::{InPod, program, unprogram};
+use istio_redirect::rules::ambient::{InPod, InPodBackend, program, unprogram};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -39,7 +39,7 @@ pub fn program_in(
     if NetNs::current().is_ok_and(|own| own.same_as(&netns)) {
         return Err(format!("{} is the agent's own network namespace", path.display()));
     }
-    program(&netns, &in_pod, &families, None).map_err(|e| format!("the in-pod rules: {e}"))?;
+    program(&netns, &in_pod, &families, options.backend).map_err(|e| format!("the in-pod rules: {e}"))?;
     Ok(netns)
 }
 
@@ -88,8 +88,12 @@ pub async fn annotate(
 
 /// Takes the in-pod redirection out of a pod's namespace, in both
 /// families (what is not there is no error). Blocks.
-pub fn unprogram_in(netns: &NetNs) -> Result<(), String> {
-    unprogram(netns, &[Family::V4, Family::V6], None)
+pub fn unprogram_in(netns: &NetNs, options: &Options) -> Result<(), String> {
+    let forced = match options.backend {
+        InPodBackend::Iptables(forced) => forced,
+        InPodBackend::Nftables => None,
+    };
+    unprogram(netns, &[Family::V4, Family::V6], forced)
         .map(|_| ())
         .map_err(|e| format!("removing the in-pod rules: {e}"))
 }

@@ -175,7 +175,8 @@ impl Live {
     /// traffic is never sent to listeners ztunnel has closed.
     async fn leave(&self, (namespace, name): &Key, pod: &PodFacts) {
         if let Some(netns) = self.zds.netns_of(&pod.uid) {
-            let removed = tokio::task::spawn_blocking(move || unprogram_in(&netns)).await;
+            let options = Arc::clone(&self.options);
+            let removed = tokio::task::spawn_blocking(move || unprogram_in(&netns, &options)).await;
             match removed {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => log::warn!("ambient: pod {namespace}/{name}: {e}"),

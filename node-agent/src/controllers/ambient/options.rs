@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use istio_redirect::enrolment::Enrolment;
+use istio_redirect::rules::ambient::InPodBackend;
 use serde_json::Value;
 
 use crate::error::Error;
@@ -23,6 +24,8 @@ pub struct Options {
     pub dns_capture: bool,
     /// IPv6 rules for pods with IPv6 addresses.
     pub ipv6: bool,
+    /// How the in-pod rules are written, as the entry says.
+    pub backend: InPodBackend,
 }
 
 impl Options {
@@ -45,6 +48,7 @@ impl Options {
             exclude_namespaces: read.exclude_namespaces,
             dns_capture: settings.ambient_dns_capture,
             ipv6: settings.ambient_ipv6,
+            backend: read.backend,
         }))
     }
 }

@@ -55,6 +55,9 @@ impl Options {
         if entry.get("kubeconfig").is_none() {
             entry["kubeconfig"] = json!(settings.istio_kubeconfig);
         }
+        if settings.native_nftables && entry.get("native_nftables").is_none() {
+            entry["native_nftables"] = json!(true);
+        }
         if settings.ambient_enabled {
             entry["ambient_enabled"] = json!(true);
             if entry.get("cni_agent_run_dir").is_none()

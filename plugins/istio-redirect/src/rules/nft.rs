@@ -26,7 +26,7 @@ const NAT: &str = "istio-proxy-nat";
 const MANGLE: &str = "istio-proxy-mangle";
 const RAW: &str = "istio-proxy-raw";
 
-type ChainDecl = (&'static str, Option<&'static str>);
+pub(crate) type ChainDecl = (&'static str, Option<&'static str>);
 
 /// Every chain a table may have, in the order Istio declares them; base
 /// chains carry their hook.
@@ -59,9 +59,12 @@ const RAW_CHAINS: &[ChainDecl] = &[
 /// One table's rules in the order they were made; `Some(index)` marks an
 /// insert.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Table {
+pub(crate) struct Table {
     name: &'static str,
     chains: &'static [ChainDecl],
+    /// Every chain declared, used or not (Istio's ambient tables), rather
+    /// than only those that get rules (its sidecar tables).
+    declare_all: bool,
     rules: Vec<(&'static str, Option<usize>, String)>,
 }
 
@@ -70,11 +73,20 @@ impl Table {
         Table {
             name,
             chains,
+            declare_all: false,
             rules: Vec::new(),
         }
     }
 
-    fn append(&mut self, chain: &'static str, rule: impl Into<String>) {
+    /// A table whose chains are all declared whenever it has a rule.
+    pub(crate) fn with_all_chains(name: &'static str, chains: &'static [ChainDecl]) -> Self {
+        Table {
+            declare_all: true,
+            ..Table::new(name, chains)
+        }
+    }
+
+    pub(crate) fn append(&mut self, chain: &'static str, rule: impl Into<String>) {
         self.rules.push((chain, None, rule.into()));
     }
 
@@ -83,14 +95,14 @@ impl Table {
     }
 
     /// Chain declarations and rule commands: only chains that get rules are
-    /// declared, and an insert at or past the chain's current end becomes
+    /// declared (unless all are), and an insert at or past the chain's current end becomes
     /// an append (nft refuses an index that names no rule).
     fn commands(&self) -> Vec<String> {
         let t = self.name;
         let mut out: Vec<String> = self
             .chains
             .iter()
-            .filter(|(chain, _)| self.rules.iter().any(|(c, _, _)| c == chain))
+            .filter(|(chain, _)| self.declare_all || self.rules.iter().any(|(c, _, _)| c == chain))
             .map(|(chain, hook)| match hook {
                 Some(hook) => format!("add chain inet {t} {chain} {{ {hook} }}"),
                 None => format!("add chain inet {t} {chain}"),
@@ -112,12 +124,22 @@ impl Table {
 /// A pod's capture in Istio's native nftables layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftCapture {
+    /// Every table of the layout, those these settings leave empty too (a
+    /// replacement removes them).
     tables: Vec<Table>,
 }
 
 impl NftCapture {
+    pub(crate) fn new(tables: Vec<Table>) -> Self {
+        NftCapture { tables }
+    }
+
     fn used(&self) -> impl Iterator<Item = &Table> {
         self.tables.iter().filter(|t| !t.rules.is_empty())
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        self.tables.iter().map(|t| t.name).collect()
     }
 
     /// The transaction as Istio writes it: each table added and flushed,
@@ -143,19 +165,20 @@ impl NftCapture {
         out
     }
 
-    /// Replaces whatever Istio tables the pod holds: all three removed,
+    /// Replaces whatever tables of the layout the pod holds: all removed,
     /// then Istio's transaction, in one step. (Istio's flush alone would
     /// keep chains these settings no longer use, and tables they do not
     /// use at all.)
     pub fn replacement(&self) -> String {
-        let mut out = String::new();
-        for table in &self.tables {
-            out.push_str(&format!(
-                "add table inet {0}\ndelete table inet {0}\n",
-                table.name
-            ));
-        }
-        out + &self.istio_transaction()
+        self.removal() + &self.istio_transaction()
+    }
+
+    /// Takes every table of the layout out; none there is no error.
+    pub fn removal(&self) -> String {
+        self.tables
+            .iter()
+            .map(|t| format!("add table inet {0}\ndelete table inet {0}\n", t.name))
+            .collect()
     }
 }
 
@@ -299,9 +322,7 @@ pub fn render_nft(redirect: &Redirect, ipv6: bool) -> NftCapture {
     if tproxy {
         tproxy_marks(redirect, ipv6, &mut mangle);
     }
-    NftCapture {
-        tables: vec![nat, mangle, raw],
-    }
+    NftCapture::new(vec![nat, mangle, raw])
 }
 
 /// Inbound capture: REDIRECT in nat, or TPROXY in mangle.
@@ -456,14 +477,18 @@ fn nft(ns: &NetNs, args: &[&str], input: &str) -> Result<String> {
     exec::run_with("nft", args, input, &[], true)
 }
 
-/// The pod's Istio tables as the kernel lists them (empty if none); `-n`
-/// keeps ids as numbers, so no user lookup and both listings alike.
-fn istio_listing(ns: &NetNs) -> Result<String> {
+/// The pod's tables named `tables` as the kernel lists them (empty if
+/// none); `-n` keeps ids as numbers, so no user lookup and both listings
+/// alike.
+fn istio_listing(ns: &NetNs, tables: &[&str]) -> Result<String> {
     let ruleset = nft(ns, &["-n", "list", "ruleset"], "")?;
     let mut out = String::new();
     let mut inside = false;
     for line in ruleset.lines() {
-        if line.starts_with("table inet istio-proxy-") {
+        let name = line
+            .strip_prefix("table inet ")
+            .and_then(|l| l.strip_suffix(" {"));
+        if name.is_some_and(|name| tables.contains(&name)) {
             inside = true;
         }
         if inside {
@@ -503,7 +528,17 @@ pub fn has_istio_tables(ns: &NetNs) -> Result<bool> {
 fn canonical(capture: &NftCapture) -> Result<String> {
     let scratch = NetNs::scratch().map_err(|e| Error::Invalid(e.to_string()))?;
     nft(&scratch, &["-f", "-"], &capture.fresh())?;
-    istio_listing(&scratch)
+    istio_listing(&scratch, &capture.names())
+}
+
+/// Takes `capture`'s tables out of the pod in one transaction; whether
+/// any was there.
+pub fn remove_nft(ns: &NetNs, capture: &NftCapture) -> Result<bool> {
+    let there = !istio_listing(ns, &capture.names())?.is_empty();
+    if there {
+        nft(ns, &["-f", "-"], &capture.removal())?;
+    }
+    Ok(there)
 }
 
 /// Programs `capture` in the pod (see the module docs).
@@ -512,7 +547,7 @@ pub fn apply_nft(ns: &NetNs, capture: &NftCapture) -> Result<Outcome> {
         Ok(_) => return Ok(Outcome::Applied),
         Err(e) => e,
     };
-    let current = istio_listing(ns)?;
+    let current = istio_listing(ns, &capture.names())?;
     if current.is_empty() {
         return Err(first);
     }
@@ -525,7 +560,7 @@ pub fn apply_nft(ns: &NetNs, capture: &NftCapture) -> Result<Outcome> {
 /// Lines of the expected listing that the pod's Istio tables lack, each
 /// with its table and chain.
 pub fn missing_nft(ns: &NetNs, capture: &NftCapture) -> Result<Vec<String>> {
-    let current = labelled(&istio_listing(ns)?);
+    let current = labelled(&istio_listing(ns, &capture.names())?);
     Ok(labelled(&canonical(capture)?)
         .into_iter()
         .filter(|line| !current.contains(line))

@@ -22,6 +22,7 @@ use netns::NetNs;
 
 use super::Outcome;
 use super::apply::{IptablesFlavour, apply, flavour_for, remove};
+use super::nft::apply_nft;
 use super::render::{Builder, IstioRules};
 
 /// ztunnel's outbound listener in the pod.
@@ -206,17 +207,29 @@ pub enum InPodError {
     Routing(#[from] netlink::Error),
 }
 
+/// How the in-pod rules are written, chosen once for the node (Istio's
+/// `NATIVE_NFTABLES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPodBackend {
+    /// iptables rules, in the flavour forced or else the one the pod has.
+    Iptables(Option<IptablesFlavour>),
+    /// Istio's `inet istio-ambient-*` tables, both families in one
+    /// transaction.
+    Nftables,
+}
+
 /// Programs `in_pod` in the pod's namespace `ns` for `families`, in
-/// Istio's order: the local route, the mark's rule, then each family's
-/// iptables rules; what each family's transaction did. Every step is
-/// idempotent, so a second enrolment of the pod (an agent restarted, the
-/// same event twice) converges instead of failing.
+/// Istio's order: the local route, the mark's rule, then the rules (one
+/// transaction per family with iptables, one for both with nftables);
+/// what each transaction did. Every step is idempotent, so a second
+/// enrolment of the pod (an agent restarted, the same event twice)
+/// converges instead of failing.
 pub fn program(
     ns: &NetNs,
     in_pod: &InPod,
     families: &[Family],
-    forced: Option<IptablesFlavour>,
-) -> Result<Vec<(Family, Outcome)>, InPodError> {
+    backend: InPodBackend,
+) -> Result<Vec<(String, Outcome)>, InPodError> {
     let nl = Netlink::connect_in(ns)?;
     let lo = nl.require_link("lo")?;
     for family in families {
@@ -224,11 +237,18 @@ pub fn program(
         nl.add_local_default_route(v4, &lo, INBOUND_ROUTE_TABLE)?;
         nl.add_fwmark_rule(v4, &INPOD_RULE)?;
     }
+    let forced = match backend {
+        InPodBackend::Nftables => {
+            let tables = nft::render_in_pod_nft(in_pod, families.contains(&Family::V6));
+            return Ok(vec![("nftables".to_owned(), apply_nft(ns, &tables)?)]);
+        }
+        InPodBackend::Iptables(forced) => forced,
+    };
     let mut outcomes = Vec::new();
     for family in families {
         let flavour = flavour_for(ns, *family, forced)?;
         outcomes.push((
-            *family,
+            format!("{family:?}"),
             apply(ns, *family, &render_in_pod(in_pod, *family), flavour)?,
         ));
     }
@@ -236,15 +256,17 @@ pub fn program(
 }
 
 /// Takes the in-pod redirection out of the pod's namespace `ns` (a pod
-/// that left the mesh while it runs): each family's Istio rules in one
-/// transaction, then the mark's rule and the local route; whether any
-/// rules were there. Like [`program`], it converges.
+/// that left the mesh while it runs): each family's Istio iptables rules
+/// in one transaction and the nftables tables in another, whichever
+/// backend wrote them (a node switched between them converges), then the
+/// mark's rule and the local route; whether any rules were there. Like
+/// [`program`], it converges.
 pub fn unprogram(
     ns: &NetNs,
     families: &[Family],
     forced: Option<IptablesFlavour>,
 ) -> Result<bool, InPodError> {
-    let mut removed = false;
+    let mut removed = nft::remove_in_pod_tables(ns)?;
     for family in families {
         removed |= remove(ns, *family, flavour_for(ns, *family, forced)?)?;
     }
@@ -257,6 +279,8 @@ pub fn unprogram(
     }
     Ok(removed)
 }
+
+pub mod nft;
 
 #[cfg(test)]
 mod golden;
