@@ -25,7 +25,7 @@ APT_PACKAGES := gcc libc6-dev make iproute2 util-linux coreutils busybox-static 
 	python3 containernetworking-plugins iptables nftables \
 	golang-go golang-github-appc-cni-dev xz-utils containerd runc protobuf-compiler strace \
 	python3-yaml python3-venv skopeo \
-	rsync jq dpkg-dev etcd-server openssl netcat-openbsd conntrack
+	rsync jq dpkg-dev etcd-server openssl netcat-openbsd conntrack ipset
 
 .PHONY: kubernetes cluster cluster-down cluster-test conformance
 .PHONY: all deps toolchain build fault-bin fuzz cnitool install install-service uninstall check-install bench bench-cluster bench-readme bench-smoke soak test unit integration lint demo demo-cluster image manifests validate-manifest clean

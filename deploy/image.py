@@ -9,7 +9,8 @@ each hold one iptables flavour's save and restore commands, Debian's
 xtables multi-binaries with their libraries and extensions, of which the
 agent puts the node's own first on PATH (node-agent/src/iptables_mode.rs);
 nft to look at the NetworkPolicy table (the agent writes it over
-netlink); busybox for a shell when someone needs to look inside. Built on Debian
+netlink) and for ambient mode's native nftables; ipset for ambient mode's
+probe sets; busybox for a shell when someone needs to look inside. Built on Debian
 or Ubuntu, for the machine's own architecture (the nodes' must match).
 """
 import glob
@@ -38,8 +39,11 @@ def main():
         for command in COMMANDS:
             layer.symlink("opt/cni-suite/iptables/%s/%s" % (flavour, command), multi)
     # For an operator's `nft list table inet cni-suite-netpol` from the
-    # agent's container; the agent itself writes and reads it over netlink.
+    # agent's container (the agent writes that over netlink), and for
+    # ambient mode's native nftables (in-pod tables, the node's probe rule).
     layer.host_binary("/usr/sbin/nft")
+    # Ambient mode's probe sets beside iptables (Istio's ipsets).
+    layer.host_binary("/usr/sbin/ipset")
     # This machine's architecture is the image's: its iptables, and the
     # static binaries built here.
     architecture = subprocess.run(["dpkg", "--print-architecture"], check=True,

@@ -34,6 +34,8 @@ pub enum Step {
     FenceChanges,
     /// Istio's entry leaves the node's configuration.
     UnchainIstio,
+    /// Ambient mode's rule on the node for kubelet's probes, and its sets.
+    RemoveProbeRule,
     /// First of the node's things, so no new pod is set up while the rest
     /// goes (a pod set up meanwhile would start a lease service of its own).
     RemoveConflist,
@@ -73,6 +75,7 @@ pub const UNINSTALL: &[Step] = &[
     Step::EndTasks,
     Step::FenceChanges,
     Step::UnchainIstio,
+    Step::RemoveProbeRule,
     Step::RemoveConflist,
     Step::StopLeaseService,
     Step::RemovePolicyTable,
@@ -97,6 +100,7 @@ impl Step {
             Step::EndTasks
                 | Step::FenceChanges
                 | Step::UnchainIstio
+                | Step::RemoveProbeRule
                 | Step::StopPluginLogs
                 | Step::RemoveBinaries
         )
@@ -322,6 +326,19 @@ impl Running {
                     istio_chain::unchain(istio, &self.record);
                 }
             }
+            Step::RemoveProbeRule => {
+                // Only an agent in ambient mode wrote it: Istio's own agent
+                // may own one on a node where the suite is the network.
+                let ambient = self.istio.as_ref().is_some_and(|istio| {
+                    matches!(
+                        ambient::Options::from_settings(&self.settings, &istio.entry),
+                        Ok(Some(_))
+                    )
+                });
+                if ambient {
+                    blocking(uninstall::remove_probe_rule).await.unwrap_or_default();
+                }
+            }
             Step::RemoveConflist => {
                 teardown.conflist_was_ours =
                     conflist::remove(&conflist::Options::from_settings(&self.settings));
@@ -475,6 +492,7 @@ mod tests {
                 Step::EndTasks,
                 Step::FenceChanges,
                 Step::UnchainIstio,
+                Step::RemoveProbeRule,
                 Step::StopPluginLogs,
                 Step::RemoveBinaries
             ]

@@ -57,6 +57,17 @@ pub fn remove_routes() {
     }
 }
 
+/// Ambient mode's rule for kubelet's probes of enrolled pods, and its sets.
+pub fn remove_probe_rule() {
+    match crate::controllers::ambient::host_probe::remove_all() {
+        Ok(removed) if !removed.is_empty() => {
+            log::info!("removed ambient mode's probe rule: {}", removed.join(", "))
+        }
+        Ok(_) => {}
+        Err(e) => log::error!("ambient mode's probe rule: {e}"),
+    }
+}
+
 /// The masquerade of traffic leaving the cluster.
 pub fn remove_masquerade() {
     match crate::controllers::egress::rules::remove() {

@@ -4,9 +4,11 @@
 //! agent's conflist as a runtime runs it, returns only once the in-pod
 //! rules are in its namespace and ztunnel acked that very namespace; it
 //! fails closed without ztunnel; real connections land on ztunnel's ports;
-//! a second ztunnel gets the snapshot, and a deleted pod leaves both.
+//! a second ztunnel gets the snapshot, and a deleted pod leaves both; the
+//! node's own connections (kubelet's probes) reach an enrolled pod's app,
+//! through Istio's host rule, in iptables and in native nftables.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use test_kit::fakes::api_server::ApiServer;
 use test_kit::fakes::ztunnel::{Ztunnel, netns_inode};
 use test_kit::node_agent::{Agent, AgentFixture, ReadyNode, host_bin, lab_node};
 use test_kit::probe::Probe;
-use test_kit::{Netns, Node, Run, require_root};
+use test_kit::{Netns, Node, Run, require_root, run_in};
 
 use crate::common::{Pause, sample, scrape};
 
@@ -51,12 +53,55 @@ fn address(run: Run) -> String {
 }
 
 /// The agent's settings in ambient mode, its ZDS socket at `zds`.
-fn ambient_settings(zds: &str) -> [(&str, &str); 3] {
-    [
+fn ambient_settings(zds: &str) -> Vec<(&str, &str)> {
+    vec![
         ("ISTIO_CHAINED", "true"),
         ("AMBIENT_ENABLED", "true"),
         ("ZTUNNEL_UDS_ADDRESS", zds),
     ]
+}
+
+/// The node's probe set's elements as `address uid` lines, in the backend
+/// the agent writes.
+fn probe_set(node: &Node, native_nftables: bool) -> Vec<String> {
+    let (program, args): (&str, &[&str]) = if native_nftables {
+        (
+            "nft",
+            &[
+                "-j",
+                "list",
+                "set",
+                "inet",
+                "istio-ambient-nat",
+                "istio-inpod-probes-v4",
+            ],
+        )
+    } else {
+        ("ipset", &["list", "istio-inpod-probes-v4", "-output", "save"])
+    };
+    let listed = run_in(node.netns.path(), Path::new(program), args, &[], "")
+        .success()
+        .stdout;
+    if native_nftables {
+        let doc: Value = serde_json::from_str(&listed).expect("nft's JSON");
+        let sets = doc["nftables"].as_array().into_iter().flatten();
+        sets.filter_map(|item| item["set"]["elem"].as_array())
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e["elem"]["val"].as_str().unwrap_or_default(),
+                    e["elem"]["comment"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    } else {
+        listed
+            .lines()
+            .filter_map(|line| line.strip_prefix("add istio-inpod-probes-v4 "))
+            .map(|rest| rest.replace("comment ", "").replace('"', ""))
+            .collect()
+    }
 }
 
 /// A node whose agent runs in ambient mode, the API server holding
@@ -76,6 +121,11 @@ struct AmbientNode {
 /// the agent finds a running pod's namespace through /proc by its address
 /// (pods of every test's nodes run on this one machine).
 fn ambient_node(cidr: &str) -> AmbientNode {
+    ambient_node_with(cidr, &[])
+}
+
+/// [`ambient_node`], with more settings.
+fn ambient_node_with(cidr: &str, more: &[(&str, &str)]) -> AmbientNode {
     let node = lab_node();
     let zds_socket = node.path("run/ztunnel/ztunnel.sock");
     let zds = zds_socket.to_str().expect("UTF-8").to_owned();
@@ -84,7 +134,7 @@ fn ambient_node(cidr: &str) -> AmbientNode {
         // The pods' bridge takes its MTU (the loopback's would be refused).
         .uplink()
         .pod_cidr(cidr)
-        .settings(&ambient_settings(&zds))
+        .settings(&[ambient_settings(&zds), more.to_vec()].concat())
         .start();
     server.apply_namespace(json!({"apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": "mesh", "labels": {DATAPLANE_MODE: "ambient"}}}));
@@ -116,7 +166,7 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
         zds_socket,
         server,
         node,
-    } = ambient_node("10.247.1.0/24");
+    } = ambient_node_with("10.247.1.0/24", &[("UNINSTALL_ON_STOP", "true")]);
 
     // No ztunnel: the enrolled pod does not start, in Istio's words.
     let (refused_pod, refused) = add(&node, "mesh", "web-0");
@@ -164,13 +214,20 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
     // Real connections: the pod's own outbound and its inbound land on
     // ztunnel's ports in its namespace; the plain pod's app sees nothing.
     let probe = Probe::new();
-    let web_rx = probe.listen(&web, &[15001, 15006, 8080]);
+    let web_rx = probe.listen(&web, &[15001, 15006, 8080, 8081]);
     let plain_rx = probe.listen(&plain, &[8080]);
     probe.connect(&web, None, &plain_ip, 8080, None).success();
     web_rx.wait_for(&format!("tcp 15001 {plain_ip}:8080"));
     probe.connect(&plain, None, &web_ip, 8080, None).success();
     web_rx.wait_for(&format!("tcp 15006 {web_ip}:8080"));
     assert!(plain_rx.all().is_empty(), "{:?}", plain_rx.all());
+    // kubelet's probe: the node's own connection reaches the app itself,
+    // SNATed by Istio's host rule (the pod's address in its set by UID).
+    assert_eq!(probe_set(&node, false), [format!("{web_ip} u-web-0")]);
+    let saved = node.netns.nat_rules("iptables-save");
+    assert!(saved.contains("-A POSTROUTING -j ISTIO_POSTRT"), "{saved}");
+    probe.connect(&node.netns, None, &web_ip, 8081, None).success();
+    web_rx.wait_for(&format!("tcp 8081 {web_ip}:8081"));
 
     // A second ztunnel (an upgrade's) gets the pod with its namespace in
     // its snapshot; a deleted pod leaves both.
@@ -185,6 +242,11 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
     server.delete_pod("mesh", "web-0");
     ztunnel.wait_for("del", "u-web-0");
     next.wait_for("del", "u-web-0");
+    test_kit::wait_for(
+        "the address out of the probe set",
+        Duration::from_secs(10),
+        || probe_set(&node, false).is_empty(),
+    );
 
     let (_, metrics) = scrape(&node, &agent);
     for (series, expected) in [
@@ -203,6 +265,12 @@ fn an_enrolled_pod_starts_only_in_the_mesh_and_leaves_it_when_deleted() {
         "{log}"
     );
     assert!(log.contains("pod mesh/web-0 is in the mesh"), "{log}");
+    // Uninstalled: Istio's host rule and its sets are gone.
+    assert!(!node.netns.nat_rules("iptables-save").contains("ISTIO"), "{log}");
+    let sets = run_in(node.netns.path(), Path::new("ipset"), &["list", "-n"], &[], "")
+        .success()
+        .stdout;
+    assert!(sets.trim().is_empty(), "{sets}");
 }
 
 #[test]
@@ -335,4 +403,77 @@ fn a_namespace_labelled_while_its_pod_runs_puts_it_in_the_mesh_there_and_unlabel
         rx.all(),
         test_kit::probe::sorted(&["tcp 15001 10.247.3.1:8080", &format!("tcp 8080 {plain_ip}:8080")])
     );
+}
+
+#[test]
+fn native_nftables_puts_the_pods_rules_and_the_nodes_probe_rule_in_istios_tables_and_a_restart_prunes_the_set()
+ {
+    require_root();
+    let AmbientNode {
+        mut agent,
+        plain,
+        plain_ip,
+        zds_socket,
+        server,
+        node,
+    } = ambient_node_with("10.247.4.0/24", &[("NATIVE_NFTABLES", "true")]);
+    let ztunnel = Ztunnel::connect(&zds_socket);
+    ztunnel.wait_for("snapshot", "");
+    let (web, run) = add(&node, "mesh", "web-0");
+    let web_ip = address(run);
+    ztunnel.wait_for("add", "u-web-0");
+    let in_pod = run_in(web.path(), Path::new("nft"), &["list", "ruleset"], &[], "")
+        .success()
+        .stdout;
+    assert!(in_pod.contains("table inet istio-ambient-nat"), "{in_pod}");
+    assert!(
+        !web.nat_rules("iptables-save").contains("ISTIO"),
+        "no iptables rules beside"
+    );
+    assert_eq!(probe_set(&node, true), [format!("{web_ip} u-web-0")]);
+    let host = run_in(
+        node.netns.path(),
+        Path::new("nft"),
+        &["list", "table", "inet", "istio-ambient-nat"],
+        &[],
+        "",
+    )
+    .success()
+    .stdout;
+    assert!(host.contains("snat ip to 169.254.7.127"), "{host}");
+    assert!(
+        !node.netns.nat_rules("iptables-save").contains("ISTIO_POSTRT"),
+        "one backend"
+    );
+
+    let probe = Probe::new();
+    let web_rx = probe.listen(&web, &[15001, 15006, 8081]);
+    probe.connect(&web, None, &plain_ip, 8080, None).success();
+    web_rx.wait_for(&format!("tcp 15001 {plain_ip}:8080"));
+    probe.connect(&plain, None, &web_ip, 8081, None).success();
+    web_rx.wait_for(&format!("tcp 15006 {web_ip}:8081"));
+    probe.connect(&node.netns, None, &web_ip, 8081, None).success();
+    web_rx.wait_for(&format!("tcp 8081 {web_ip}:8081"));
+
+    // The pod is deleted while no agent runs: the next one takes its
+    // address out of the set (a later pod may get it).
+    agent.kill();
+    server.delete_pod("mesh", "web-0");
+    let zds = zds_socket.to_str().expect("UTF-8").to_owned();
+    let settings = [
+        ambient_settings(&zds),
+        vec![("NATIVE_NFTABLES", "true"), ("UNINSTALL_ON_STOP", "true")],
+    ]
+    .concat();
+    let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &settings);
+    test_kit::wait_for("the set pruned", Duration::from_secs(20), || {
+        probe_set(&node, true).is_empty()
+    });
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    let tables = run_in(node.netns.path(), Path::new("nft"), &["list", "tables"], &[], "")
+        .success()
+        .stdout;
+    assert!(!tables.contains("istio-ambient"), "uninstalled: {tables}\n{log}");
+    drop(plain);
 }

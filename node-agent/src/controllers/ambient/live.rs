@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::cache::{Key, PodFacts, Shared, is_enrolled};
+use super::host_probe::HostProbes;
 use super::in_pod::{annotate, program_in, unprogram_in};
 use super::options::Options;
 use super::records::Records;
@@ -30,6 +31,7 @@ pub struct Live {
     pub zds: Zds,
     pub options: Arc<Options>,
     pub records: Records,
+    pub host: HostProbes,
     pub client: kube::Client,
     handling: Arc<Mutex<Handling>>,
 }
@@ -63,6 +65,7 @@ impl Live {
         zds: Zds,
         options: Arc<Options>,
         records: Records,
+        host: HostProbes,
         client: kube::Client,
     ) -> Live {
         Live {
@@ -70,6 +73,7 @@ impl Live {
             zds,
             options,
             records,
+            host,
             client,
             handling: Arc::default(),
         }
@@ -142,6 +146,7 @@ impl Live {
     /// Puts a running pod in the mesh where it runs.
     async fn join(&self, (namespace, name): &Key, pod: &PodFacts) -> Result<(), String> {
         let (options, records, facts) = (Arc::clone(&self.options), self.records.clone(), pod.clone());
+        let host = self.host.clone();
         let programmed = tokio::task::spawn_blocking(move || {
             let path = match records.netns_still_of(&facts.uid, &facts.ips) {
                 Some(path) => path,
@@ -156,16 +161,21 @@ impl Live {
                     })?
                 }
             };
-            program_in(&path, &options, &facts, &facts.ips)
+            let netns = program_in(&path, &options, &facts, &facts.ips)?;
+            host.add(&facts.uid, &facts.ips)
+                .map_err(|e| format!("the node's probe sets: {e}"))?;
+            Ok::<_, String>(netns)
         })
         .await
         .map_err(|e| format!("finding its namespace: {e}"))??;
         let info = pod.workload(&(namespace.clone(), name.clone()));
         let deadline = Instant::now() + super::ENROL_WAIT;
-        self.zds
-            .add(&pod.uid, info, Arc::new(programmed), deadline)
-            .await
-            .map_err(|e| e.to_string())?;
+        if let Err(e) = self.zds.add(&pod.uid, info, Arc::new(programmed), deadline).await {
+            if !self.zds.in_mesh(&pod.uid) {
+                self.host.remove_now(&pod.uid).await;
+            }
+            return Err(e.to_string());
+        }
         log::info!("ambient: running pod {namespace}/{name} is in the mesh");
         annotate(&self.client, namespace, name, pod, Some("enabled")).await;
         Ok(())
@@ -185,6 +195,7 @@ impl Live {
         }
         self.zds.remove(&pod.uid);
         self.records.forget(&pod.uid);
+        self.host.remove_now(&pod.uid).await;
         log::info!("ambient: pod {namespace}/{name} is no longer enrolled; out of the mesh");
         annotate(&self.client, namespace, name, pod, None).await;
     }

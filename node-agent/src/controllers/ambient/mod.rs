@@ -15,6 +15,7 @@
 //! ([`live`]).
 
 pub mod cache;
+pub mod host_probe;
 pub mod in_pod;
 pub mod live;
 pub mod options;
@@ -37,6 +38,7 @@ use tokio::sync::mpsc;
 pub use self::options::Options;
 
 use self::cache::{Key, PodFacts, Shared, is_enrolled};
+use self::host_probe::HostProbes;
 use self::in_pod::{annotate, program_in};
 use self::live::{Live, RECHECK};
 use self::plugin_events::{Event, PluginEvents};
@@ -45,6 +47,7 @@ use self::zds_server::Zds;
 use crate::cluster::pods::PodEvents;
 use crate::metrics::Metrics;
 use crate::run_socket::LOOK_AGAIN;
+use istio_redirect::rules::ambient::InPodBackend;
 
 /// How long the agent works on a pod event: inside the plugin's wait
 /// (`agent_wire::pod_event::WAIT`), so the plugin hears the answer, and an
@@ -61,6 +64,8 @@ pub const LOOKUP_PAUSE: Duration = Duration::from_millis(10);
 pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, metrics: Metrics) {
     let options = Arc::new(options);
     let zds = Zds::new(metrics.clone());
+    let host = host_probes(&options);
+    let mut host_installed = false;
     let records = Records::new(options.records_dir());
     // ztunnel is let in once the pods already in the mesh are known again,
     // so that its first snapshot names them all (one without them would
@@ -77,6 +82,7 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
         zds.clone(),
         Arc::clone(&options),
         records.clone(),
+        host.clone(),
         client.clone(),
     );
     let mut recheck = tokio::time::interval(RECHECK);
@@ -86,11 +92,12 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
             _ = recheck.tick() => {}
             Some(Event { event, answer }) = received.recv() => {
                 let (cache, zds, options, records) = (cache.clone(), zds.clone(), Arc::clone(&options), records.clone());
+                let host = host.clone();
                 let client = client.clone();
                 tokio::spawn(async move {
                     let deadline = Instant::now() + ENROL_WAIT;
                     let (namespace, name) = (event.pod_namespace.clone(), event.pod_name.clone());
-                    match enrol(event, deadline, &cache, &zds, &options, &records).await {
+                    match enrol(event, deadline, &cache, &zds, &options, &records, &host).await {
                         Ok(pod) => {
                             log::info!("ambient: pod {namespace}/{name} is in the mesh");
                             let _ = answer.send(Ok(()));
@@ -105,7 +112,7 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
             }
             Some(event) = pods.next() => {
                 if cache.lock().pods.take(&event, PodFacts::of) {
-                    leave_the_gone(&cache, &zds, &records);
+                    leave_the_gone(&cache, &zds, &records, &host);
                 }
             }
             Some(event) = namespaces.next() => match event {
@@ -116,8 +123,24 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
                 Err(e) => log::warn!("ambient: watching Namespaces: {e}; retrying"),
             },
         }
+        if !host_installed {
+            // Without it kubelet's probes of enrolled pods would land on
+            // ztunnel's inbound port; tried again each look until it works.
+            let installing = host.clone();
+            host_installed = match tokio::task::spawn_blocking(move || installing.install()).await {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    log::error!("ambient: the node's probe rule: {e}; trying again");
+                    false
+                }
+                Err(e) => {
+                    log::error!("ambient: the node's probe rule: {e}; trying again");
+                    false
+                }
+            };
+        }
         if listening.is_empty() && cache.listed() {
-            restore(&cache, &zds, &options, &records).await;
+            restore(&cache, &zds, &options, &records, &host).await;
             listening.spawn(zds.clone().listen(options.ztunnel_socket.clone(), LOOK_AGAIN));
         }
         if !listening.is_empty() {
@@ -128,15 +151,38 @@ pub async fn run(client: kube::Client, options: Options, mut pods: PodEvents, me
 
 /// Takes out of the mesh every pod the cache no longer has (deleted,
 /// finished, gone while the watch was down).
-fn leave_the_gone(cache: &Shared, zds: &Zds, records: &Records) {
+fn leave_the_gone(cache: &Shared, zds: &Zds, records: &Records, host: &HostProbes) {
     let present = cache.uids();
     for uid in zds.uids() {
         if !present.contains(&uid) {
             log::info!("ambient: pod {uid} is gone; out of the mesh");
             zds.remove(&uid);
             records.forget(&uid);
+            host.remove_soon(&uid);
         }
     }
+    // A pod whose addresses went in before it failed to join.
+    for uid in host.uids() {
+        if !present.contains(&uid) {
+            host.remove_soon(&uid);
+        }
+    }
+}
+
+/// The node's probe rule in the backend the in-pod rules use; with
+/// nftables it matches kubelet's UID (root when no kubelet runs here).
+fn host_probes(options: &Options) -> HostProbes {
+    let backend = match options.backend {
+        InPodBackend::Iptables(_) => host_probe::Backend::Iptables,
+        InPodBackend::Nftables => {
+            let kubelet_uid = host_probe::kubelet_uid(Path::new("/proc")).unwrap_or_else(|| {
+                log::warn!("ambient: no kubelet process found; the probe rule matches root's sockets");
+                0
+            });
+            host_probe::Backend::Nftables { kubelet_uid }
+        }
+    };
+    HostProbes::new(backend, options.ipv6)
 }
 
 /// Puts back in the mesh the enrolled pods already running on the node
@@ -146,7 +192,7 @@ fn leave_the_gone(cache: &Shared, zds: &Zds, records: &Records) {
 /// rules programmed again (they converge: the rules an agent put there
 /// stay through its restart), and the pod restored for ztunnel's snapshot;
 /// one whose namespace is not found, as a keep.
-async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Records) {
+async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Records, host: &HostProbes) {
     let enrolled: Vec<(Key, PodFacts)> = {
         let cache = cache.lock();
         cache
@@ -208,7 +254,9 @@ async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Re
     .await
     .unwrap_or_default();
     let (mut by_record, mut scanned, mut kept) = (0, 0, 0);
+    let mut members = std::collections::BTreeMap::new();
     for ((namespace, name), pod, netns) in restored {
+        members.insert(pod.uid.clone(), pod.ips.clone());
         let netns = match netns {
             Some((netns, true)) => {
                 by_record += 1;
@@ -232,6 +280,14 @@ async fn restore(cache: &Shared, zds: &Zds, options: &Arc<Options>, records: &Re
         "ambient: enrolled pods found in their namespaces: {by_record} by their records, {scanned} through /proc; \
          {kept} kept without"
     );
+    // Pods gone while no agent ran leave the probe sets; those restored
+    // are in them.
+    let reconciling = host.clone();
+    match tokio::task::spawn_blocking(move || reconciling.reconcile(members)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log::warn!("ambient: the probe sets: {e}"),
+        Err(e) => log::warn!("ambient: the probe sets: {e}"),
+    }
 }
 
 /// The pod of a plugin's event in the mesh (the cache's view of it), or
@@ -243,6 +299,7 @@ async fn enrol(
     zds: &Zds,
     options: &Arc<Options>,
     records: &Records,
+    host: &HostProbes,
 ) -> Result<PodFacts, String> {
     let key: Key = (event.pod_namespace.clone(), event.pod_name.clone());
     let (namespace, name) = &key;
@@ -278,11 +335,13 @@ async fn enrol(
         return Err(zds_server::ZdsError::NoConnection.to_string());
     }
     let programmed = {
-        let (options, pod, records) = (Arc::clone(options), pod.clone(), records.clone());
+        let (options, pod, records, host) = (Arc::clone(options), pod.clone(), records.clone(), host.clone());
         let addresses = event.addresses();
         tokio::task::spawn_blocking(move || {
             let path = in_pod::reachable(Path::new(&event.netns), Path::new(in_pod::HOST_ROOT));
             let netns = program_in(&path, &options, &pod, &addresses)?;
+            host.add(&pod.uid, &addresses)
+                .map_err(|e| format!("the node's probe sets: {e}"))?;
             records.remember(&pod.uid, &path);
             Ok::<_, String>(netns)
         })
@@ -297,6 +356,7 @@ async fn enrol(
         // Unless a later enrolment of the pod holds it now.
         if !zds.in_mesh(&pod.uid) {
             records.forget(&pod.uid);
+            host.remove_now(&pod.uid).await;
         }
         return Err(e.to_string());
     }
@@ -304,6 +364,7 @@ async fn enrol(
     if !cache.uids().contains(&pod.uid) {
         zds.remove(&pod.uid);
         records.forget(&pod.uid);
+        host.remove_now(&pod.uid).await;
         return Err(format!(
             "pod {namespace}/{name} was deleted while it was put in the mesh"
         ));
