@@ -477,3 +477,200 @@ fn native_nftables_puts_the_pods_rules_and_the_nodes_probe_rule_in_istios_tables
     assert!(!tables.contains("istio-ambient"), "uninstalled: {tables}\n{log}");
     drop(plain);
 }
+
+// --- the suite as the network under Istio's own ambient agent ---------------
+
+/// Istio's host rule as its agent writes it in iptables mode (its
+/// `hostprobe.golden`), and its ipset.
+const ISTIO_HOST_IPTABLES: &str = "*nat
+-N ISTIO_POSTRT
+-I POSTROUTING 1 -j ISTIO_POSTRT
+-A ISTIO_POSTRT -m owner --socket-exists -p tcp -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127
+COMMIT
+";
+
+/// The same in native nftables mode (its nftables `hostprobe.golden`, with
+/// the set it makes first).
+const ISTIO_HOST_NFT: &str = "add table inet istio-ambient-nat
+flush table inet istio-ambient-nat
+add set inet istio-ambient-nat istio-inpod-probes-v4 { type ipv4_addr ; comment \"UUID of the pods that are part of ambient mesh\" ; }
+add chain inet istio-ambient-nat postrouting { type nat hook postrouting priority 100 ; }
+add rule inet istio-ambient-nat postrouting meta l4proto tcp skuid 0 ip daddr @istio-inpod-probes-v4 counter snat to 169.254.7.127
+";
+
+/// What Istio's agent owns on the node, as listed: its chain and jump, its
+/// set, its table (counters left out: traffic moves them).
+fn istios_on_the_node(node: &Node) -> Vec<String> {
+    let run = |program: &str, args: &[&str]| {
+        run_in(node.netns.path(), Path::new(program), args, &[], "")
+            .success()
+            .stdout
+    };
+    let mut out: Vec<String> = run("iptables-save", &["-t", "nat"])
+        .lines()
+        .filter(|line| line.contains("ISTIO"))
+        .map(str::to_owned)
+        .collect();
+    out.extend(
+        run("ipset", &["list", "istio-inpod-probes-v4", "-output", "save"])
+            .lines()
+            .map(str::to_owned),
+    );
+    // Stateless: without the counters traffic moves.
+    let table = run("nft", &["-s", "list", "table", "inet", "istio-ambient-nat"]);
+    out.extend(table.lines().map(str::to_owned));
+    out
+}
+
+#[test]
+fn the_suite_as_the_network_under_istios_own_ambient_agent_keeps_its_rules_and_judges_probes_and_hbone_as_istio_documents()
+ {
+    require_root();
+    let settings = [("NETWORK_POLICY", "true"), ("UNINSTALL_ON_STOP", "true")];
+    let ReadyNode { agent, server, node } = AgentFixture::new(TOKEN)
+        .on(lab_node())
+        .uplink()
+        .pod_cidr("10.247.5.0/24")
+        .settings(&settings)
+        .start();
+    let mut agent = agent;
+    server.apply_namespace(json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "mesh", "labels": {DATAPLANE_MODE: "ambient"}}}));
+    let running = |name: &str, ip: &str| {
+        let mut pod = pod_object("mesh", name, json!({"app": name}));
+        pod["status"] = json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]});
+        server.add_pod("mesh", name, pod);
+    };
+    // The bridge's result carries the addresses Istio's plugin sends its
+    // agent (its event's `ips`).
+    let mut pods = Vec::new();
+    for name in ["web", "client"] {
+        server.add_pod("mesh", name, pod_object("mesh", name, json!({"app": name})));
+        let (pod, run) = add(&node, "mesh", name);
+        let ip = address(run);
+        running(name, &ip);
+        pods.push((pod, ip));
+    }
+    let [(web, web_ip), (client, _)] = <[(Netns, String); 2]>::try_from(pods).expect("two pods");
+
+    // Istio's agent enrols web: its host rule and set on the node (both
+    // of its backends), its in-pod rules in web.
+    let in_node = |program: &str, args: &[&str], stdin: &str| {
+        run_in(node.netns.path(), Path::new(program), args, &[], stdin).success();
+    };
+    in_node(
+        "ipset",
+        &[
+            "create",
+            "istio-inpod-probes-v4",
+            "hash:ip",
+            "family",
+            "inet",
+            "comment",
+        ],
+        "",
+    );
+    in_node(
+        "ipset",
+        &["add", "istio-inpod-probes-v4", &web_ip, "comment", "u-web"],
+        "",
+    );
+    in_node("iptables-restore", &["--noflush"], ISTIO_HOST_IPTABLES);
+    in_node("nft", &["-f", "-"], ISTIO_HOST_NFT);
+    in_node(
+        "nft",
+        &[
+            "add",
+            "element",
+            "inet",
+            "istio-ambient-nat",
+            "istio-inpod-probes-v4",
+            &format!("{{ {web_ip} comment \"u-web\" }}"),
+        ],
+        "",
+    );
+    let in_pod = || {
+        let ns = netns::NetNs::open(web.path()).expect("web's namespace");
+        let rules = istio_redirect::rules::ambient::InPod::new(true, &Default::default());
+        istio_redirect::rules::ambient::program(
+            &ns,
+            &rules,
+            &[firewall::Family::V4],
+            istio_redirect::rules::ambient::InPodBackend::Iptables(None),
+        )
+        .expect("Istio's in-pod rules")
+    };
+    in_pod();
+    let istios = istios_on_the_node(&node);
+    for expected in [
+        "-A POSTROUTING -j ISTIO_POSTRT".to_owned(),
+        format!("add istio-inpod-probes-v4 {web_ip} comment \"u-web\""),
+    ] {
+        assert!(istios.contains(&expected), "{expected} in {istios:#?}");
+    }
+    assert!(
+        istios.iter().any(|l| l.contains("snat ip to 169.254.7.127")),
+        "{istios:#?}"
+    );
+
+    // Default deny for the namespace's ingress.
+    server.apply_network_policy(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "deny", "namespace": "mesh"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}),
+    );
+    let probe = Probe::new();
+    let web_rx = probe.listen(&web, &[15006, 15008, 8081]);
+    test_kit::wait_for("the policy enforced", Duration::from_secs(10), || {
+        !probe.connect(&client, None, &web_ip, 8081, None).ok()
+    });
+    // kubelet's probe, SNATed to Istio's probe address, is the node's own:
+    // it reaches the app under the default deny.
+    probe.connect(&node.netns, None, &web_ip, 8081, None).success();
+    web_rx.wait_for(&format!("tcp 8081 {web_ip}:8081"));
+    // HBONE is judged like any port: denied, then allowed by a policy that
+    // names 15008 (Istio's advice), where ztunnel takes it.
+    assert!(!probe.connect(&client, None, &web_ip, 15008, None).ok());
+    server.apply_network_policy(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "hbone", "namespace": "mesh"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                              "ports": [{"protocol": "TCP", "port": 15008}]}]}}),
+    );
+    test_kit::wait_for("HBONE allowed", Duration::from_secs(10), || {
+        probe.connect(&client, None, &web_ip, 15008, None).ok()
+    });
+    web_rx.wait_for(&format!("tcp 15008 {web_ip}:15008"));
+    assert!(
+        !probe.connect(&client, None, &web_ip, 8081, None).ok(),
+        "only 15008"
+    );
+
+    // Pods come and go, the agent restarts: Istio's rules stay as they were.
+    server.add_pod("mesh", "later", pod_object("mesh", "later", json!({})));
+    let (later, run) = add(&node, "mesh", "later");
+    running("later", &address(run));
+    agent.kill();
+    let mut agent = Agent::start(&node, "n1", &server, "127.0.0.1", TOKEN, &settings);
+    test_kit::wait_for("readiness", Duration::from_secs(20), || agent.ready(&node));
+    let bin = host_bin(&node);
+    let env = [("CNI_PATH", bin.to_str().expect("UTF-8"))];
+    node.cnictl_env(&["del", "cni-suite", later.path_str()], &env)
+        .success();
+    server.delete_pod("mesh", "later");
+    server.delete_network_policy("mesh", "hbone");
+    test_kit::wait_for("HBONE denied again", Duration::from_secs(10), || {
+        !probe.connect(&client, None, &web_ip, 15008, None).ok()
+    });
+    assert_eq!(istios_on_the_node(&node), istios);
+    assert_eq!(
+        in_pod(),
+        [("V4".to_owned(), istio_redirect::rules::Outcome::Unchanged)]
+    );
+
+    // Uninstalled, the suite leaves them too.
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{log}");
+    assert_eq!(istios_on_the_node(&node), istios, "{log}");
+}
